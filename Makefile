@@ -1,0 +1,55 @@
+# Two commands on a fresh machine:  make demo   and   make test
+# Each installs what it needs first: the system Gloo, a virtual environment
+# .venv, the project and its extras.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+DEPS   := $(VENV)/.deps-installed
+BUILT  := $(VENV)/.bagua-built
+GLOO   := /usr/share/cmake/Gloo/GlooConfig.cmake
+# torch is pinned exactly: a range lets pip pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+NPROC  ?= 2
+
+.PHONY: demo test build deps system clean bench
+
+demo: build
+	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/collectives_demo.py
+
+test: build
+	$(PY) -m pytest -q -ra
+
+bench: build
+	$(PY) benchmarks/collectives.py
+
+build: $(BUILT)
+
+$(BUILT): $(DEPS) pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+	rm -f bagua_core/_C*.so
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+deps: $(DEPS)
+
+$(DEPS): pyproject.toml | system
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q "jax>=0.6" "optax>=0.2" "pytest>=7" "pytest-timeout>=2"
+	touch $@
+
+system:
+	@if [ ! -f $(GLOO) ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing libgloo-dev"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgloo-dev; \
+	  else \
+	    echo "Gloo is missing. Run:  sudo apt-get update && sudo apt-get install -y libgloo-dev"; exit 1; \
+	  fi; \
+	fi
+
+clean:
+	rm -rf build bagua_core/_C*.so $(BUILT)

@@ -1,0 +1,161 @@
+"""The one place that reads Bagua's environment and settings.
+
+Environment contract (torchrun's): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and optionally
+``NODE_RANK`` (or ``GROUP_RANK``). When ``RANK`` is absent, Slurm's variables
+(``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ...)
+are read instead. With neither, the process runs alone (world size 1).
+
+Settings (all optional):
+
+=====================  =======================================================
+``BAGUA_TIMEOUT``      seconds every blocking call may take (default 600: a
+                       first jitted step can compile for minutes)
+``BAGUA_STORE_PORT``   port of the rendezvous store on ``MASTER_ADDR``
+                       (default ``MASTER_PORT + 1``, so it never clashes with
+                       torchrun's own store on ``MASTER_PORT``)
+``BAGUA_HOSTNAME``     address this process listens on for its peers (default:
+                       the local address that routes to ``MASTER_ADDR``)
+``BAGUA_DEBUG_CHECKS`` check op, shape and dtype agreement across ranks before
+                       every collective (default off; costs one small
+                       allgather per collective)
+``BAGUA_NCCL_LIBRARY`` full path of ``libnccl.so.2`` (default: the
+                       ``nvidia-nccl`` wheel, else the copy torch loaded)
+=====================  =======================================================
+
+Booleans accept 1/0, true/false, yes/no, on/off (any case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Mapping, Optional
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+
+class ConfigError(ValueError):
+    """A setting or environment variable has a value Bagua cannot use."""
+
+
+def parse_bool(name: str, value: Optional[str], default: bool) -> bool:
+    if value is None:
+        return default
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def parse_int(name: str, value: Optional[str], default: Optional[int], minimum: Optional[int] = None) -> Optional[int]:
+    if value is None or value.strip() == "":
+        return default
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and n < minimum:
+        raise ConfigError(f"{name}={n} must be >= {minimum}")
+    return n
+
+
+def parse_float(name: str, value: Optional[str], default: float, minimum: float = 0.0) -> float:
+    if value is None or value.strip() == "":
+        return default
+    try:
+        x = float(value.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if not x > minimum:
+        raise ConfigError(f"{name}={x} must be > {minimum}")
+    return x
+
+
+def _slurm_tasks_per_node(value: Optional[str]) -> Optional[int]:
+    # "4(x2),3" -> 4 : the count on this job's first node group.
+    if not value:
+        return None
+    m = re.match(r"(\d+)", value)
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    store_port: int
+    timeout_s: float
+    hostname: Optional[str]
+    debug_checks: bool
+    nccl_library: Optional[str]
+
+    @property
+    def num_nodes(self) -> int:
+        return (self.world_size + self.local_world_size - 1) // self.local_world_size
+
+
+def load(env: Optional[Mapping[str, str]] = None) -> Settings:
+    """Reads the settings from ``env`` (default ``os.environ``) and validates them."""
+    env = os.environ if env is None else env
+    g = env.get
+
+    if g("RANK") is not None:
+        rank = parse_int("RANK", g("RANK"), 0, minimum=0)
+        world_size = parse_int("WORLD_SIZE", g("WORLD_SIZE"), None, minimum=1)
+        if world_size is None:
+            raise ConfigError("RANK is set but WORLD_SIZE is not")
+        local_rank = parse_int("LOCAL_RANK", g("LOCAL_RANK"), rank, minimum=0)
+        local_world_size = parse_int("LOCAL_WORLD_SIZE", g("LOCAL_WORLD_SIZE"), world_size, minimum=1)
+        node_rank = parse_int("NODE_RANK", g("NODE_RANK") or g("GROUP_RANK"), None, minimum=0)
+    elif g("SLURM_PROCID") is not None:
+        rank = parse_int("SLURM_PROCID", g("SLURM_PROCID"), 0, minimum=0)
+        world_size = parse_int("SLURM_NTASKS", g("SLURM_NTASKS"), 1, minimum=1)
+        local_rank = parse_int("SLURM_LOCALID", g("SLURM_LOCALID"), 0, minimum=0)
+        local_world_size = _slurm_tasks_per_node(g("SLURM_NTASKS_PER_NODE") or g("SLURM_TASKS_PER_NODE")) or world_size
+        node_rank = parse_int("SLURM_NODEID", g("SLURM_NODEID"), None, minimum=0)
+    else:
+        rank, world_size, local_rank, local_world_size, node_rank = 0, 1, 0, 1, 0
+
+    if rank >= world_size:
+        raise ConfigError(f"rank {rank} is out of range for world size {world_size}")
+    if local_world_size > world_size:
+        raise ConfigError(f"LOCAL_WORLD_SIZE={local_world_size} exceeds WORLD_SIZE={world_size}")
+    if local_rank >= local_world_size:
+        raise ConfigError(f"LOCAL_RANK={local_rank} is out of range for LOCAL_WORLD_SIZE={local_world_size}")
+    if node_rank is None:
+        node_rank = rank // local_world_size
+
+    master_addr = g("MASTER_ADDR") or DEFAULT_MASTER_ADDR
+    master_port = parse_int("MASTER_PORT", g("MASTER_PORT"), DEFAULT_MASTER_PORT, minimum=1)
+    store_port = parse_int("BAGUA_STORE_PORT", g("BAGUA_STORE_PORT"), master_port + 1, minimum=1)
+    if master_port > 65535 or store_port > 65535:
+        raise ConfigError(f"port out of range: MASTER_PORT={master_port}, store port={store_port}")
+
+    return Settings(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        store_port=store_port,
+        timeout_s=parse_float("BAGUA_TIMEOUT", g("BAGUA_TIMEOUT"), DEFAULT_TIMEOUT_S),
+        hostname=g("BAGUA_HOSTNAME") or None,
+        debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
+        nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
+    )

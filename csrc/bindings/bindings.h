@@ -1,0 +1,17 @@
+// Each part of the engine binds itself into the module from its own file.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace bagua {
+namespace bindings {
+
+void bind_errors(pybind11::module_& m);
+void bind_store(pybind11::module_& m);
+void bind_comm(pybind11::module_& m);
+void bind_buffer(pybind11::module_& m);
+void bind_ffi(pybind11::module_& m);   // no-op when built without jax
+void bind_cuda(pybind11::module_& m);  // reports availability; no-op without CUDA
+
+}  // namespace bindings
+}  // namespace bagua

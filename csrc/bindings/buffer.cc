@@ -1,0 +1,11 @@
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace bagua {
+namespace bindings {
+
+void bind_buffer(py::module_& m) {}
+
+}  // namespace bindings
+}  // namespace bagua

@@ -1,0 +1,44 @@
+// Exception types raised by the engine. The bindings map each to a Python class
+// (see bagua_core/errors.py), so callers can tell a timeout from a dead peer.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace bagua {
+
+// Base of every engine error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A blocking call did not complete within its timeout.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer process went away (connection closed or reset) during an operation.
+class PeerError : public Error {
+ public:
+  PeerError(const std::string& what, int peer) : Error(what), peer_(peer) {}
+  int peer() const { return peer_; }  // -1 when unknown
+
+ private:
+  int peer_;
+};
+
+// Ranks disagree on the operation, shape or dtype of a collective (debug checks).
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bad arguments from the caller: wrong sizes, dtypes, ranks... -> ValueError.
+class InvalidArgument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+}  // namespace bagua

@@ -1,0 +1,164 @@
+"""Multi-process harness for tests: real processes, real sockets, hard timeouts.
+
+``launch(script, world_size)`` starts ``world_size`` Python processes running
+``script`` with torchrun's environment contract, waits for all of them with a
+timeout, kills every one of them (whole process groups) on timeout or failure,
+and returns their exit codes and output. Nothing is left behind.
+
+Workers report per-case results with ``tests.worker.report`` as JSON lines;
+``Run.cases()`` collects them, so one multi-process session can check many cases
+and pytest can still report each case on its own (see ``session_cases``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASE_PREFIX = "BAGUA-CASE "
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 (the store port) are both free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p >= 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair found")
+
+
+@dataclass
+class Worker:
+    rank: int
+    returncode: Optional[int]
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Run:
+    workers: List[Worker]
+    timed_out: bool = False
+    elapsed_s: float = 0.0
+
+    def ok(self) -> bool:
+        return not self.timed_out and all(w.returncode == 0 for w in self.workers)
+
+    def summary(self, tail: int = 4000) -> str:
+        parts = [f"timed_out={self.timed_out} elapsed={self.elapsed_s:.1f}s"]
+        for w in self.workers:
+            parts.append(f"--- rank {w.rank} rc={w.returncode}\n[stdout]\n{w.stdout[-tail:]}\n[stderr]\n{w.stderr[-tail:]}")
+        return "\n".join(parts)
+
+    def check(self) -> "Run":
+        assert self.ok(), self.summary()
+        return self
+
+    def cases(self) -> Dict[str, Dict[int, dict]]:
+        """{case name: {rank: {"ok": bool, "error": str, ...}}}"""
+        out: Dict[str, Dict[int, dict]] = {}
+        for w in self.workers:
+            for line in w.stdout.splitlines():
+                if line.startswith(CASE_PREFIX):
+                    rec = json.loads(line[len(CASE_PREFIX):])
+                    out.setdefault(rec["case"], {})[w.rank] = rec
+        return out
+
+
+def worker_env(rank: int, world_size: int, port: int, local_world_size: Optional[int] = None,
+               extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    lws = local_world_size or world_size
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % lws),
+        LOCAL_WORLD_SIZE=str(lws),
+        NODE_RANK=str(rank // lws),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        BAGUA_TIMEOUT=env.get("BAGUA_TEST_TIMEOUT", "60"),
+        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+        JAX_PLATFORMS="cpu",
+        OMP_NUM_THREADS="1",
+    )
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[str] = (),
+           local_world_size: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+           per_rank_env: Optional[Mapping[int, Mapping[str, str]]] = None) -> Run:
+    """Runs ``script`` (a path, or Python source text) on ``world_size`` processes."""
+    tmp = None
+    if not os.path.exists(script):
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+        tmp.write(script)
+        tmp.close()
+        script = tmp.name
+    port = free_port_pair()
+    procs, files = [], []
+    start = time.monotonic()
+    try:
+        for r in range(world_size):
+            e = worker_env(r, world_size, port, local_world_size, env)
+            if per_rank_env and r in per_rank_env:
+                e.update({k: str(v) for k, v in per_rank_env[r].items()})
+            out = tempfile.TemporaryFile("w+")
+            err = tempfile.TemporaryFile("w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen([sys.executable, script, *args], env=e, stdout=out, stderr=err,
+                                          stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True))
+        deadline = start + timeout
+        timed_out = False
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.05)
+        for p in procs:
+            _kill_group(p)  # also reaps grandchildren left in the group
+            p.wait()
+        workers = []
+        for r, (p, (out, err)) in enumerate(zip(procs, files)):
+            out.seek(0)
+            err.seek(0)
+            workers.append(Worker(r, None if timed_out and p.returncode == -signal.SIGKILL else p.returncode,
+                                  out.read(), err.read()))
+        return Run(workers, timed_out, time.monotonic() - start)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_group(p)
+                p.wait()
+        for out, err in files:
+            out.close()
+            err.close()
+        if tmp is not None:
+            os.unlink(tmp.name)
