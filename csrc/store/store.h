@@ -27,6 +27,11 @@ class Store {
   virtual bool check(const std::vector<std::string>& keys) = 0;
 
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Ranks known to have died: their store connection closed without a clean
+  // goodbye. Best effort, used to name the culprit in error messages.
+  // Throws bagua::Error if the store itself is unreachable.
+  virtual std::vector<int> dead_ranks() { return {}; }
 };
 
 using StorePtr = std::shared_ptr<Store>;
