@@ -52,9 +52,9 @@ struct Conn {
   bool goodbye = false;      // said goodbye: closes cleanly after the reply
   bool closed = false;       // to be removed at the end of the loop iteration
   Clock::time_point accepted;
-  Clock::time_point partial_since;  // when the unfinished frame began
+  Clock::time_point partial_since;  // last progress of the unfinished frame
   bool partial = false;
-  Clock::time_point out_since;      // when the oldest unsent reply was queued
+  Clock::time_point out_since;      // last progress sending replies
 
   enum class Pending { kNone, kGet, kWait } pending = Pending::kNone;
   std::vector<std::string> pending_keys;
@@ -286,6 +286,7 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
     ssize_t n = ::recv(c.fd, &c.in[at], want, 0);
     if (n > 0) {
       c.in.resize(at + size_t(n));
+      c.partial_since = Clock::now();  // progress: the stall clock restarts
       if (size_t(n) < want) return;
       continue;
     }
@@ -311,6 +312,7 @@ void TcpStoreServer::Impl::flush(Conn& c) {
     ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out_off += size_t(n);
+      c.out_since = Clock::now();  // progress: the stall clock restarts
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -14,8 +14,9 @@
 namespace bagua {
 
 struct TcpStoreServerOptions {
-  // A new connection must say hello, and every message once started must
-  // arrive completely (and every reply be read), within this time.
+  // A new connection must say hello within this time, and a connection that
+  // makes no progress for this long, in the middle of sending a message or
+  // while not reading its replies, is closed.
   std::chrono::milliseconds io_timeout{std::chrono::seconds(30)};
   // More simultaneous connections than this are refused (closed at once).
   size_t max_connections = 16384;
