@@ -71,6 +71,17 @@ int remaining_ms(Clock::time_point deadline) {
   return int(std::clamp<int64_t>(ms, 0, 1000));  // re-check at least every second
 }
 
+void set_socket_options(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Notice a vanished host within about a minute, not hours.
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 30, interval = 5, count = 6;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
 // Signals from the socket layer, turned into Store errors by the caller.
 struct IoTimeout {};
 struct IoLost {
@@ -79,12 +90,102 @@ struct IoLost {
 
 }  // namespace
 
+// One socket to the server. Used by one call at a time; closed on destruction.
+struct TcpStore::Conn {
+  int fd = -1;
+
+  explicit Conn(int f) : fd(f) {}
+  ~Conn() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  void send_all(const std::string& data, Clock::time_point deadline) {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n > 0) {
+        off += size_t(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (Clock::now() >= deadline) throw IoTimeout{};
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, remaining_ms(deadline));
+        continue;
+      }
+      throw IoLost{std::string("send failed: ") + std::strerror(errno)};
+    }
+  }
+
+  void recv_all(char* dst, size_t size, Clock::time_point deadline) {
+    size_t off = 0;
+    while (off < size) {
+      ssize_t n = ::recv(fd, dst + off, size - off, 0);
+      if (n > 0) {
+        off += size_t(n);
+        continue;
+      }
+      if (n == 0) throw IoLost{"connection closed by the server"};
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (Clock::now() >= deadline) throw IoTimeout{};
+        pollfd p{fd, POLLIN, 0};
+        ::poll(&p, 1, remaining_ms(deadline));
+        continue;
+      }
+      throw IoLost{std::string("receive failed: ") + std::strerror(errno)};
+    }
+  }
+
+  // Sends a request and returns the reply body. *sent tells whether the whole
+  // request went out (then a goodbye can still follow it cleanly).
+  std::string exchange(const std::string& frame, Clock::time_point reply_deadline, milliseconds io_timeout,
+                       bool* sent) {
+    *sent = false;
+    send_all(frame, std::max(reply_deadline, Clock::now() + io_timeout));
+    *sent = true;
+    char header[4];
+    recv_all(header, 4, reply_deadline);
+    uint32_t len = proto::frame_length(header);
+    if (len == 0 || len > proto::kMaxFrameSize) {
+      throw IoLost{"protocol error (reply of " + std::to_string(len) + " bytes)"};
+    }
+    std::string body(len, '\0');
+    // Once a reply has started, the rest follows promptly.
+    recv_all(&body[0], len, std::max(reply_deadline, Clock::now() + io_timeout));
+    return body;
+  }
+
+  // Best effort, without waiting: queued behind a pending request, the server
+  // still reads it as a clean goodbye when the connection closes.
+  void goodbye_nowait() {
+    std::string bye = proto::Writer().u8(proto::kGoodbye).finish();
+    ssize_t n = ::send(fd, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+  }
+
+  // Goodbye and wait (briefly) until the server has taken it.
+  void goodbye(milliseconds timeout) {
+    bool sent;
+    try {
+      std::string bye = proto::Writer().u8(proto::kGoodbye).finish();
+      exchange(bye, Clock::now() + std::min(timeout, milliseconds(2000)), timeout, &sent);
+    } catch (...) {
+    }
+  }
+};
+
+namespace {
+// Idle connections kept for reuse; more are closed after a burst of calls.
+constexpr size_t kMaxIdleConns = 8;
+}  // namespace
+
 TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds timeout)
-    : host_(host), port_(port), rank_(rank), timeout_(clamp_timeout(timeout, "__init__")) {
+    : host_(host), port_(port), rank_(rank), timeout_(clamp_timeout(timeout, "__init__")), pid_(getpid()) {
   if (host.empty()) throw InvalidArgument("TcpStore: host must not be empty (give MASTER_ADDR)");
   if (port <= 0 || port > 65535) throw InvalidArgument("TcpStore: port " + std::to_string(port) + " is out of range");
-  std::lock_guard<std::mutex> lock(mu_);
-  connect_locked(Clock::now() + timeout_);
+  idle_.push_back(open_conn(Clock::now() + timeout_, /*retry=*/true));
 }
 
 TcpStore::~TcpStore() {
@@ -99,17 +200,27 @@ std::string TcpStore::endpoint() const {
   return host_ + ":" + std::to_string(port_);
 }
 
-void TcpStore::connect_locked(Clock::time_point deadline) {
+void TcpStore::check_fork() const {
+  if (getpid() != pid_) {
+    throw Error("this TcpStore was created in process " + std::to_string(pid_) +
+                " and cannot be used after fork(); create a new TcpStore in the child");
+  }
+}
+
+// Connects and says hello. With `retry`, keeps trying until the deadline (the
+// server may not be up yet); without, the server is expected to be there.
+std::unique_ptr<TcpStore::Conn> TcpStore::open_conn(Clock::time_point deadline, bool retry) {
   std::string last_error = "no address";
   milliseconds backoff{10};
   for (;;) {
+    std::unique_ptr<Conn> conn;
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     int rc = getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
     if (rc != 0) last_error = std::string("cannot resolve host: ") + gai_strerror(rc);
-    for (addrinfo* ai = rc == 0 ? res : nullptr; ai && fd_ < 0; ai = ai->ai_next) {
+    for (addrinfo* ai = rc == 0 ? res : nullptr; ai && !conn; ai = ai->ai_next) {
       int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
       if (fd < 0) {
         last_error = std::strerror(errno);
@@ -137,47 +248,40 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
         ::close(fd);
         continue;
       }
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-      fd_ = fd;
+      set_socket_options(fd);
+      conn.reset(new Conn(fd));
     }
     if (res) freeaddrinfo(res);
 
-    if (fd_ >= 0) {
-      state_ = State::kConnected;
+    if (conn) {
       std::string frame =
           proto::Writer().u8(proto::kHello).u32(proto::kMagic).u32(proto::kVersion).i32(rank_).finish();
+      bool sent;
+      std::string body;
       try {
-        std::string body = roundtrip_locked(frame, deadline, "hello");
+        body = conn->exchange(frame, deadline, timeout_, &sent);
+      } catch (const IoTimeout&) {
+        last_error = "no reply to hello";
+        conn.reset();
+      } catch (const IoLost& e) {
+        // Dropped during the handshake (server starting up or full): retry.
+        last_error = "connection closed during handshake";
+        conn.reset();
+      }
+      if (conn) {
         proto::Reader r(body.data(), body.size());
         uint8_t status = r.u8();
         if (status == proto::kError) {
-          std::string msg = r.str(1 << 20);
-          disconnect_locked(false);
-          state_ = State::kClosed;
-          throw Error("the rendezvous store at " + endpoint() + " refused this client: " + msg);
+          throw Error("the rendezvous store at " + endpoint() + " refused this client: " + r.str(1 << 20));
         }
         if (status != proto::kOk || r.u32() != proto::kMagic || !r.ok()) {
-          disconnect_locked(false);
-          state_ = State::kClosed;
-          throw Error("the service at " + endpoint() + " is not a Bagua rendezvous store (check MASTER_ADDR and "
-                      "BAGUA_STORE_PORT)");
+          throw Error("the service at " + endpoint() +
+                      " is not a Bagua rendezvous store (check MASTER_ADDR and BAGUA_STORE_PORT)");
         }
-        return;
-      } catch (const TimeoutError&) {
-        disconnect_locked(false);
-        state_ = State::kClosed;
-        last_error = "no reply to hello";
-      } catch (const Error& e) {
-        if (state_ == State::kClosed) throw;
-        // The connection dropped during the handshake (server starting up or
-        // full): retry until the deadline.
-        disconnect_locked(false);
-        state_ = State::kClosed;
-        last_error = "connection closed during handshake";
+        return conn;
       }
     }
+    if (!retry) lost("cannot open another connection: " + last_error);
     auto now = Clock::now();
     if (now >= deadline) {
       throw TimeoutError("could not connect to the rendezvous store at " + endpoint() + " (rank 0) within " +
@@ -189,118 +293,92 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
   }
 }
 
-void TcpStore::send_all_locked(const std::string& data, Clock::time_point deadline, const std::string& what) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += size_t(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (Clock::now() >= deadline) throw IoTimeout{};
-      pollfd p{fd_, POLLOUT, 0};
-      ::poll(&p, 1, remaining_ms(deadline));
-      continue;
-    }
-    throw IoLost{std::string("send failed: ") + std::strerror(errno)};
-  }
-}
-
-void TcpStore::recv_all_locked(char* dst, size_t size, Clock::time_point deadline, const std::string& what) {
-  size_t off = 0;
-  while (off < size) {
-    ssize_t n = ::recv(fd_, dst + off, size - off, 0);
-    if (n > 0) {
-      off += size_t(n);
-      continue;
-    }
-    if (n == 0) throw IoLost{"connection closed by the server"};
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (Clock::now() >= deadline) throw IoTimeout{};
-      pollfd p{fd_, POLLIN, 0};
-      ::poll(&p, 1, remaining_ms(deadline));
-      continue;
-    }
-    throw IoLost{std::string("receive failed: ") + std::strerror(errno)};
-  }
-}
-
-void TcpStore::ensure_connected_locked() {
-  switch (state_) {
-    case State::kConnected:
-      return;
-    case State::kResync:
-      // An earlier call gave up waiting for its reply; start afresh.
-      connect_locked(Clock::now() + timeout_);
-      return;
-    case State::kLost:
+std::unique_ptr<TcpStore::Conn> TcpStore::acquire() {
+  check_fork();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kLost) {
       throw Error("the rendezvous store at " + endpoint() + " (rank 0) is unreachable: " + lost_reason_);
-    case State::kClosed:
-      throw Error("TcpStore to " + endpoint() + " is closed");
+    }
+    if (state_ == State::kClosed) throw Error("TcpStore to " + endpoint() + " is closed");
+    if (!idle_.empty()) {
+      auto c = std::move(idle_.back());
+      idle_.pop_back();
+      return c;
+    }
   }
+  // Every connection is busy (another thread is blocked in a call): open one more.
+  return open_conn(Clock::now() + timeout_, /*retry=*/false);
 }
 
-std::string TcpStore::roundtrip_locked(const std::string& frame, Clock::time_point reply_deadline,
-                                       const std::string& what) {
-  bool sent = false;
-  try {
-    send_all_locked(frame, std::max(reply_deadline, Clock::now() + timeout_), what);
-    sent = true;
-    char header[4];
-    recv_all_locked(header, 4, reply_deadline, what);
-    uint32_t len = proto::frame_length(header);
-    if (len == 0 || len > proto::kMaxFrameSize) {
-      throw IoLost{"protocol error (reply of " + std::to_string(len) + " bytes)"};
+void TcpStore::release(std::unique_ptr<Conn> c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kOpen && idle_.size() < kMaxIdleConns) {
+      idle_.push_back(std::move(c));
+      return;
     }
-    std::string body(len, '\0');
-    // Once a reply has started, the rest follows promptly.
-    recv_all_locked(&body[0], len, std::max(reply_deadline, Clock::now() + timeout_), what);
-    return body;
+    if (state_ == State::kLost) return;  // just close it
+  }
+  c->goodbye(timeout_);  // closed meanwhile, or one idle connection too many
+}
+
+std::string TcpStore::roundtrip(const std::string& frame, Clock::time_point reply_deadline, const std::string& what) {
+  std::unique_ptr<Conn> c = acquire();
+  bool sent = false;
+  std::string body;
+  try {
+    body = c->exchange(frame, reply_deadline, timeout_, &sent);
   } catch (const IoTimeout&) {
-    // The stream is out of step with its replies: reconnect on the next call.
-    disconnect_locked(sent);
-    state_ = State::kResync;
+    // This connection is out of step with its replies: drop it cleanly.
+    if (sent) c->goodbye_nowait();
     throw TimeoutError("store " + what + " got no reply from the rendezvous store at " + endpoint() +
                        " (rank 0) in time");
   } catch (const IoLost& e) {
-    lost_locked(e.why);
+    c.reset();
+    lost(e.why);
   }
+  release(std::move(c));
+  return body;
 }
 
-void TcpStore::lost_locked(const std::string& why) {
-  disconnect_locked(false);
-  state_ = State::kLost;
-  lost_reason_ = why + " (did rank 0 exit?)";
-  throw Error("the rendezvous store at " + endpoint() + " (rank 0) is unreachable: " + lost_reason_);
+void TcpStore::lost(const std::string& why) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kOpen) {
+      state_ = State::kLost;
+      lost_reason_ = why + " (did rank 0 exit?)";
+      idle_.clear();
+    }
+    reason = state_ == State::kLost ? lost_reason_ : why;
+  }
+  throw Error("the rendezvous store at " + endpoint() + " (rank 0) is unreachable: " + reason);
 }
 
-void TcpStore::disconnect_locked(bool say_goodbye) {
-  if (fd_ < 0) return;
-  if (say_goodbye) {
-    // Best effort: queued behind any pending request, the server still reads
-    // it as a clean goodbye when the connection closes.
-    std::string bye = proto::Writer().u8(proto::kGoodbye).finish();
-    ssize_t n = ::send(fd_, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)n;
+std::string TcpStore::dead_ranks_note() {
+  try {
+    std::vector<int> dead = dead_ranks();
+    if (dead.empty()) return "";
+    std::string s = "; ranks that died: ";
+    for (size_t i = 0; i < dead.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(dead[i]);
+    if (dead.size() > 16) s += ", ...";
+    return s;
+  } catch (...) {
+    return "";
   }
-  ::close(fd_);
-  fd_ = -1;
 }
 
 void TcpStore::close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ == State::kConnected) {
-    try {
-      std::string bye = proto::Writer().u8(proto::kGoodbye).finish();
-      roundtrip_locked(bye, Clock::now() + std::min(timeout_, milliseconds(2000)), "goodbye");
-    } catch (...) {
-    }
+  std::vector<std::unique_ptr<Conn>> conns;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns.swap(idle_);
+    state_ = State::kClosed;
   }
-  disconnect_locked(false);
-  state_ = State::kClosed;
+  // In a forked child the sockets are the parent's: close our copies silently.
+  if (getpid() != pid_) return;
+  for (auto& c : conns) c->goodbye(timeout_);
 }
 
 void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
@@ -310,42 +388,36 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
                           " bytes is larger than the limit of " + std::to_string(proto::kMaxValueSize));
   }
   std::string frame = proto::Writer().u8(proto::kSet).str(key).str(value.data(), value.size()).finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout_, "set of key '" + key + "'");
-  if (body.empty() || uint8_t(body[0]) != proto::kOk) lost_locked("protocol error (bad reply to set)");
+  std::string body = roundtrip(frame, Clock::now() + timeout_, "set of key '" + key + "'");
+  if (body.empty() || uint8_t(body[0]) != proto::kOk) lost("protocol error (bad reply to set)");
 }
 
 std::vector<uint8_t> TcpStore::get(const std::string& key, milliseconds timeout) {
   check_key(key, "get");
   timeout = clamp_timeout(timeout, "get");
   std::string frame = proto::Writer().u8(proto::kGet).str(key).i64(timeout.count()).finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
   std::string what = "get of key '" + key + "'";
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout + kReplyGrace, what);
+  std::string body = roundtrip(frame, Clock::now() + timeout + kReplyGrace, what);
   proto::Reader r(body.data(), body.size());
   uint8_t status = r.u8();
   if (status == proto::kTimeout) {
     throw TimeoutError("store " + what + " timed out after " + seconds_str(timeout) + ": no rank set it (store at " +
-                       endpoint() + ")");
+                       endpoint() + ")" + dead_ranks_note());
   }
   std::string value = r.str(proto::kMaxValueSize);
-  if (status != proto::kOk || !r.ok()) lost_locked("protocol error (bad reply to get)");
+  if (status != proto::kOk || !r.ok()) lost("protocol error (bad reply to get)");
   return std::vector<uint8_t>(value.begin(), value.end());
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   check_key(key, "add");
   std::string frame = proto::Writer().u8(proto::kAdd).str(key).i64(delta).finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout_, "add to key '" + key + "'");
+  std::string body = roundtrip(frame, Clock::now() + timeout_, "add to key '" + key + "'");
   proto::Reader r(body.data(), body.size());
   uint8_t status = r.u8();
   if (status == proto::kError) throw Error("TcpStore." + r.str(1 << 20));
   int64_t v = r.i64();
-  if (status != proto::kOk || !r.ok()) lost_locked("protocol error (bad reply to add)");
+  if (status != proto::kOk || !r.ok()) lost("protocol error (bad reply to add)");
   return v;
 }
 
@@ -356,16 +428,14 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
   w.u8(proto::kWait).u32(uint32_t(keys.size()));
   for (const auto& k : keys) w.str(k);
   std::string frame = w.i64(timeout.count()).finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
   std::string what = "wait for " + quote_keys(keys);
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout + kReplyGrace, what);
+  std::string body = roundtrip(frame, Clock::now() + timeout + kReplyGrace, what);
   uint8_t status = body.empty() ? 255 : uint8_t(body[0]);
   if (status == proto::kTimeout) {
     throw TimeoutError("store " + what + " timed out after " + seconds_str(timeout) + " (store at " + endpoint() +
-                       ")");
+                       ")" + dead_ranks_note());
   }
-  if (status != proto::kOk) lost_locked("protocol error (bad reply to wait)");
+  if (status != proto::kOk) lost("protocol error (bad reply to wait)");
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
@@ -374,29 +444,25 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   w.u8(proto::kCheck).u32(uint32_t(keys.size()));
   for (const auto& k : keys) w.str(k);
   std::string frame = w.finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout_, "check of " + quote_keys(keys));
+  std::string body = roundtrip(frame, Clock::now() + timeout_, "check of " + quote_keys(keys));
   proto::Reader r(body.data(), body.size());
   uint8_t status = r.u8();
   uint8_t all = r.u8();
-  if (status != proto::kOk || !r.ok()) lost_locked("protocol error (bad reply to check)");
+  if (status != proto::kOk || !r.ok()) lost("protocol error (bad reply to check)");
   return all != 0;
 }
 
 std::vector<int> TcpStore::dead_ranks() {
   std::string frame = proto::Writer().u8(proto::kDeadRanks).finish();
-  std::lock_guard<std::mutex> lock(mu_);
-  ensure_connected_locked();
-  std::string body = roundtrip_locked(frame, Clock::now() + timeout_, "dead_ranks");
+  std::string body = roundtrip(frame, Clock::now() + timeout_, "dead_ranks");
   proto::Reader r(body.data(), body.size());
   uint8_t status = r.u8();
   uint32_t n = r.u32();
-  if (status != proto::kOk || !r.ok() || n > proto::kMaxRanks) lost_locked("protocol error (bad reply to dead_ranks)");
+  if (status != proto::kOk || !r.ok() || n > proto::kMaxRanks) lost("protocol error (bad reply to dead_ranks)");
   std::vector<int> ranks;
   ranks.reserve(n);
   for (uint32_t i = 0; i < n; ++i) ranks.push_back(r.i32());
-  if (!r.ok()) lost_locked("protocol error (bad reply to dead_ranks)");
+  if (!r.ok()) lost("protocol error (bad reply to dead_ranks)");
   return ranks;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -34,7 +35,8 @@ class TcpStore : public Store {
   std::vector<int> dead_ranks() override;
 
   // Says goodbye (so this rank is not reported dead) and disconnects;
-  // idempotent. Later calls throw bagua::Error.
+  // idempotent. Later calls throw bagua::Error. A call blocked in another
+  // thread keeps its connection until it returns.
   void close();
 
   const std::string& host() const { return host_; }
@@ -43,28 +45,29 @@ class TcpStore : public Store {
 
  private:
   using Clock = std::chrono::steady_clock;
-  enum class State { kConnected, kResync, kLost, kClosed };
+  struct Conn;  // one socket to the server, used by one call at a time
 
-  void connect_locked(Clock::time_point deadline);
-  // Sends one request and returns the reply body; `reply_deadline` bounds the
-  // wait for the reply. Caller holds mu_.
-  std::string roundtrip_locked(const std::string& frame, Clock::time_point reply_deadline,
-                               const std::string& what);
-  void send_all_locked(const std::string& data, Clock::time_point deadline, const std::string& what);
-  void recv_all_locked(char* dst, size_t n, Clock::time_point deadline, const std::string& what);
-  void ensure_connected_locked();
-  void disconnect_locked(bool say_goodbye);
-  [[noreturn]] void lost_locked(const std::string& why);
+  // Sends one request on a free connection (opening one if all are busy, so
+  // a blocked get in one thread does not hold up another thread) and returns
+  // the reply body. `reply_deadline` bounds the wait for the reply.
+  std::string roundtrip(const std::string& frame, Clock::time_point reply_deadline, const std::string& what);
+  std::unique_ptr<Conn> open_conn(Clock::time_point deadline, bool retry);
+  std::unique_ptr<Conn> acquire();
+  void release(std::unique_ptr<Conn> c);
+  [[noreturn]] void lost(const std::string& why);
+  void check_fork() const;
+  std::string dead_ranks_note();  // "; ranks that died: ..." or ""
   std::string endpoint() const;
 
   const std::string host_;
   const int port_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
+  const int pid_;  // a forked child must not touch the parent's sockets
 
   std::mutex mu_;
-  int fd_ = -1;
-  State state_ = State::kClosed;
+  std::vector<std::unique_ptr<Conn>> idle_;
+  enum class State { kOpen, kLost, kClosed } state_ = State::kOpen;
   std::string lost_reason_;
 };
 

@@ -74,6 +74,7 @@ struct TcpStoreServer::Impl {
   int wake_fd = -1;
   std::thread thread;
   bool closed = false;
+  pid_t pid = getpid();  // the process whose thread serves
 
   // Owned by the server thread only.
   std::map<uint64_t, std::unique_ptr<Conn>> conns;
@@ -101,6 +102,24 @@ struct TcpStoreServer::Impl {
   void wake(const std::string& key);
   void drop(Conn& c);          // closes c; dirty unless it said goodbye
   void check_timers(Clock::time_point now);
+  void process_ready() {
+    while (!ready.empty()) {
+      uint64_t id = ready.back();
+      ready.pop_back();
+      auto it = conns.find(id);
+      if (it != conns.end() && !it->second->closed) guarded(*it->second, [&] { process(*it->second); });
+    }
+  }
+  // Failures while serving one client (e.g. out of memory for its message)
+  // cost that client its connection, never the server thread.
+  template <typename F>
+  void guarded(Conn& c, F&& f) {
+    try {
+      f();
+    } catch (const std::exception&) {
+      drop(c);
+    }
+  }
   int poll_timeout_ms(Clock::time_point now) const;
 };
 
@@ -168,6 +187,13 @@ int TcpStoreServer::port() const { return impl_->port; }
 
 void TcpStoreServer::close() {
   if (!impl_ || impl_->closed) return;
+  if (getpid() != impl_->pid) {
+    // A forked child: the serving thread and the sockets belong to the
+    // parent. Waking or joining would stop or corrupt the parent's server,
+    // and destroying a joinable std::thread would abort, so let it be.
+    (void)impl_.release();
+    return;
+  }
   impl_->closed = true;
   uint64_t one = 1;
   ssize_t n = write(impl_->wake_fd, &one, sizeof(one));
@@ -183,53 +209,50 @@ void TcpStoreServer::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<Conn*> polled;
   for (;;) {
-    auto now = Clock::now();
-    fds.clear();
-    polled.clear();
-    fds.push_back({wake_fd, POLLIN, 0});
-    bool accepting = now >= accept_paused_until;
-    fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
-    for (auto& kv : conns) {
-      Conn& c = *kv.second;
-      short ev = POLLRDHUP;
-      if (c.buffered() < kMaxBuffered) ev |= POLLIN;
-      if (c.has_output()) ev |= POLLOUT;
-      fds.push_back({c.fd, ev, 0});
-      polled.push_back(&c);
-    }
-    int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
-    if (n < 0 && errno != EINTR) n = 0;  // nothing sensible to do but retry
-    if (fds[0].revents) return;           // close() asked us to stop
-    if (fds[1].revents) accept_all();
-    for (size_t i = 0; i < polled.size(); ++i) {
-      Conn& c = *polled[i];
-      short re = fds[i + 2].revents;
-      if (!re || c.closed) continue;
-      if (re & POLLOUT) flush(c);
-      if (!c.closed && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) read_from(c);
-      if (!c.closed) process(c);
-    }
-    // Requests woken by a set may have more input queued behind them.
-    while (!ready.empty()) {
-      uint64_t id = ready.back();
-      ready.pop_back();
-      auto it = conns.find(id);
-      if (it != conns.end() && !it->second->closed) process(*it->second);
-    }
-    check_timers(Clock::now());
-    while (!ready.empty()) {
-      uint64_t id = ready.back();
-      ready.pop_back();
-      auto it = conns.find(id);
-      if (it != conns.end() && !it->second->closed) process(*it->second);
-    }
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (it->second->closed) {
-        ::close(it->second->fd);
-        it = conns.erase(it);
-      } else {
-        ++it;
+    try {
+      auto now = Clock::now();
+      fds.clear();
+      polled.clear();
+      fds.push_back({wake_fd, POLLIN, 0});
+      bool accepting = now >= accept_paused_until;
+      fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
+      for (auto& kv : conns) {
+        Conn& c = *kv.second;
+        short ev = POLLRDHUP;
+        if (c.buffered() < kMaxBuffered) ev |= POLLIN;
+        if (c.has_output()) ev |= POLLOUT;
+        fds.push_back({c.fd, ev, 0});
+        polled.push_back(&c);
       }
+      int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+      if (n < 0 && errno != EINTR) n = 0;  // nothing sensible to do but retry
+      if (fds[0].revents) return;           // close() asked us to stop
+      if (fds[1].revents) accept_all();
+      for (size_t i = 0; i < polled.size(); ++i) {
+        Conn& c = *polled[i];
+        short re = fds[i + 2].revents;
+        if (!re || c.closed) continue;
+        guarded(c, [&] {
+          if (re & POLLOUT) flush(c);
+          if (!c.closed && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) read_from(c);
+          if (!c.closed) process(c);
+        });
+      }
+      // Requests woken by a set may have more input queued behind them.
+      process_ready();
+      check_timers(Clock::now());
+      process_ready();
+      for (auto it = conns.begin(); it != conns.end();) {
+        if (it->second->closed) {
+          ::close(it->second->fd);
+          it = conns.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    } catch (const std::exception&) {
+      // Out of memory or descriptors outside any one client: back off, keep serving.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 }
@@ -262,9 +285,14 @@ void TcpStoreServer::Impl::accept_all() {
       ::close(fd);
       continue;
     }
-    int one = 1;
+    int one = 1, idle = 30, interval = 5, count = 6;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // A client whose host vanishes (no FIN, no RST) is noticed within about a
+    // minute and reported dead.
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->id = next_id++;
