@@ -209,6 +209,24 @@ same prefix and size. ``hostname`` is the address peers reach this process on.
 ``debug_checks`` wraps the communicator in cross-rank agreement checks
 (BAGUA_DEBUG_CHECKS).)doc");
 
+  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions).
+  m.def(
+      "_create_gloo_communicator_tuned",
+      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
+         const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
+         int64_t segment_bytes) {
+        GlooCommunicatorOptions o;
+        o.timeout = to_timeout(timeout_s);
+        o.hostname = hostname;
+        o.lanes = lanes;
+        o.lane_threshold_bytes = to_count(lane_threshold_bytes, "lane_threshold_bytes");
+        o.segment_bytes = to_count(segment_bytes, "segment_bytes");
+        return create_gloo_communicator(std::move(store), prefix, rank, size, o);
+      },
+      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
+      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), Release());
+
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
   m.def("register_communicator", &register_communicator, py::arg("comm"),

@@ -205,6 +205,8 @@ class CheckedCommunicator : public Communicator {
                     other.desc.root == rank() && other.desc.dtype == d.dtype &&
                     other.desc.count == d.count && other.seq == static_cast<int64_t>(seq);
     if (ok) return;
+    // Neither side goes on with this call: take back its sequence number.
+    (sending ? send_seq_ : recv_seq_)[peer]--;
     if (!other.valid) mismatch(who(peer) + " sent a malformed call descriptor");
     mismatch(who(peer) + " called " + to_string(other.desc) + " while " + who(rank()) +
              " called " + to_string(d) +

@@ -489,15 +489,26 @@ class GlooCommunicator : public Communicator {
 
   // ---- running an operation, and failing well --------------------------------
 
+  // Runs a collective: it takes the next number of the collective sequence.
   template <typename Body>
   void run(const OpDesc& d, int peer, Body&& body) {
     std::lock_guard<std::mutex> g(mu_);
+    check_not_broken(d);
+    const uint64_t seq = seq_++;
+    guarded(d, seq, peer, [&] { body(static_cast<uint32_t>(seq)); });
+  }
+
+  void check_not_broken(const OpDesc& d) const {
     if (!broken_.empty())
       throw Error(describe() + ": " + to_string(d) +
                   ": communicator broken by an earlier failure: " + broken_);
-    const uint64_t seq = seq_++;
+  }
+
+  // Turns Gloo's exceptions into ours and breaks the communicator.
+  template <typename Body>
+  void guarded(const OpDesc& d, uint64_t seq, int peer, Body&& body) {
     try {
-      body(static_cast<uint32_t>(seq));
+      body();
     } catch (const InvalidArgument&) {
       throw;
     } catch (const gloo::IoException& e) {
@@ -509,14 +520,17 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // send/recv do not take a collective sequence number (other ranks do not
+  // see them); they number messages per direction of each pair instead: the
+  // n-th send from a to b meets the n-th recv on b from a.
   void p2p(const OpDesc& d, void* buf, size_t bytes, int peer, bool sending) {
     if (bytes == 0) return;
-    // One sequence per direction of each pair: the n-th send from a to b
-    // meets the n-th recv on b from a.
+    std::lock_guard<std::mutex> g(mu_);
+    check_not_broken(d);
     const uint64_t n = sending ? send_seq_[peer]++ : recv_seq_[peer]++;
     const int from = sending ? rank_ : peer;
     const int low = from < (sending ? peer : rank_) ? 0 : 1;
-    run(d, peer, [&](uint32_t) {
+    guarded(d, n, peer, [&] {
       auto ub = main()->createUnboundBuffer(buf, bytes);
       const uint64_t slot = ga::make_slot(ga::kSendRecvSlotPrefix, static_cast<uint32_t>(n), low);
       if (sending) {
@@ -555,7 +569,8 @@ class GlooCommunicator : public Communicator {
 
   [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what,
                          FailureKind kind) {
-    std::string msg = describe() + ": " + to_string(d) + " (op #" + std::to_string(seq) + ") ";
+    std::string msg = describe() + ": " + to_string(d) +
+                      (d.has_peer() ? " (message #" : " (op #") + std::to_string(seq) + ") ";
     switch (kind) {
       case kTimedOut:
         msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms";

@@ -42,9 +42,9 @@ struct GlooCommunicatorOptions {
   // its own thread, which keeps more than one socket busy at a time.
   int lanes = 2;
   // Buffers below this size (bytes) use a single connection.
-  size_t lane_threshold_bytes = 4u << 20;
+  size_t lane_threshold_bytes = 8u << 20;
   // Bytes per segment in Gloo's pipelined allreduce/reduce ring.
-  size_t segment_bytes = 1u << 20;
+  size_t segment_bytes = 4u << 20;
 };
 
 CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
