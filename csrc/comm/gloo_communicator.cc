@@ -583,12 +583,14 @@ class GlooCommunicator : public Communicator {
         msg += "failed";
         break;
     }
+    // Close first: peers blocked on us should not wait for the store query.
+    break_connections(msg + " [gloo: " + what + "]");
     int dead = -1;
     msg += dead_ranks_note(kind, &dead);
     if (kind == kTimedOut && dead < 0)
       msg += " (a peer may be stuck, or may have skipped or reordered this operation)";
     msg += " [gloo: " + what + "]";
-    break_connections(msg);
+    broken_ = msg;
     switch (kind) {
       case kTimedOut:
         throw TimeoutError(msg);
