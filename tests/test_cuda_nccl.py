@@ -221,7 +221,8 @@ def test_create_nccl_communicator_rejects_bad_arguments():
 @needs_cuda_build
 def test_cuda_kernels_reject_host_memory_without_crash():
     x = np.ones(8, dtype=np.float32)
-    with pytest.raises(ValueError):
+    # ValueError where CUDA can tell host memory; BaguaError without a driver
+    with pytest.raises((ValueError, _C.BaguaError)):
         _C.raw.cuda_divide(x.ctypes.data, 8, CODE["float32"], 2.0)
     assert np.all(x == 1)
 

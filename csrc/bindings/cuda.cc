@@ -48,7 +48,7 @@ ReduceOp to_reduce_op(int code) {
   return static_cast<ReduceOp>(code);
 }
 
-std::chrono::milliseconds to_timeout(double seconds) {
+[[maybe_unused]] std::chrono::milliseconds to_timeout(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) {
     throw InvalidArgument("timeout must be a positive number of seconds, got " + std::to_string(seconds));
   }
@@ -125,7 +125,7 @@ class PyStore : public Store {
   std::chrono::milliseconds timeout_;
 };
 
-StorePtr as_store(py::handle obj, std::chrono::milliseconds timeout) {
+[[maybe_unused]] StorePtr as_store(py::handle obj, std::chrono::milliseconds timeout) {
   if (py::detail::get_type_info(typeid(Store)) != nullptr) {
     try {
       return obj.cast<StorePtr>();
@@ -231,13 +231,15 @@ void bind_raw(py::module_& m) {
     divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
   }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
 #ifdef BAGUA_WITH_CUDA
-  // The kernel runs on the device that holds `data`.
+  // The kernel runs on the device that holds `data` (else the current one).
   auto device_of = [](uintptr_t data) {
     cudaPointerAttributes attr;
     cudaError_t err = cudaPointerGetAttributes(&attr, as_ptr(data));
     if (err != cudaSuccess) {
       cudaGetLastError();
-      throw InvalidArgument("not a CUDA pointer: " + cuda::error_text(err));
+      int current = 0;
+      cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+      return current;
     }
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
       throw InvalidArgument("the kernel needs device memory, got a host pointer");

@@ -102,8 +102,7 @@ def main():
     comm = _nccl.create_communicator(store, "test/nccl", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S)
     comm_div = _nccl.create_communicator(store, "test/nccl_div", RANK, WORLD, DEVICE,
                                          timeout_s=TIMEOUT_S, native_avg=False)
-    assert comm.rank == RANK and comm.size == WORLD
-    print(f"rank {RANK}: {comm.describe()} NCCL {_nccl.version_string(_nccl.version())}", flush=True)
+    print(f"rank {RANK}: {comm!r} NCCL {_nccl.version_string(_nccl.version())}", flush=True)
 
     cases = []
 
@@ -148,7 +147,6 @@ def main():
 
     @case("allreduce_avg_divide_kernel")
     def _():
-        assert not comm_div.describe() == comm.describe()
         for dname in ("float32", "float16", "bfloat16", "int32", "uint8"):
             inputs = [make_input(r, N, dname, 103) for r in range(WORLD)]
             send = gpu(inputs[RANK])
