@@ -180,32 +180,29 @@ def test_real_nccl_library_loads_without_gpu():
 # ---------------------------------------------------------------------------
 # The communicator without a GPU: clear exceptions, no crash
 
-class DictStore(dict):
-    def set(self, key, value):
-        self[key] = bytes(value)
-
-    def get(self, key):
-        return self[key]
+@pytest.fixture
+def store():
+    with _C.TcpStoreServer("127.0.0.1", 0) as server, _C.TcpStore("127.0.0.1", server.port, 0, 10.0) as client:
+        yield client
 
 
-def test_create_nccl_communicator_without_gpu_fails_cleanly(tmp_path):
+def test_create_nccl_communicator_without_gpu_fails_cleanly(tmp_path, store):
     if _C.cuda_device_count() > 0:
         pytest.skip("this machine has a GPU")
     lib = _real_nccl() or _fake_lib(str(tmp_path))
     with pytest.raises(_C.BaguaError) as info:
-        _C.create_nccl_communicator(DictStore(), "world", 0, 1, 0, 5.0, lib)
+        _C.create_nccl_communicator(store, "world", 0, 1, 0, 5.0, lib)
     msg = str(info.value)
     if _C.built_with_cuda:
         assert "no usable CUDA device" in msg and "world" in msg, msg
     else:
         assert "built without CUDA" in msg
     with pytest.raises(_C.BaguaError):
-        _nccl.create_communicator(DictStore(), "world", 0, 1, 0, timeout_s=5.0, library=lib)
+        _nccl.create_communicator(store, "world", 0, 1, 0, timeout_s=5.0, library=lib)
 
 
 @needs_cuda_build
-def test_create_nccl_communicator_rejects_bad_arguments():
-    store = DictStore()
+def test_create_nccl_communicator_rejects_bad_arguments(store):
     with pytest.raises(ValueError):
         _C.create_nccl_communicator(store, "w", 2, 2, 0, 5.0, "/x")  # rank out of range
     with pytest.raises(ValueError):
@@ -214,8 +211,10 @@ def test_create_nccl_communicator_rejects_bad_arguments():
         _C.create_nccl_communicator(store, "w", 0, 1, -1, 5.0, "/x")  # device
     with pytest.raises(ValueError):
         _C.create_nccl_communicator(store, "w", 0, 1, 0, 0.0, "/x")  # timeout
-    with pytest.raises(TypeError, match="store"):
+    with pytest.raises((TypeError, ValueError), match="store"):
         _C.create_nccl_communicator(None, "w", 0, 1, 0, 5.0, "/x")
+    with pytest.raises(TypeError):
+        _C.create_nccl_communicator({}, "w", 0, 1, 0, 5.0, "/x")
 
 
 @needs_cuda_build
@@ -223,7 +222,7 @@ def test_cuda_kernels_reject_host_memory_without_crash():
     x = np.ones(8, dtype=np.float32)
     # ValueError where CUDA can tell host memory; BaguaError without a driver
     with pytest.raises((ValueError, _C.BaguaError)):
-        _C.raw.cuda_divide(x.ctypes.data, 8, CODE["float32"], 2.0)
+        _C.kernels.cuda_divide(x.ctypes.data, 8, CODE["float32"], 2.0)
     assert np.all(x == 1)
 
 
@@ -250,10 +249,10 @@ def test_host_element_functions_match_torch(kind, dname):
         x = torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
     y = x.clone()
     if kind == "divide":
-        _C.raw.host_divide(y.data_ptr(), n, CODE[dname], 3.0)
+        _C.kernels.host_divide(y.data_ptr(), n, CODE[dname], 3.0)
         ref = x / 3.0 if dtype.is_floating_point else torch.div(x.to(torch.int64), 3, rounding_mode="trunc").to(dtype)
     else:
-        _C.raw.host_scale(y.data_ptr(), n, CODE[dname], 0.37)
+        _C.kernels.host_scale(y.data_ptr(), n, CODE[dname], 0.37)
         ref = x * 0.37 if dtype.is_floating_point else (x.double() * 0.37).trunc().to(dtype)
     # rounded to nearest even in the dtype, like torch: bit-identical (NaN payloads aside)
     ref = ref.to(dtype)
@@ -268,10 +267,10 @@ def test_host_divide_rejects_bad_integer_divisor():
     x = np.arange(4, dtype=np.int32)
     for bad in (0.0, 2.5):
         with pytest.raises(ValueError, match="divisor"):
-            _C.raw.host_divide(x.ctypes.data, 4, CODE["int32"], bad)
+            _C.kernels.host_divide(x.ctypes.data, 4, CODE["int32"], bad)
     with pytest.raises(ValueError, match="dtype"):
-        _C.raw.host_divide(x.ctypes.data, 4, 42, 2.0)
-    _C.raw.host_divide(0, 0, CODE["int32"], 2.0)  # empty: nothing to touch
+        _C.kernels.host_divide(x.ctypes.data, 4, 42, 2.0)
+    _C.kernels.host_divide(0, 0, CODE["int32"], 2.0)  # empty: nothing to touch
     assert list(x) == [0, 1, 2, 3]
 
 

@@ -1,11 +1,9 @@
-// CUDA availability, the NCCL communicator (csrc/comm/nccl/) and the CUDA
-// kernels (csrc/kernels/cuda_kernels.cu), plus `_C.raw`: communicator
-// operations and kernels on raw addresses (e.g. torch's data_ptr() and
-// current stream), for frontends and tests.
+// CUDA availability, the NCCL communicator (csrc/comm/nccl/) and, in
+// `_C.kernels`, the element kernels on raw addresses (CUDA launches and the
+// host loops over the same element functions).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -43,11 +41,6 @@ DType to_dtype(int code) {
   return static_cast<DType>(code);
 }
 
-ReduceOp to_reduce_op(int code) {
-  if (!is_valid_reduce_op(code)) throw InvalidArgument("unknown reduce op code " + std::to_string(code));
-  return static_cast<ReduceOp>(code);
-}
-
 [[maybe_unused]] std::chrono::milliseconds to_timeout(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) {
     throw InvalidArgument("timeout must be a positive number of seconds, got " + std::to_string(seconds));
@@ -57,115 +50,20 @@ ReduceOp to_reduce_op(int code) {
 
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
-// A Python object with set(key, bytes) and get(key) -> bytes, e.g.
-// torch.distributed.TCPStore, used as a bagua::Store. Takes the GIL per call.
-class PyStore : public Store {
- public:
-  PyStore(py::object obj, std::chrono::milliseconds timeout) : obj_(std::move(obj)), timeout_(timeout) {}
-  ~PyStore() override {
-    py::gil_scoped_acquire gil;
-    obj_ = py::object();
-  }
-
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    call("set", [&] {
-      obj_.attr("set")(key, py::bytes(reinterpret_cast<const char*>(value.data()), value.size()));
-    }, key);
-  }
-
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds) override {
-    std::vector<uint8_t> out;
-    call("get", [&] {
-      std::string v = obj_.attr("get")(key).cast<std::string>();
-      out.assign(v.begin(), v.end());
-    }, key);
-    return out;
-  }
-
-  int64_t add(const std::string& key, int64_t delta) override {
-    int64_t out = 0;
-    call("add", [&] { out = obj_.attr("add")(key, delta).cast<int64_t>(); }, key);
-    return out;
-  }
-
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds) override {
-    call("wait", [&] { obj_.attr("wait")(keys); }, keys.empty() ? std::string() : keys.front());
-  }
-
-  bool check(const std::vector<std::string>& keys) override {
-    bool out = false;
-    call("check", [&] { out = obj_.attr("check")(keys).cast<bool>(); },
-         keys.empty() ? std::string() : keys.front());
-    return out;
-  }
-
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-
- private:
-  template <typename F>
-  void call(const char* method, F&& f, const std::string& key) {
-    py::gil_scoped_acquire gil;
-    try {
-      f();
-    } catch (py::error_already_set& e) {
-      std::string msg = std::string("store.") + method + "('" + key + "') failed: " + e.what();
-      std::string lower = msg;
-      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (e.matches(PyExc_TimeoutError) || lower.find("timeout") != std::string::npos ||
-          lower.find("timed out") != std::string::npos) {
-        throw TimeoutError(msg);
-      }
-      throw Error(msg);
-    } catch (py::cast_error& e) {
-      throw Error(std::string("store.") + method + "('" + key + "') returned an unexpected type: " + e.what());
-    }
-  }
-
-  py::object obj_;
-  std::chrono::milliseconds timeout_;
-};
-
-[[maybe_unused]] StorePtr as_store(py::handle obj, std::chrono::milliseconds timeout) {
-  if (py::detail::get_type_info(typeid(Store)) != nullptr) {
-    try {
-      return obj.cast<StorePtr>();
-    } catch (py::cast_error&) {
-    }
-  }
-  if (!obj.is_none() && py::hasattr(obj, "set") && py::hasattr(obj, "get")) {
-    return std::make_shared<PyStore>(py::reinterpret_borrow<py::object>(obj), timeout);
-  }
-  throw py::type_error("store must be a bagua store, or an object with set(key, bytes) and "
-                       "get(key) -> bytes such as torch.distributed.TCPStore; got " +
-                       std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
-}
-
-// comm.cc owns the Python type of bagua::Communicator; until it registers one,
-// register a minimal type here so NCCL communicators can reach Python.
-void ensure_communicator_type(py::module_& m) {
-  if (py::detail::get_type_info(typeid(Communicator)) != nullptr) return;
-  py::class_<Communicator, CommunicatorPtr>(m, "Communicator")
-      .def_property_readonly("rank", &Communicator::rank)
-      .def_property_readonly("size", &Communicator::size)
-      .def("describe", &Communicator::describe)
-      .def("__repr__", [](const Communicator& c) { return "<Communicator " + c.describe() + ">"; });
-}
-
-CommunicatorPtr create_nccl_communicator(py::handle store, const std::string& prefix, int rank,
+CommunicatorPtr create_nccl_communicator(const StorePtr& store, const std::string& prefix, int rank,
                                          int size, int device, double timeout_s,
                                          const std::string& library_path, bool native_avg) {
 #ifdef BAGUA_WITH_CUDA
+  if (!store) throw InvalidArgument("store must not be None");
   NcclOptions options;
   options.device = device;
   options.timeout = to_timeout(timeout_s);
   options.library_path = library_path;
   options.native_avg = native_avg;
-  StorePtr s = as_store(store, options.timeout);  // released below with the GIL held
-  py::gil_scoped_release release;
   // The destructor may wait (up to the timeout) for outstanding work: never
   // with the GIL held.
-  return CommunicatorPtr(new NcclCommunicator(*s, prefix, rank, size, options), [](Communicator* c) {
-    if (PyGILState_Check()) {
+  return CommunicatorPtr(new NcclCommunicator(*store, prefix, rank, size, options), [](Communicator* c) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
       py::gil_scoped_release unlocked;
       delete c;
     } else {
@@ -177,57 +75,17 @@ CommunicatorPtr create_nccl_communicator(py::handle store, const std::string& pr
 #endif
 }
 
-void bind_raw(py::module_& m) {
-  py::module_ raw = m.def_submodule(
-      "raw",
-      "Communicator operations and kernels on raw addresses (ints) and CUDA streams (ints, "
-      "0 = none). The caller keeps the memory alive and synchronizes the stream; see "
-      "bagua::Communicator for the meaning of each argument.");
-  using Ptr = CommunicatorPtr;
+void bind_kernels(py::module_& m) {
+  py::module_ k = m.def_submodule(
+      "kernels",
+      "Element kernels on raw addresses (ints) with a count and a dtype code: host loops, and "
+      "CUDA launches on a stream (int, 0 = the legacy default stream) that the caller "
+      "synchronizes. The same element functions run on both (kernels/scale.h).");
   auto release = py::call_guard<py::gil_scoped_release>();
-  raw.def("allreduce", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, uintptr_t stream) {
-    c->allreduce(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), to_reduce_op(op), as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0, release);
-  raw.def("reduce", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root, uintptr_t stream) {
-    c->reduce(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), to_reduce_op(op), root, as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("stream") = 0, release);
-  raw.def("broadcast", [](const Ptr& c, uintptr_t buf, size_t count, int dtype, int root, uintptr_t stream) {
-    c->broadcast(as_ptr(buf), count, to_dtype(dtype), root, as_ptr(stream));
-  }, py::arg("comm"), py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("stream") = 0, release);
-  raw.def("allgather", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, uintptr_t stream) {
-    c->allgather(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0, release);
-  raw.def("gather", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root, uintptr_t stream) {
-    c->gather(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), root, as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("stream") = 0, release);
-  raw.def("scatter", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root, uintptr_t stream) {
-    c->scatter(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), root, as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("stream") = 0, release);
-  raw.def("reduce_scatter", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, uintptr_t stream) {
-    c->reduce_scatter(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), to_reduce_op(op), as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0, release);
-  raw.def("alltoall", [](const Ptr& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, uintptr_t stream) {
-    c->alltoall(as_ptr(send), as_ptr(recv), count, to_dtype(dtype), as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0, release);
-  raw.def("alltoall_v", [](const Ptr& c, uintptr_t send, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
-                           uintptr_t recv, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs, int dtype, uintptr_t stream) {
-    c->alltoall_v(as_ptr(send), send_counts, send_displs, as_ptr(recv), recv_counts, recv_displs, to_dtype(dtype), as_ptr(stream));
-  }, py::arg("comm"), py::arg("send"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv"), py::arg("recv_counts"),
-     py::arg("recv_displs"), py::arg("dtype"), py::arg("stream") = 0, release);
-  raw.def("send", [](const Ptr& c, uintptr_t buf, size_t count, int dtype, int peer, uintptr_t stream) {
-    c->send(as_ptr(buf), count, to_dtype(dtype), peer, as_ptr(stream));
-  }, py::arg("comm"), py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0, release);
-  raw.def("recv", [](const Ptr& c, uintptr_t buf, size_t count, int dtype, int peer, uintptr_t stream) {
-    c->recv(as_ptr(buf), count, to_dtype(dtype), peer, as_ptr(stream));
-  }, py::arg("comm"), py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0, release);
-  raw.def("barrier", [](const Ptr& c, uintptr_t stream) { c->barrier(as_ptr(stream)); },
-          py::arg("comm"), py::arg("stream") = 0, release);
-
-  // Element kernels: host loops (any build) and CUDA launches (CUDA builds).
-  raw.def("host_scale", [](uintptr_t data, size_t count, int dtype, double factor) {
+  k.def("host_scale", [](uintptr_t data, size_t count, int dtype, double factor) {
     scale_host(as_ptr(data), count, to_dtype(dtype), factor);
   }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), release);
-  raw.def("host_divide", [](uintptr_t data, size_t count, int dtype, double divisor) {
+  k.def("host_divide", [](uintptr_t data, size_t count, int dtype, double divisor) {
     divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
   }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
 #ifdef BAGUA_WITH_CUDA
@@ -246,21 +104,21 @@ void bind_raw(py::module_& m) {
     }
     return attr.device;
   };
-  raw.def("cuda_scale", [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
+  k.def("cuda_scale", [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
     DType t = to_dtype(dtype);
     if (count == 0) return;
     cuda::DeviceGuard guard(device_of(data));
     cuda::launch_scale(as_ptr(data), count, t, factor, static_cast<cudaStream_t>(as_ptr(stream)));
   }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0, release);
-  raw.def("cuda_divide", [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
+  k.def("cuda_divide", [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
     DType t = to_dtype(dtype);
     if (count == 0) return;
     cuda::DeviceGuard guard(device_of(data));
     cuda::launch_divide(as_ptr(data), count, t, divisor, static_cast<cudaStream_t>(as_ptr(stream)));
   }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0, release);
 #else
-  raw.def("cuda_scale", [](py::args, py::kwargs) { no_cuda("cuda_scale"); });
-  raw.def("cuda_divide", [](py::args, py::kwargs) { no_cuda("cuda_divide"); });
+  k.def("cuda_scale", [](py::args, py::kwargs) { no_cuda("cuda_scale"); });
+  k.def("cuda_divide", [](py::args, py::kwargs) { no_cuda("cuda_divide"); });
 #endif
 }
 
@@ -293,14 +151,16 @@ void bind_cuda(py::module_& m) {
   m.def("nccl_check_library", [](const std::string&) -> int { no_cuda("nccl_check_library"); },
         py::arg("library_path"));
 #endif
-  ensure_communicator_type(m);
   m.def("create_nccl_communicator", &create_nccl_communicator, py::arg("store"), py::arg("prefix"),
         py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("timeout_s"),
         py::arg("library_path"), py::arg("native_avg") = true,
-        "Creates an NCCL communicator (collective over the group; see "
-        "csrc/comm/nccl/nccl_communicator.h). store: a bagua store, or any object with "
-        "set(key, bytes) / get(key) -> bytes such as torch.distributed.TCPStore.");
-  bind_raw(m);
+        py::call_guard<py::gil_scoped_release>(),
+        "Creates an NCCL communicator on CUDA device `device`; every rank of group `prefix` "
+        "calls it (rank 0 publishes NCCL's id in `store`). Operations enqueue on the stream "
+        "passed to them and return; the caller synchronizes that stream (stream 0: the "
+        "communicator's own stream, and the call waits). `native_avg=False` computes AVG as "
+        "SUM + a divide kernel. See csrc/comm/nccl/nccl_communicator.h.");
+  bind_kernels(m);
 }
 
 }  // namespace bindings

@@ -8,7 +8,6 @@ tests/test_cuda_nccl.py through tests.mp.launch.
                                     setup; rank 0's operations must fail
 """
 
-import datetime
 import os
 import sys
 import threading
@@ -17,7 +16,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
-import torch.distributed  # noqa: E402
 
 from bagua_core import _C, _nccl  # noqa: E402
 from tests.worker import run_cases  # noqa: E402
@@ -27,12 +25,17 @@ WORLD = int(os.environ["WORLD_SIZE"])
 DEVICE = RANK % torch.cuda.device_count()
 TIMEOUT_S = 8.0
 FLOAT32, SUM = 0, 0
-raw = _C.raw
 
 
-def make_store(world):
-    return torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1,
-                                      world, RANK == 0, timeout=datetime.timedelta(seconds=60))
+_servers = []  # rank 0's store server lives as long as the process
+
+
+def make_store():
+    """Bagua's rendezvous store: the server on rank 0 at MASTER_PORT + 1."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
+    if RANK == 0:
+        _servers.append(_C.TcpStoreServer(host, port))
+    return _C.TcpStore(host, port, RANK, 60.0)
 
 
 def expect_failure(fn, max_s):
@@ -48,7 +51,7 @@ def expect_failure(fn, max_s):
 
 
 def lonely():
-    store = make_store(1)
+    store = make_store()
     cases = []
 
     def init_times_out():
@@ -60,7 +63,7 @@ def lonely():
     def still_usable_after_abort():
         comm = _nccl.create_communicator(store, "alone", 0, 1, DEVICE, timeout_s=TIMEOUT_S)
         x = torch.ones(16, device=f"cuda:{DEVICE}")
-        raw.allreduce(comm, x.data_ptr(), x.data_ptr(), 16, FLOAT32, SUM)
+        comm.allreduce(x.data_ptr(), x.data_ptr(), 16, FLOAT32, SUM)
         assert torch.equal(x.cpu(), torch.ones(16))
 
     cases.append(("init_missing_rank_times_out", init_times_out))
@@ -69,11 +72,11 @@ def lonely():
 
 
 def dead_peer():
-    store = make_store(WORLD)
+    store = make_store()
     comm_a = _nccl.create_communicator(store, "dead/a", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S)
     comm_b = _nccl.create_communicator(store, "dead/b", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S)
-    raw.barrier(comm_a)
-    raw.barrier(comm_b)
+    comm_a.barrier()
+    comm_b.barrier()
     if RANK != 0:
         os._exit(0)  # a peer that vanishes without a word
     time.sleep(1.0)
@@ -82,18 +85,18 @@ def dead_peer():
     cases = []
 
     def sync_op_fails():
-        expect_failure(lambda: raw.allreduce(comm_a, x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM),
+        expect_failure(lambda: comm_a.allreduce(x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM),
                        TIMEOUT_S + 20)
 
     def later_call_fails_at_once():
-        e = expect_failure(lambda: raw.barrier(comm_a), 2.0)
+        e = expect_failure(lambda: comm_a.barrier(), 2.0)
         assert "aborted" in str(e), str(e)
 
     def watchdog_aborts_stream_op():
         s = torch.cuda.Stream(device=DEVICE)
-        raw.allreduce(comm_b, x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM, stream=s.cuda_stream)
+        comm_b.allreduce(x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM, stream=s.cuda_stream)
         # enqueued: the watchdog must abort it, and then every call fails
-        expect_failure(lambda: raw.barrier(comm_b), 2 * TIMEOUT_S + 20)
+        expect_failure(lambda: comm_b.barrier(), 2 * TIMEOUT_S + 20)
         done = threading.Event()
         threading.Thread(target=lambda: (s.synchronize(), done.set()), daemon=True).start()
         assert done.wait(30), "the caller's stream still hangs after the abort"

@@ -6,14 +6,12 @@ Every rank builds every rank's inputs from seeded generators, so each one
 computes the expected results locally on the CPU.
 """
 
-import datetime
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
-import torch.distributed  # noqa: E402
 
 from bagua_core import _C, _nccl  # noqa: E402
 from tests.gpu.nccl_cases import DTYPES, OPS  # noqa: E402
@@ -31,7 +29,7 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": t
 CODE = dict(DTYPES)
 OP_CODE = dict(OPS)
 SUM, AVG = OP_CODE["sum"], OP_CODE["avg"]
-raw = _C.raw
+kernels = _C.kernels
 
 
 def is_float(dtype):
@@ -83,6 +81,17 @@ def gpu(t):
     return t.to(f"cuda:{DEVICE}")
 
 
+_servers = []  # rank 0's store server lives as long as the process
+
+
+def make_store():
+    """Bagua's rendezvous store: the server on rank 0 at MASTER_PORT + 1."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
+    if RANK == 0:
+        _servers.append(_C.TcpStoreServer(host, port))
+    return _C.TcpStore(host, port, RANK, TIMEOUT_S)
+
+
 class UserStream:
     """A side stream that waits for the default stream; ops get its handle."""
 
@@ -97,8 +106,7 @@ class UserStream:
 
 def main():
     torch.cuda.set_device(DEVICE)
-    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1,
-                                       WORLD, RANK == 0, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    store = make_store()
     comm = _nccl.create_communicator(store, "test/nccl", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S)
     comm_div = _nccl.create_communicator(store, "test/nccl_div", RANK, WORLD, DEVICE,
                                          timeout_s=TIMEOUT_S, native_avg=False)
@@ -118,7 +126,7 @@ def main():
             inputs = [make_input(r, N, dname, seed, oname) for r in range(WORLD)]
             send = gpu(inputs[RANK])
             recv = torch.empty_like(send)
-            raw.allreduce(comm, send.data_ptr(), recv.data_ptr(), N, CODE[dname], OP_CODE[oname])
+            comm.allreduce(send.data_ptr(), recv.data_ptr(), N, CODE[dname], OP_CODE[oname])
             check(recv, reduce_ref(inputs, oname, dtype), f"allreduce {dname} {oname}")
             check(send, inputs[RANK], "send buffer untouched")
         return fn
@@ -135,14 +143,14 @@ def main():
         send = gpu(inputs[RANK])
         recv = torch.zeros_like(send)
         with UserStream() as s:
-            raw.allreduce(comm, send.data_ptr(), recv.data_ptr(), N, CODE["float32"], SUM, stream=s)
+            comm.allreduce(send.data_ptr(), recv.data_ptr(), N, CODE["float32"], SUM, stream=s)
         check(recv, reduce_ref(inputs, "sum", torch.float32))
 
     @case("allreduce_inplace")
     def _():
         inputs = [make_input(r, N, "int64", 102) for r in range(WORLD)]
         buf = gpu(inputs[RANK])
-        raw.allreduce(comm, buf.data_ptr(), buf.data_ptr(), N, CODE["int64"], SUM)
+        comm.allreduce(buf.data_ptr(), buf.data_ptr(), N, CODE["int64"], SUM)
         check(buf, reduce_ref(inputs, "sum", torch.int64))
 
     @case("allreduce_avg_divide_kernel")
@@ -151,7 +159,7 @@ def main():
             inputs = [make_input(r, N, dname, 103) for r in range(WORLD)]
             send = gpu(inputs[RANK])
             recv = torch.empty_like(send)
-            raw.allreduce(comm_div, send.data_ptr(), recv.data_ptr(), N, CODE[dname], AVG)
+            comm_div.allreduce(send.data_ptr(), recv.data_ptr(), N, CODE[dname], AVG)
             check(recv, reduce_ref(inputs, "avg", TORCH_DTYPES[dname]), f"avg by SUM + divide {dname}")
 
     @case("reduce")
@@ -160,7 +168,7 @@ def main():
         inputs = [make_input(r, N, "float64", 104) for r in range(WORLD)]
         send = gpu(inputs[RANK])
         recv = torch.full_like(send, -7.0)
-        raw.reduce(comm, send.data_ptr(), recv.data_ptr(), N, CODE["float64"], OP_CODE["max"], root)
+        comm.reduce(send.data_ptr(), recv.data_ptr(), N, CODE["float64"], OP_CODE["max"], root)
         if RANK == root:
             check(recv, reduce_ref(inputs, "max", torch.float64))
         else:
@@ -174,7 +182,7 @@ def main():
         recv = torch.zeros_like(send)
         # non-root ranks may pass a null recv
         recv_ptr = recv.data_ptr() if RANK == root else 0
-        raw.reduce(comm_div, send.data_ptr(), recv_ptr, N, CODE["float32"], AVG, root)
+        comm_div.reduce(send.data_ptr(), recv_ptr, N, CODE["float32"], AVG, root)
         if RANK == root:
             check(recv, reduce_ref(inputs, "avg", torch.float32))
 
@@ -184,7 +192,7 @@ def main():
         inputs = [make_input(r, N, "bfloat16", 106) for r in range(WORLD)]
         buf = gpu(inputs[RANK])
         with UserStream() as s:
-            raw.broadcast(comm, buf.data_ptr(), N, CODE["bfloat16"], root, stream=s)
+            comm.broadcast(buf.data_ptr(), N, CODE["bfloat16"], root, stream=s)
         check(buf, inputs[root])
 
     @case("allgather")
@@ -192,7 +200,7 @@ def main():
         inputs = [make_input(r, N, "int32", 107) for r in range(WORLD)]
         send = gpu(inputs[RANK])
         recv = torch.zeros(WORLD * N, dtype=torch.int32, device=send.device)
-        raw.allgather(comm, send.data_ptr(), recv.data_ptr(), N, CODE["int32"])
+        comm.allgather(send.data_ptr(), recv.data_ptr(), N, CODE["int32"])
         check(recv, torch.cat(inputs))
 
     @case("allgather_inplace")
@@ -201,7 +209,7 @@ def main():
         recv = torch.zeros(WORLD * N, dtype=torch.float16, device=f"cuda:{DEVICE}")
         recv[RANK * N:(RANK + 1) * N] = gpu(inputs[RANK])
         own = recv[RANK * N:]
-        raw.allgather(comm, own.data_ptr(), recv.data_ptr(), N, CODE["float16"])
+        comm.allgather(own.data_ptr(), recv.data_ptr(), N, CODE["float16"])
         check(recv, torch.cat(inputs))
 
     @case("gather")
@@ -211,7 +219,7 @@ def main():
         send = gpu(inputs[RANK])
         recv = torch.zeros(WORLD * N, dtype=torch.uint8, device=send.device)
         with UserStream() as s:
-            raw.gather(comm, send.data_ptr(), recv.data_ptr(), N, CODE["uint8"], root, stream=s)
+            comm.gather(send.data_ptr(), recv.data_ptr(), N, CODE["uint8"], root, stream=s)
         if RANK == root:
             check(recv, torch.cat(inputs))
         else:
@@ -223,7 +231,7 @@ def main():
         chunks = [make_input(r, N, "float32", 110) for r in range(WORLD)]
         send = gpu(torch.cat(chunks)) if RANK == root else None
         recv = torch.zeros(N, dtype=torch.float32, device=f"cuda:{DEVICE}")
-        raw.scatter(comm, send.data_ptr() if send is not None else 0, recv.data_ptr(), N,
+        comm.scatter(send.data_ptr() if send is not None else 0, recv.data_ptr(), N,
                     CODE["float32"], root)
         check(recv, chunks[RANK])
 
@@ -233,7 +241,7 @@ def main():
             inputs = [make_input(r, WORLD * N, "float32", seed) for r in range(WORLD)]
             send = gpu(inputs[RANK])
             recv = torch.zeros(N, dtype=torch.float32, device=send.device)
-            raw.reduce_scatter(c, send.data_ptr(), recv.data_ptr(), N, CODE["float32"], OP_CODE[oname])
+            c.reduce_scatter(send.data_ptr(), recv.data_ptr(), N, CODE["float32"], OP_CODE[oname])
             full = reduce_ref(inputs, oname, torch.float32)
             check(recv, full[RANK * N:(RANK + 1) * N])
         return fn
@@ -249,7 +257,7 @@ def main():
         send = gpu(inputs[RANK])
         recv = torch.zeros_like(send)
         with UserStream() as s:
-            raw.alltoall(comm, send.data_ptr(), recv.data_ptr(), N, CODE["int64"], stream=s)
+            comm.alltoall(send.data_ptr(), recv.data_ptr(), N, CODE["int64"], stream=s)
         expected = torch.cat([inputs[i][RANK * N:(RANK + 1) * N] for i in range(WORLD)])
         check(recv, expected)
 
@@ -271,7 +279,7 @@ def main():
         recv_counts = [i + RANK + 1 for i in range(WORLD)]
         send = gpu(inputs[RANK])
         recv = torch.zeros(sum(recv_counts), dtype=torch.float64, device=send.device)
-        raw.alltoall_v(comm, send.data_ptr(), send_counts, displs(send_counts), recv.data_ptr(),
+        comm.alltoall_v(send.data_ptr(), send_counts, displs(send_counts), recv.data_ptr(),
                        recv_counts, displs(recv_counts), CODE["float64"])
         expected = []
         for i in range(WORLD):
@@ -292,45 +300,45 @@ def main():
         recv = torch.zeros_like(send)
         with UserStream() as s:
             if RANK % 2 == 0:
-                raw.send(comm, send.data_ptr(), N, CODE["float32"], peer, stream=s)
-                raw.recv(comm, recv.data_ptr(), N, CODE["float32"], peer, stream=s)
+                comm.send(send.data_ptr(), N, CODE["float32"], peer, stream=s)
+                comm.recv(recv.data_ptr(), N, CODE["float32"], peer, stream=s)
             else:
-                raw.recv(comm, recv.data_ptr(), N, CODE["float32"], peer, stream=s)
-                raw.send(comm, send.data_ptr(), N, CODE["float32"], peer, stream=s)
+                comm.recv(recv.data_ptr(), N, CODE["float32"], peer, stream=s)
+                comm.send(send.data_ptr(), N, CODE["float32"], peer, stream=s)
         check(recv, inputs[peer])
 
     @case("barrier")
     def _():
-        raw.barrier(comm)
+        comm.barrier()
         with UserStream() as s:
-            raw.barrier(comm, stream=s)
+            comm.barrier(stream=s)
 
     @case("empty_is_noop")
     def _():
         x = torch.zeros(4, device=f"cuda:{DEVICE}")
-        raw.allreduce(comm, x.data_ptr(), x.data_ptr(), 0, CODE["float32"], SUM)
-        raw.allreduce(comm, 0, 0, 0, CODE["float32"], SUM)  # null buffers are fine when empty
-        raw.broadcast(comm, 0, 0, CODE["float32"], 0)
-        raw.alltoall_v(comm, 0, [0] * WORLD, [0] * WORLD, 0, [0] * WORLD, [0] * WORLD, CODE["float32"])
+        comm.allreduce(x.data_ptr(), x.data_ptr(), 0, CODE["float32"], SUM)
+        comm.allreduce(0, 0, 0, CODE["float32"], SUM)  # null buffers are fine when empty
+        comm.broadcast(0, 0, CODE["float32"], 0)
+        comm.alltoall_v(0, [0] * WORLD, [0] * WORLD, 0, [0] * WORLD, [0] * WORLD, CODE["float32"])
 
     @case("bad_arguments")
     def _():
         x = torch.zeros(N, device=f"cuda:{DEVICE}")
         host = torch.zeros(N)
         bad = [
-            lambda: raw.allreduce(comm, host.data_ptr(), host.data_ptr(), N, CODE["float32"], SUM),
-            lambda: raw.allreduce(comm, x.data_ptr(), x.data_ptr(), N, 99, SUM),
-            lambda: raw.allreduce(comm, x.data_ptr(), x.data_ptr(), N, CODE["float32"], 7),
-            lambda: raw.allreduce(comm, 0, x.data_ptr(), N, CODE["float32"], SUM),
-            lambda: raw.broadcast(comm, x.data_ptr(), N, CODE["float32"], WORLD),
-            lambda: raw.send(comm, x.data_ptr(), N, CODE["float32"], RANK),
-            lambda: raw.alltoall_v(comm, x.data_ptr(), [1], [0], x.data_ptr(), [1], [0], CODE["float32"])
-            if WORLD > 1 else raw.alltoall_v(comm, x.data_ptr(), [1, 1], [0, 1], x.data_ptr(), [1, 1],
+            lambda: comm.allreduce(host.data_ptr(), host.data_ptr(), N, CODE["float32"], SUM),
+            lambda: comm.allreduce(x.data_ptr(), x.data_ptr(), N, 99, SUM),
+            lambda: comm.allreduce(x.data_ptr(), x.data_ptr(), N, CODE["float32"], 7),
+            lambda: comm.allreduce(0, x.data_ptr(), N, CODE["float32"], SUM),
+            lambda: comm.broadcast(x.data_ptr(), N, CODE["float32"], WORLD),
+            lambda: comm.send(x.data_ptr(), N, CODE["float32"], RANK),
+            lambda: comm.alltoall_v(x.data_ptr(), [1], [0], x.data_ptr(), [1], [0], CODE["float32"])
+            if WORLD > 1 else comm.alltoall_v(x.data_ptr(), [1, 1], [0, 1], x.data_ptr(), [1, 1],
                                               [0, 1], CODE["float32"]),
         ]
         if torch.cuda.device_count() > 1:
             other = torch.zeros(N, device=f"cuda:{(DEVICE + 1) % torch.cuda.device_count()}")
-            bad.append(lambda: raw.allreduce(comm, other.data_ptr(), other.data_ptr(), N, CODE["float32"], SUM))
+            bad.append(lambda: comm.allreduce(other.data_ptr(), other.data_ptr(), N, CODE["float32"], SUM))
         for i, call in enumerate(bad):
             try:
                 call()
@@ -339,7 +347,7 @@ def main():
             raise AssertionError(f"bad call #{i} did not raise ValueError")
         # the communicator still works after rejected calls
         y = gpu(torch.ones(N))
-        raw.allreduce(comm, y.data_ptr(), y.data_ptr(), N, CODE["float32"], SUM)
+        comm.allreduce(y.data_ptr(), y.data_ptr(), N, CODE["float32"], SUM)
         check(y, torch.full((N,), float(WORLD)))
 
     @case("many_ops_user_stream")
@@ -349,7 +357,7 @@ def main():
         bufs = [gpu(inputs[RANK]) for _ in range(200)]
         with UserStream() as s:
             for b in bufs:
-                raw.allreduce(comm, b.data_ptr(), b.data_ptr(), N, CODE["float32"], SUM, stream=s)
+                comm.allreduce(b.data_ptr(), b.data_ptr(), N, CODE["float32"], SUM, stream=s)
         expected = reduce_ref(inputs, "sum", torch.float32)
         for b in bufs:
             check(b, expected)
@@ -368,12 +376,12 @@ def main():
             on_gpu = gpu(x)
             on_cpu = x.clone()
             if kind == "divide":
-                raw.cuda_divide(on_gpu.data_ptr(), N, CODE[dname], arg)
-                raw.host_divide(on_cpu.data_ptr(), N, CODE[dname], arg)
+                kernels.cuda_divide(on_gpu.data_ptr(), N, CODE[dname], arg)
+                kernels.host_divide(on_cpu.data_ptr(), N, CODE[dname], arg)
                 ref = x / arg if is_float(dtype) else torch.div(x.to(torch.int64), 3, rounding_mode="trunc")
             else:
-                raw.cuda_scale(on_gpu.data_ptr(), N, CODE[dname], arg)
-                raw.host_scale(on_cpu.data_ptr(), N, CODE[dname], arg)
+                kernels.cuda_scale(on_gpu.data_ptr(), N, CODE[dname], arg)
+                kernels.host_scale(on_cpu.data_ptr(), N, CODE[dname], arg)
                 ref = x * arg if is_float(dtype) else (x.double() * arg).trunc()
             torch.cuda.synchronize(DEVICE)
             # the same element function on both sides: bit-identical
