@@ -23,10 +23,10 @@
 
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
-#include "comm/gloo/tmp_store_adapter.h"
 #include "comm/op_desc.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
+#include "store/gloo_store_adapter.h"
 
 namespace bagua {
 namespace {
@@ -381,8 +381,7 @@ class GlooCommunicator : public Communicator {
         lane.device = gloo::transport::tcp::CreateDevice(attr);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
         ctx->setTimeout(options_.timeout);
-        TmpGlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i) + "/",
-                                    options_.timeout);
+        GlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i));
         ctx->connectFullMesh(adapter, lane.device);
         lane.context = ctx;
       } catch (const TimeoutError& e) {
