@@ -558,7 +558,7 @@ class GlooCommunicator : public Communicator {
         std::this_thread::sleep_for(milliseconds(50));
       }
     } catch (const std::exception& e) {
-      return std::string("; the rendezvous store is unreachable too (") + e.what() + ")";
+      return std::string("; dead ranks unknown: ") + e.what();
     }
     if (dead.empty()) return "";
     *first_dead = dead[0];
