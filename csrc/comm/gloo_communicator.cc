@@ -408,8 +408,8 @@ class GlooCommunicator : public Communicator {
 
   // Runs job(lane) for lanes 0..parts-1 at once: lane 0 on the calling
   // thread, the others on their workers. Rethrows the first failure after
-  // every lane has finished (a failure on one lane fails the others on our
-  // peers, which closes their connections to us, so none waits long).
+  // every lane has finished (a dead peer fails every lane at once; otherwise
+  // each lane's waits are bounded by the timeout).
   template <typename Job>
   void on_lanes(size_t parts, Job&& job) {
     if (parts == 1) return job(0);
