@@ -44,17 +44,17 @@ py::tuple to_tuple(const std::vector<int64_t>& v) {
 
 // Takes the tensor out of a capsule. The capsule is renamed first ("used_..."),
 // so it never calls the deleter itself: from now on the view owns the tensor.
-std::unique_ptr<DLPackView> adopt_capsule(const py::handle& cap) {
+std::unique_ptr<DLPackView> adopt_capsule(const py::handle& cap, std::optional<DType> as) {
   PyObject* o = cap.ptr();
   if (PyCapsule_IsValid(o, kVersionedName)) {
     auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(o, kVersionedName));
     PyCapsule_SetName(o, kUsedVersionedName);
-    return DLPackView::adopt(t);
+    return DLPackView::adopt(t, as);
   }
   if (PyCapsule_IsValid(o, kLegacyName)) {
     auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(o, kLegacyName));
     PyCapsule_SetName(o, kUsedLegacyName);
-    return DLPackView::adopt(t);
+    return DLPackView::adopt(t, as);
   }
   if (PyCapsule_IsValid(o, kUsedVersionedName) || PyCapsule_IsValid(o, kUsedLegacyName)) {
     throw InvalidArgument("this DLPack capsule was already consumed");
@@ -168,8 +168,7 @@ An array borrowed zero-copy through DLPack. Holds the producer's memory alive
 until the view is garbage collected, then calls the producer's deleter.
 Built from a capsule returned by ``__dlpack__``; see bagua_core.dlpack.import_array.)doc")
       .def(py::init([](const py::object& capsule, std::optional<DType> dtype, bool read_only) {
-             std::unique_ptr<DLPackView> v = adopt_capsule(capsule);
-             if (dtype) v->reinterpret(*dtype);
+             std::unique_ptr<DLPackView> v = adopt_capsule(capsule, dtype);
              if (read_only) v->mark_read_only();
              return v;
            }),

@@ -15,15 +15,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-std::unique_ptr<DLPackView> DLPackView::adopt(DLManagedTensor* t) {
+std::unique_ptr<DLPackView> DLPackView::adopt(DLManagedTensor* t, std::optional<DType> as) {
   if (t == nullptr) throw InvalidArgument("DLPack capsule holds a null tensor");
   std::unique_ptr<DLPackView> v(new DLPackView());
   v->legacy_ = t;
-  v->init(t->dl_tensor);
+  v->init(t->dl_tensor, as);
   return v;
 }
 
-std::unique_ptr<DLPackView> DLPackView::adopt(DLManagedTensorVersioned* t) {
+std::unique_ptr<DLPackView> DLPackView::adopt(DLManagedTensorVersioned* t, std::optional<DType> as) {
   if (t == nullptr) throw InvalidArgument("DLPack capsule holds a null tensor");
   std::unique_ptr<DLPackView> v(new DLPackView());
   v->versioned_ = t;
@@ -32,7 +32,7 @@ std::unique_ptr<DLPackView> DLPackView::adopt(DLManagedTensorVersioned* t) {
                           std::to_string(t->version.minor) + " is not supported (need 1.x)");
   }
   v->read_only_ = (t->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
-  v->init(t->dl_tensor);
+  v->init(t->dl_tensor, as);
   return v;
 }
 
@@ -41,7 +41,7 @@ DLPackView::~DLPackView() {
   if (versioned_ && versioned_->deleter) versioned_->deleter(versioned_);
 }
 
-void DLPackView::init(const DLTensor& t) {
+void DLPackView::init(const DLTensor& t, std::optional<DType> as) {
   switch (t.device.device_type) {
     case kDLCPU:
     case kDLCUDAHost:  // pinned host memory is host memory
@@ -57,7 +57,14 @@ void DLPackView::init(const DLTensor& t) {
                             ": Bagua communicates CPU and CUDA arrays");
   }
   device_index_ = t.device.device_id;
-  dtype_ = from_dl_dtype(t.dtype);
+  if (as) {
+    if (t.dtype.lanes != 1 || t.dtype.bits != 8 * dtype_size(*as)) {
+      throw UnsupportedType("cannot read " + dl_dtype_name(t.dtype) + " data as " + dtype_name(*as));
+    }
+    dtype_ = *as;
+  } else {
+    dtype_ = from_dl_dtype(t.dtype);
+  }
   if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
     throw InvalidArgument("malformed DLPack tensor: ndim " + std::to_string(t.ndim));
   }
@@ -84,14 +91,6 @@ void DLPackView::init(const DLTensor& t) {
   }
   if (t.data == nullptr && numel_ > 0) throw InvalidArgument("DLPack tensor has null data");
   data_ = static_cast<char*>(t.data) + t.byte_offset;
-}
-
-void DLPackView::reinterpret(DType t) {
-  if (dtype_size(t) != dtype_size(dtype_)) {
-    throw InvalidArgument(std::string("cannot read ") + dtype_name(dtype_) + " data as " +
-                          dtype_name(t) + ": element sizes differ");
-  }
-  dtype_ = t;
 }
 
 }  // namespace bagua

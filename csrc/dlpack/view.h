@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/dtype.h"
@@ -18,8 +19,11 @@ class DLPackView {
   // Take ownership of a managed tensor and validate it: a supported dtype
   // (UnsupportedType otherwise), a CPU or CUDA device (UnsupportedType) and a
   // C-contiguous layout (InvalidArgument). On failure the deleter still runs.
-  static std::unique_ptr<DLPackView> adopt(DLManagedTensor* t);
-  static std::unique_ptr<DLPackView> adopt(DLManagedTensorVersioned* t);
+  // `as` reads the elements as another dtype of the same size (e.g. the uint16
+  // export of bfloat16 data from a producer that cannot name bfloat16).
+  static std::unique_ptr<DLPackView> adopt(DLManagedTensor* t, std::optional<DType> as = {});
+  static std::unique_ptr<DLPackView> adopt(DLManagedTensorVersioned* t,
+                                           std::optional<DType> as = {});
 
   ~DLPackView();
   DLPackView(const DLPackView&) = delete;
@@ -34,14 +38,11 @@ class DLPackView {
   int device_index() const { return device_index_; }
   bool read_only() const { return read_only_; }
 
-  // Reads the elements as another dtype of the same size (e.g. a uint16 export
-  // of bfloat16 data from a producer that cannot name bfloat16).
-  void reinterpret(DType t);
   void mark_read_only() { read_only_ = true; }
 
  private:
   DLPackView() = default;
-  void init(const DLTensor& t);
+  void init(const DLTensor& t, std::optional<DType> as);
 
   DLManagedTensor* legacy_ = nullptr;
   DLManagedTensorVersioned* versioned_ = nullptr;
