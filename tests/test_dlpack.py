@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import bagua_core as bc
-from bagua_core import _C
+from tests.dlpack_structs import (DELETER, DLDataType, DLDevice, DLManagedTensor, DLTensor,
+                                   FakeDeviceArray, legacy_capsule)
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -152,29 +153,10 @@ def test_unsupported_device():
 
     with pytest.raises(TypeError, match="device"):
         bc.import_array(OnVulkan(np.zeros(2)))
-
-
-# A hand-built legacy capsule with a byte_offset and a counting deleter.
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensor(ctypes.Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+    with pytest.raises(TypeError, match="device type 7"):
+        bc.DLPackView(FakeDeviceArray(2, device_type=7).__dlpack__())
+    v = bc.import_array(FakeDeviceArray(3, device_type=2))
+    assert (v.device_type, v.device_index, v.numel) == ("cuda", 0, 3)
 
 
 def test_byte_offset_and_deleter_of_a_hand_made_capsule():
@@ -186,10 +168,7 @@ def test_byte_offset_and_deleter_of_a_hand_made_capsule():
     m.dl_tensor = DLTensor(storage.ctypes.data, DLDevice(1, 0), 1, DLDataType(2, 32, 1),
                            shape, None, 3 * 4)
     m.deleter = deleter
-    new_capsule = ctypes.pythonapi.PyCapsule_New
-    new_capsule.restype = ctypes.py_object
-    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    cap = new_capsule(ctypes.addressof(m), b"dltensor", None)
+    cap = legacy_capsule(m)
     v = bc.DLPackView(cap)
     assert v.address == storage.ctypes.data + 12 and v.shape == (4,)
     assert ctypes.c_float.from_address(v.address).value == 3.0
