@@ -86,11 +86,10 @@ class Framework:
 
     def make(self, values, dtype):
         values = np.asarray(values, dtype=np.float64)
-        if self.name == "numpy":
-            return values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
         if self.name == "torch":
             return torch.from_numpy(values).to(getattr(torch, dtype))
-        return jnp.asarray(values).astype(dtype)
+        a = values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        return a if self.name == "numpy" else jnp.asarray(a)  # device_put: nothing to compile
 
     def zeros(self, shape, dtype):
         if self.name == "jax":
