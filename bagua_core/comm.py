@@ -90,6 +90,9 @@ def _view(fn: str, what: str, x, g: ProcessGroup, writable: bool) -> DLPackView:
             f"{fn}: {what} is a {v.device_type} array but group '{g.name}' communicates on "
             f"{g.device_type}"
         )
+    index = getattr(g.comm, "device_index", None)  # device communicators (NCCL) are bound to one device
+    if index is not None and v.device_type == "cuda" and v.device_index != index:
+        raise ValueError(f"{fn}: {what} is on cuda:{v.device_index} but group '{g.name}' uses cuda:{index}")
     if writable and v.read_only:
         raise ValueError(
             f"{fn}: {what} is read-only ({type(x).__name__}); JAX arrays are immutable: pass "
