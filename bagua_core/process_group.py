@@ -2,8 +2,8 @@
 
 ``init_process_group()`` reads the environment through :mod:`bagua_core.config`
 (torchrun's contract), starts the rendezvous store (``_C.TcpStoreServer`` on
-``MASTER_ADDR``:store port, hosted by rank 0) and connects the world group's
-Gloo communicator. Calling it again with the same settings returns the existing
+``MASTER_ADDR``:store port, hosted by rank 0; none for a single process) and
+connects the world group's Gloo communicator. Calling it again with the same settings returns the existing
 world group; with different settings it raises ``RuntimeError``
 (``destroy_process_group()`` first).
 
@@ -151,6 +151,8 @@ class _Context:
 
     def connect_store(self) -> None:
         s = self.settings
+        if s.world_size == 1:
+            return  # nobody to meet: no store, no ports
         if s.rank == 0:
             self.server = _C.TcpStoreServer(s.master_addr, s.store_port)
             self.store = _C.TcpStore(s.master_addr, s.store_port, 0, s.timeout_s)

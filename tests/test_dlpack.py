@@ -261,3 +261,26 @@ def test_core_imports_neither_torch_nor_jax():
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_cuda_buffer_without_a_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(bc.BaguaError, match="(?i)cuda"):
+        bc.empty(3, "float32", device="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_buffer_zero_copy_with_torch():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    b = bc.zeros((4, 2), "float32", device="cuda")
+    assert b.__dlpack_device__() == (2, 0)
+    t = torch.from_dlpack(b)
+    assert t.is_cuda and t.data_ptr() == b.address
+    t += 3
+    torch.cuda.synchronize()
+    v = bc.import_array(t)
+    assert (v.device_type, v.address, v.shape) == ("cuda", b.address, (4, 2))
+    c = bc.from_array(t)  # device-to-device copy
+    assert float(torch.from_dlpack(c).sum()) == 24.0

@@ -221,6 +221,27 @@ def test_main_session_exits_cleanly():
     main_session().check()
 
 
+def test_single_process_needs_no_store():
+    """Without a launcher (no RANK): world size 1, no store, no ports, even when
+    the default store port is taken."""
+    import socket
+    import subprocess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK",
+                                                                 "LOCAL_WORLD_SIZE", "SLURM_PROCID")}
+        env.update(MASTER_ADDR="127.0.0.1", BAGUA_STORE_PORT=str(taken.getsockname()[1]), PYTHONPATH=mp.REPO)
+        code = ("import numpy as np, bagua_core as bc; g = bc.init_process_group(); "
+                "assert (g.rank, g.size) == (0, 1); "
+                "assert (bc.allreduce(np.arange(3.0)).numpy() == np.arange(3.0)).all(); "
+                "assert bc.broadcast_object({'a': 1}) == {'a': 1}; "
+                "assert bc.new_group([0]).inter_node_group().size == 1; bc.destroy_process_group()")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("world_size,victim", [(3, 2), (2, 0)])
 def test_killed_peer_fails_every_survivor(world_size, victim):
     """victim 0 also takes the rendezvous store down with it."""
