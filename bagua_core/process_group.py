@@ -28,6 +28,7 @@ rank ``i``.
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import socket
 import threading
@@ -273,6 +274,11 @@ def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGro
             raise
         _ctx = ctx
         return ctx.world
+
+
+# A process that exits without destroy_process_group() still closes its
+# connections cleanly, so its peers do not take it for dead.
+atexit.register(lambda: destroy_process_group())
 
 
 def is_initialized() -> bool:

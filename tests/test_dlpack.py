@@ -222,8 +222,9 @@ def test_buffer_dlpack_protocol():
     assert b.__dlpack_device__() == (1, 0)
     assert "dltensor_versioned" in repr(b.__dlpack__(max_version=(1, 0)))
     assert "dltensor" in repr(b.__dlpack__())
-    with pytest.raises(BufferError):
-        b.__dlpack__(copy=True)
+    c = np.from_dlpack(b, copy=True)
+    c[0, 0] = 9
+    assert c.ctypes.data != b.address and b.numpy()[0, 0] == 0
     with pytest.raises(BufferError):
         b.__dlpack__(dl_device=(2, 0))
     # an unconsumed capsule releases its reference when collected

@@ -83,21 +83,24 @@ DLDevice dl_device_of(const Buffer& b) {
   return {kDLCUDA, b.device_index()};
 }
 
-py::object export_buffer(const Buffer& b, py::object stream, py::object max_version,
+py::object export_buffer(const Buffer& self, py::object stream, py::object max_version,
                          py::object dl_device, py::object copy) {
-  // Views only; stream is irrelevant: Bagua finishes writing a buffer before
-  // its primitive returns.
-  if (!copy.is_none() && copy.cast<bool>()) {
-    raise_buffer_error("bagua_core.Buffer exports views only (copy=True is not supported)");
-  }
-  DLDevice dev = dl_device_of(b);
+  // stream is irrelevant: Bagua finishes writing a buffer before its
+  // primitive returns. copy=True exports a fresh copy, otherwise a view.
+  DLDevice dev = dl_device_of(self);
   if (!dl_device.is_none()) {
     auto want = dl_device.cast<std::pair<int, int>>();
     if (want.first != dev.device_type || want.second != dev.device_id) {
       raise_buffer_error("bagua_core.Buffer cannot be exported to another device");
     }
   }
-  ExportSpec spec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false};
+  bool copied = !copy.is_none() && copy.cast<bool>();
+  Buffer b = self;
+  if (copied) {
+    b = Buffer(self.shape(), self.dtype(), self.device_type(), self.device_index());
+    copy_bytes(b.data(), self.data(), self.nbytes(), self.device_type());
+  }
+  ExportSpec spec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false, copied};
   bool versioned = false;
   if (!max_version.is_none()) {
     auto v = max_version.cast<std::pair<int, int>>();

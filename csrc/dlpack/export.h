@@ -18,6 +18,7 @@ struct ExportSpec {
   DType dtype;
   DLDevice device;
   bool read_only = false;
+  bool is_copied = false;  // versioned exports flag copies made for the consumer
 };
 
 DLManagedTensorVersioned* export_versioned(ExportSpec spec);
