@@ -90,6 +90,13 @@ size_t slot_index(const Bucket& b, const py::handle& key) {
   return static_cast<size_t>(i);
 }
 
+DType to_dtype(int v) {
+  if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
+  return static_cast<DType>(v);
+}
+
+int dtype_code(DType t) { return static_cast<int>(t); }
+
 py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.launch_ns, t.start_ns, t.end_ns); }
 
 CommSet make_comms(CommunicatorPtr global, CommunicatorPtr intra, CommunicatorPtr inter) {
@@ -104,14 +111,15 @@ void bind_engine(py::module_& m) {
 
   m.def(
       "plan_buckets",
-      [](const std::vector<std::tuple<std::string, size_t, DType>>& tensors, size_t bucket_bytes) {
+      [](const std::vector<std::tuple<std::string, size_t, int>>& tensors, size_t bucket_bytes) {
         std::vector<TensorDecl> decls;
         decls.reserve(tensors.size());
-        for (const auto& t : tensors) decls.push_back(TensorDecl{std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+        for (const auto& t : tensors)
+          decls.push_back(TensorDecl{std::get<0>(t), std::get<1>(t), to_dtype(std::get<2>(t))});
         return plan_buckets(decls, bucket_bytes);
       },
       py::arg("tensors"), py::arg("bucket_bytes"),
-      "Groups (name, numel, dtype) declarations, in registration order, into buckets of at most "
+      "Groups (name, numel, dtype code) declarations, in registration order, into buckets of at most "
       "bucket_bytes (one dtype each); returns lists of indices into tensors, in launch order.");
 
   m.def("shift_one_peer", &shift_one_peer, py::arg("rank"), py::arg("n"), py::arg("comm_step"),
@@ -123,7 +131,7 @@ Engine memory (a bucket, one of its tensors, or a peer buffer), viewed zero-copy
 uint16 bits) or by address. The view keeps the memory alive.)doc")
       .def_property_readonly("address", [](const MemoryView& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("shape", [](const MemoryView& v) { return v.shape; })
-      .def_property_readonly("dtype", [](const MemoryView& v) { return v.dtype; })
+      .def_property_readonly("dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")
       .def_property_readonly("numel", &MemoryView::numel)
       .def_property_readonly("nbytes", [](const MemoryView& v) { return v.numel() * dtype_size(v.dtype); })
       .def_property_readonly("__array_interface__", &array_interface)
@@ -137,16 +145,16 @@ uint16 bits) or by address. The view keeps the memory alive.)doc")
   py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket", R"doc(
 A flat, 64-byte aligned, zero-initialised host buffer of one dtype holding named
 tensors (slots) back to back, padded with zeros to a multiple of ``alignment``.)doc")
-      .def(py::init([](std::string name, DType dtype,
+      .def(py::init([](std::string name, int dtype,
                        const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors, size_t alignment) {
              std::vector<SlotSpec> specs;
              specs.reserve(tensors.size());
              for (const auto& t : tensors) specs.push_back(SlotSpec{t.first, t.second});
-             return std::make_shared<Bucket>(std::move(name), dtype, std::move(specs), alignment);
+             return std::make_shared<Bucket>(std::move(name), to_dtype(dtype), std::move(specs), alignment);
            }),
            py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1)
       .def_property_readonly("name", &Bucket::name)
-      .def_property_readonly("dtype", &Bucket::dtype)
+      .def_property_readonly("dtype", [](const Bucket& b) { return dtype_code(b.dtype()); }, "DType code.")
       .def_property_readonly("alignment", &Bucket::alignment)
       .def_property_readonly("numel", &Bucket::numel)
       .def_property_readonly("payload_numel", &Bucket::payload_numel)
