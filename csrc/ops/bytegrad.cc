@@ -3,8 +3,6 @@
 #include "bucket/host_memory.h"
 #include "ops/hierarchical.h"
 
-// TEMPORARY until the compressor lands in main.
-#if __has_include("kernels/compress_cpu.h")
 #include "kernels/compress_cpu.h"
 #include "kernels/minmax_uint8.h"
 
@@ -67,13 +65,3 @@ void ByteGradOp::scatter_reduce_gather(Communicator& c, Bucket& bucket) {
 }
 
 }  // namespace bagua
-#else
-namespace bagua {
-ByteGradOp::ByteGradOp(CommSet comms, bool hierarchical, bool average) : comms_(std::move(comms)), hierarchical_(hierarchical), average_(average), chunks_(1) {
-  throw InvalidArgument("bytegrad: built without the MinMaxUInt8 compressor");
-}
-std::string ByteGradOp::describe() const { return "bytegrad"; }
-void ByteGradOp::bind(const BucketPtr&) {}
-void ByteGradOp::execute(Bucket&) {}
-}  // namespace bagua
-#endif

@@ -387,7 +387,8 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
     throw InvalidArgument("TcpStore.set: value of " + std::to_string(value.size()) +
                           " bytes is larger than the limit of " + std::to_string(proto::kMaxValueSize));
   }
-  std::string frame = proto::Writer().u8(proto::kSet).str(key).str(value.data(), value.size()).finish();
+  std::string frame =
+      proto::Writer(key.size() + value.size() + 16).u8(proto::kSet).str(key).str(value.data(), value.size()).finish();
   std::string body = roundtrip(frame, Clock::now() + timeout_, "set of key '" + key + "'");
   if (body.empty() || uint8_t(body[0]) != proto::kOk) lost("protocol error (bad reply to set)");
 }

@@ -48,7 +48,10 @@ enum Status : uint8_t {
 // Appends fields to a frame; finish() fills in the length prefix.
 class Writer {
  public:
-  Writer() { buf_.resize(4); }
+  explicit Writer(size_t reserve = 64) {
+    buf_.reserve(reserve + 4);
+    buf_.resize(4);
+  }
   Writer& u8(uint8_t v) { buf_.push_back(char(v)); return *this; }
   Writer& u32(uint32_t v) { return raw(&v, 4); }
   Writer& i32(int32_t v) { return raw(&v, 4); }
