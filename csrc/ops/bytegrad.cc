@@ -1,10 +1,9 @@
 #include "ops/bytegrad.h"
 
 #include "bucket/host_memory.h"
-#include "ops/hierarchical.h"
-
 #include "kernels/compress_cpu.h"
 #include "kernels/minmax_uint8.h"
+#include "ops/hierarchical.h"
 
 namespace bagua {
 
