@@ -27,7 +27,7 @@ def check_same_everywhere(signature: Sequence[tuple], group: ProcessGroup, what:
         return
     signature = [tuple(s) for s in signature]
     reference = core_comm.broadcast_object(signature if group.rank == 0 else None, 0, group)
-    mine = "" if group.rank == 0 else first_difference(reference, signature)
+    mine = "" if group.rank == 0 else first_difference(reference, signature, f"rank {group.rank}")
     flags = np.zeros(group.size, dtype=np.int64)
     core_comm.allgather(np.array([1 if mine else 0], dtype=np.int64), flags, group)
     bad = [r for r in range(group.size) if flags[r]]
@@ -35,7 +35,7 @@ def check_same_everywhere(signature: Sequence[tuple], group: ProcessGroup, what:
         return
     message = core_comm.broadcast_object(mine, bad[0], group)
     others = f" (ranks differing from rank 0: {bad})" if len(bad) > 1 else ""
-    raise ValueError(f"{what} differs across ranks: rank {bad[0]} vs rank 0: {message}{others}")
+    raise ValueError(f"{what} differs across ranks: {message}{others}")
 
 
 def _describe(entry: Optional[tuple]) -> str:
@@ -45,13 +45,13 @@ def _describe(entry: Optional[tuple]) -> str:
     return f"{kind} '{name}' " + " ".join(str(x) for x in rest)
 
 
-def first_difference(reference: Sequence[tuple], mine: Sequence[tuple]) -> str:
+def first_difference(reference: Sequence[tuple], mine: Sequence[tuple], me: str = "this rank") -> str:
     """'' when equal, else a description of the first difference."""
     for i in range(max(len(reference), len(mine))):
         a = reference[i] if i < len(reference) else None
         b = mine[i] if i < len(mine) else None
         if a != b:
-            return f"rank 0 has {_describe(a)}, this rank has {_describe(b)} (entry {i})"
+            return f"rank 0 has {_describe(a)}, {me} has {_describe(b)} (entry {i})"
     return ""
 
 

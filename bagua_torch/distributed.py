@@ -153,7 +153,7 @@ class BaguaDistributedDataParallel:
         for mod_name, m in self.module.named_modules():
             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
                 raise ValueError(
-                    f"{mod_name or type(m).__name__}: sparse gradients ({type(m).__name__}(sparse=True)) are not "
+                    f"module '{mod_name}' ({type(m).__name__}): sparse gradients ({type(m).__name__}(sparse=True)) are not "
                     "supported by Bagua; use sparse=False"
                 )
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and n not in self.ignored]
@@ -292,24 +292,26 @@ class BaguaDistributedDataParallel:
         self.step_pending = True
         self.engine.mark_ready(name)
 
-    def mark_unused_gradients_ready(self) -> None:
-        """End of backward: gradients of parameters that got none are marked
-        ready (their slots hold zeros or what no_sync() accumulated) with
-        find_unused_parameters; otherwise they are an error."""
+    def mark_unused_gradients_ready(self) -> List[str]:
+        """End of backward: marks ready the gradients of parameters that got
+        none (their slots hold zeros, or what no_sync() accumulated), so the
+        step completes on every rank. Returns their names unless
+        find_unused_parameters allows them (see :meth:`check_unused`)."""
         if not self.step_pending:
-            return
+            return []
         missing = [n for n, _ in self.params if n not in self._marked]
-        if not missing:
-            return
-        if not self.find_unused_parameters:
-            shown = ", ".join(repr(n) for n in missing[:8]) + (" ..." if len(missing) > 8 else "")
-            raise RuntimeError(
-                f"{len(missing)} parameter(s) received no gradient in this backward pass ({shown}), so their "
-                "buckets cannot be communicated. Wrap with find_unused_parameters=True "
-                "(bagua_torch.DistributedDataParallel), or ignore them via module._bagua_params_and_buffers_to_ignore"
-            )
         for n in missing:
             self.mark_gradient_ready(n)
+        return [] if self.find_unused_parameters else missing
+
+    def check_unused(self, missing: List[str]) -> None:
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise RuntimeError(
+                f"{len(missing)} parameter(s) received no gradient in this backward pass ({shown}). Wrap with "
+                "find_unused_parameters=True (bagua_torch.DistributedDataParallel) to communicate zeros for "
+                "them, or list them in module._bagua_params_and_buffers_to_ignore"
+            )
 
     def finish_step(self) -> None:
         """Ends the open step: waits for the engine (re-raising its failure)

@@ -157,8 +157,9 @@ class AlgorithmImpl:
         ddp.mark_gradient_ready(name)
 
     def on_backward_end(self, ddp: "BaguaDistributedDataParallel") -> None:
-        ddp.mark_unused_gradients_ready()
+        missing = ddp.mark_unused_gradients_ready()
         ddp.finish_step()
+        ddp.check_unused(missing)
 
     def after_wait(self, ddp: "BaguaDistributedDataParallel") -> None:
         """After engine.wait(): results into the tensors torch uses."""
