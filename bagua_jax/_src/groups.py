@@ -24,29 +24,29 @@ class GroupNotInitializedError(RuntimeError):
     """A collective was called before bagua_jax.init() (or with no group)."""
 
 
-def init(**kwargs: Any) -> Any:
-    """Initialises Bagua's default process group from the environment.
+def init(settings: Optional[Any] = None) -> Any:
+    """Initialises Bagua's default process group and returns it.
 
-    Same contract as torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...);
-    see ``bagua_core.config``. Keyword arguments go to
-    ``bagua_core.init_process_group``. Returns the default group.
+    Reads torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, ...; see ``bagua_core.config``) unless ``settings`` (a
+    ``bagua_core.config.Settings``) is given. Idempotent: a second call returns
+    the existing default group.
     """
-    return bagua_core.init_process_group(**kwargs)
+    if bagua_core.is_initialized():
+        return bagua_core.get_default_group()
+    return bagua_core.init_process_group(settings)
 
 
 def _default_group() -> Any:
-    getter = getattr(bagua_core, "get_default_group", None)
-    group = getter() if getter is not None else None
-    if group is None:
+    if not bagua_core.is_initialized():
         raise GroupNotInitializedError(
             "bagua_jax: no process group; call bagua_jax.init() first "
             "(or pass group=...)")
-    return group
+    return bagua_core.get_default_group()
 
 
 def _platform_of(group: Any) -> str:
-    device = str(getattr(group, "device_type", "cpu")).lower()
-    return "cuda" if "cuda" in device else "cpu"
+    return "cuda" if str(group.device_type).lower() == "cuda" else "cpu"
 
 
 def resolve(group: Optional[Any]) -> GroupInfo:
@@ -54,10 +54,12 @@ def resolve(group: Optional[Any]) -> GroupInfo:
         group = _default_group()
     if isinstance(group, GroupInfo):
         return group
-    try:
-        handle, size, rank = int(group.handle), int(group.size), int(group.rank)
-    except AttributeError:
+    if not isinstance(group, bagua_core.ProcessGroup):
         raise TypeError(
-            f"bagua_jax: group must be a bagua_core process group, got {type(group).__name__}"
-        ) from None
-    return GroupInfo(handle, size, rank, _platform_of(group))
+            f"bagua_jax: group must be a bagua_core process group, got {type(group).__name__}")
+    if not group.is_member:
+        raise ValueError(f"bagua_jax: this process (rank {bagua_core.get_rank()}) is not a "
+                         f"member of {group!r}")
+    # The handle is read when tracing: a jitted function keeps using this
+    # communicator; after destroy_process_group() it fails with a clear error.
+    return GroupInfo(int(group.handle), group.size, group.rank, _platform_of(group))
