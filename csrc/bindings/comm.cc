@@ -1,11 +1,238 @@
+// Communicators for Python: raw addresses (ints) in, so that the Python layer
+// can hand over any DLPack array's data pointer. Every operation releases the
+// GIL while it runs.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "bindings/bindings.h"
+#include "comm/checked_communicator.h"
+#include "comm/communicator.h"
+#include "comm/gloo/tmp_file_store.h"
+#include "comm/gloo_communicator.h"
+#include "comm/registry.h"
+#include "common/error.h"
+#include "store/store.h"
 
 namespace py = pybind11;
 
 namespace bagua {
 namespace bindings {
+namespace {
 
-void bind_comm(py::module_& m) {}
+using Release = py::call_guard<py::gil_scoped_release>;
+
+const void* cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+Stream sptr(uintptr_t p) { return reinterpret_cast<Stream>(p); }
+
+DType to_dtype(int v) {
+  if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
+  return static_cast<DType>(v);
+}
+
+ReduceOp to_op(int v) {
+  if (!is_valid_reduce_op(v)) throw InvalidArgument("unknown reduce op code " + std::to_string(v));
+  return static_cast<ReduceOp>(v);
+}
+
+size_t to_count(int64_t v, const char* what) {
+  if (v < 0) throw InvalidArgument(std::string(what) + " must be >= 0, got " + std::to_string(v));
+  return static_cast<size_t>(v);
+}
+
+std::vector<size_t> to_counts(const std::vector<int64_t>& v, const char* what) {
+  std::vector<size_t> out;
+  out.reserve(v.size());
+  for (int64_t x : v) out.push_back(to_count(x, what));
+  return out;
+}
+
+std::chrono::milliseconds to_timeout(double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds))
+    throw InvalidArgument("timeout_s must be a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+// TEMPORARY until the TCP store lands: the Store base and a file-backed store
+// for the communicator tests. bind_store() runs first; register only if it
+// did not.
+void bind_tmp_store(py::module_& m) {
+  if (!py::detail::get_type_info(typeid(Store)))
+    py::class_<Store, StorePtr>(m, "Store");
+  py::class_<TmpFileStore, Store, std::shared_ptr<TmpFileStore>>(m, "_TmpFileStore")
+      .def(py::init<const std::string&>(), py::arg("path"));
+}
+
+}  // namespace
+
+void bind_comm(py::module_& m) {
+  bind_tmp_store(m);
+
+  py::class_<Communicator, CommunicatorPtr>(m, "Communicator", R"doc(
+A process group's communicator. Buffers are passed as integer addresses with an
+element count and a dtype code (bagua DType); every call blocks until done and
+releases the GIL while it runs. Where an operation has one chunk per rank,
+``count`` is the size of one chunk.)doc")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("timeout_s",
+                             [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def_property_readonly("device_type",
+                             [](const Communicator& c) { return static_cast<int>(c.device_type()); })
+      .def("describe", &Communicator::describe)
+      .def("__repr__", [](const Communicator& c) { return "<Communicator " + c.describe() + ">"; })
+      .def(
+          "allreduce",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
+             uintptr_t stream) {
+            c.allreduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
+                        to_op(op), sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("stream") = 0, Release())
+      .def(
+          "reduce",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
+             int root, uintptr_t stream) {
+            c.reduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
+                     to_op(op), root, sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("stream") = 0, Release())
+      .def(
+          "broadcast",
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int root,
+             uintptr_t stream) {
+            c.broadcast(mptr(buf), to_count(count, "count"), to_dtype(dtype), root, sptr(stream));
+          },
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "allgather",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype,
+             uintptr_t stream) {
+            c.allgather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
+                        sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "gather",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root,
+             uintptr_t stream) {
+            c.gather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root,
+                     sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("root"), py::arg("stream") = 0, Release())
+      .def(
+          "scatter",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root,
+             uintptr_t stream) {
+            c.scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root,
+                      sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("root"), py::arg("stream") = 0, Release())
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
+             uintptr_t stream) {
+            c.reduce_scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
+                             to_op(op), sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("stream") = 0, Release())
+      .def(
+          "alltoall",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype,
+             uintptr_t stream) {
+            c.alltoall(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
+                       sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "alltoall_v",
+          [](Communicator& c, uintptr_t send, const std::vector<int64_t>& send_counts,
+             const std::vector<int64_t>& send_displs, uintptr_t recv,
+             const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+             int dtype, uintptr_t stream) {
+            c.alltoall_v(cptr(send), to_counts(send_counts, "send_counts"),
+                         to_counts(send_displs, "send_displs"), mptr(recv),
+                         to_counts(recv_counts, "recv_counts"),
+                         to_counts(recv_displs, "recv_displs"), to_dtype(dtype), sptr(stream));
+          },
+          py::arg("send_ptr"), py::arg("send_counts"), py::arg("send_displs"),
+          py::arg("recv_ptr"), py::arg("recv_counts"), py::arg("recv_displs"), py::arg("dtype"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "send",
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer,
+             uintptr_t stream) {
+            c.send(cptr(buf), to_count(count, "count"), to_dtype(dtype), peer, sptr(stream));
+          },
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "recv",
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer,
+             uintptr_t stream) {
+            c.recv(mptr(buf), to_count(count, "count"), to_dtype(dtype), peer, sptr(stream));
+          },
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+          py::arg("stream") = 0, Release())
+      .def(
+          "barrier", [](Communicator& c, uintptr_t stream) { c.barrier(sptr(stream)); },
+          py::arg("stream") = 0, Release());
+
+  m.def(
+      "create_gloo_communicator",
+      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
+         const std::string& hostname, bool debug_checks) {
+        CommunicatorPtr comm =
+            create_gloo_communicator(std::move(store), prefix, rank, size,
+                                     to_timeout(timeout_s), hostname);
+        return debug_checks ? make_checked_communicator(comm) : comm;
+      },
+      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false, Release(),
+      R"doc(Connects this process to the other ranks of group ``prefix`` (a full mesh of
+TCP connections, rendezvoused through ``store``); every rank calls it with the
+same prefix and size. ``hostname`` is the address peers reach this process on.
+``debug_checks`` wraps the communicator in cross-rank agreement checks
+(BAGUA_DEBUG_CHECKS).)doc");
+
+  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions).
+  m.def(
+      "_create_gloo_communicator_tuned",
+      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
+         const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
+         int64_t segment_bytes) {
+        GlooCommunicatorOptions o;
+        o.timeout = to_timeout(timeout_s);
+        o.hostname = hostname;
+        o.lanes = lanes;
+        o.lane_threshold_bytes = to_count(lane_threshold_bytes, "lane_threshold_bytes");
+        o.segment_bytes = to_count(segment_bytes, "segment_bytes");
+        return create_gloo_communicator(std::move(store), prefix, rank, size, o);
+      },
+      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
+      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), Release());
+
+  m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
+        "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
+  m.def("register_communicator", &register_communicator, py::arg("comm"),
+        "Registers a communicator in the process-wide table; returns its handle.");
+  m.def("unregister_communicator", &unregister_communicator, py::arg("handle"));
+}
 
 }  // namespace bindings
 }  // namespace bagua

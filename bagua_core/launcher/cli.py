@@ -1,0 +1,161 @@
+"""Command-line arguments of ``bagua-run`` and their validation."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+from typing import List, Optional, Sequence, Tuple
+
+from bagua_core.launcher.ports import free_port_pair
+
+MULTI_NODE_DEFAULT_PORT = 29500
+DEFAULT_GRACE_PERIOD_S = 10.0
+
+_EPILOG = """\
+Every worker gets torchrun's environment contract: RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
+PYTHONUNBUFFERED=1). Bagua's store listens on MASTER_PORT + 1 unless
+BAGUA_STORE_PORT says otherwise. Everything after SCRIPT is passed to it
+untouched. SIGINT/SIGTERM are forwarded to every worker; when one worker fails
+the others are stopped and bagua-run exits with the failed worker's code.
+
+examples:
+  bagua-run --nproc-per-node 4 train.py --lr 0.1
+  bagua-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 -m mypkg.train
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    grace_period_s: float
+    prefix: bool
+    module: bool
+    script: str
+    script_args: Tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc_per_node + local_rank
+
+
+def _int_at_least(minimum: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {n}")
+        return n
+    return parse
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    # The store uses MASTER_PORT + 1 by default, so that one must be a port too.
+    if not 1 <= n <= 65534:
+        raise argparse.ArgumentTypeError(f"must be in 1..65534 (the store uses MASTER_PORT + 1), got {n}")
+    return n
+
+
+def _grace(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 <= x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bagua-run",
+        description="Start the workers of one node of a Bagua (or any torchrun-style) job.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    # The underscore spellings are those of torchrun and of the original Bagua launcher.
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=_int_at_least(1, "--nproc-per-node"),
+                   default=1, metavar="N", help="workers on this node (default 1)")
+    p.add_argument("--nnodes", type=_int_at_least(1, "--nnodes"), default=1, metavar="M",
+                   help="number of nodes (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=_int_at_least(0, "--node-rank"), default=0,
+                   metavar="K", help="rank of this node, 0..M-1 (default 0)")
+    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", metavar="ADDR",
+                   help="address of node 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", "--master_port", type=_port, default=None, metavar="PORT",
+                   help="port on node 0 (default: a free port P with P+1 free on a single node; "
+                        f"{MULTI_NODE_DEFAULT_PORT} with several nodes)")
+    p.add_argument("--grace-period", type=_grace, default=DEFAULT_GRACE_PERIOD_S, metavar="SECONDS",
+                   help="time stopped workers get before SIGKILL (default %(default)s)")
+    p.add_argument("--no-prefix", action="store_true",
+                   help="do not prefix the workers' output lines with their rank")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module name, run like python -m")
+    p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m) to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="arguments for SCRIPT, passed untouched")
+    return p
+
+
+def _is_loopback(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List[str]]:
+    """Parses and validates ``argv``; returns the config and warnings to print.
+
+    Invalid arguments end the process through ``argparse`` (message, exit code 2).
+    """
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.node_rank >= a.nnodes:
+        parser.error(f"--node-rank {a.node_rank} is out of range for --nnodes {a.nnodes} (0..{a.nnodes - 1})")
+    if not a.master_addr.strip():
+        parser.error("--master-addr must not be empty")
+    if not a.module and not os.path.exists(a.script):
+        parser.error(f"script {a.script!r} not found (use -m to run a module)")
+    if a.module and not a.script.strip():
+        parser.error("-m needs a module name")
+
+    warnings = []
+    if a.nnodes > 1 and _is_loopback(a.master_addr):
+        warnings.append(f"--nnodes {a.nnodes} with a loopback --master-addr {a.master_addr}: "
+                        "other machines cannot reach it")
+    port = a.master_port
+    if port is None:
+        port = free_port_pair() if a.nnodes == 1 else MULTI_NODE_DEFAULT_PORT
+
+    cfg = LaunchConfig(
+        nproc_per_node=a.nproc_per_node,
+        nnodes=a.nnodes,
+        node_rank=a.node_rank,
+        master_addr=a.master_addr.strip(),
+        master_port=port,
+        grace_period_s=a.grace_period,
+        prefix=not a.no_prefix,
+        module=a.module,
+        script=a.script,
+        script_args=tuple(a.script_args),
+    )
+    return cfg, warnings

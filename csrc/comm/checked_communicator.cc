@@ -1,0 +1,231 @@
+#include "comm/checked_communicator.h"
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "comm/op_desc.h"
+#include "common/error.h"
+
+namespace bagua {
+namespace {
+
+// Wire form of a descriptor: fixed size, int64 words.
+constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1"
+constexpr size_t kWords = 7;
+using Wire = std::array<int64_t, kWords>;
+
+Wire encode(const OpDesc& d, uint64_t seq) {
+  return {kMagic,
+          static_cast<int64_t>(d.kind),
+          static_cast<int64_t>(seq),
+          static_cast<int64_t>(d.dtype),
+          d.count,
+          d.root,
+          static_cast<int64_t>(d.op)};
+}
+
+struct Decoded {
+  bool valid;
+  OpDesc desc;
+  int64_t seq;
+};
+
+Decoded decode(const int64_t* w) {
+  Decoded r{w[0] == kMagic, {}, w[2]};
+  r.desc.kind = static_cast<OpKind>(w[1]);
+  r.desc.dtype = static_cast<DType>(w[3]);
+  r.desc.count = w[4];
+  r.desc.root = w[5];
+  r.desc.op = static_cast<ReduceOp>(w[6]);
+  return r;
+}
+
+// Do two collective calls agree on everything the ranks must agree on?
+bool same_call(const OpDesc& a, const OpDesc& b) {
+  if (a.kind != b.kind) return false;
+  if (a.has_dtype() && a.dtype != b.dtype) return false;
+  // alltoall_v counts legitimately differ per rank (checked separately).
+  if (a.has_dtype() && a.kind != OpKind::kAlltoallV && a.count != b.count) return false;
+  if (a.has_reduce_op() && a.op != b.op) return false;
+  if (a.has_root() && a.root != b.root) return false;
+  return true;
+}
+
+class CheckedCommunicator : public Communicator {
+ public:
+  explicit CheckedCommunicator(CommunicatorPtr inner)
+      : inner_(std::move(inner)),
+        send_seq_(inner_->size(), 0),
+        recv_seq_(inner_->size(), 0) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  DeviceType device_type() const override { return inner_->device_type(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::string describe() const override { return inner_->describe(); }
+
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                 Stream stream) override {
+    check({OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op}, stream);
+    inner_->allreduce(send, recv, count, dtype, op, stream);
+  }
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
+              Stream stream) override {
+    check({OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op}, stream);
+    inner_->reduce(send, recv, count, dtype, op, root, stream);
+  }
+  void broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override {
+    check({OpKind::kBroadcast, dtype, static_cast<int64_t>(count), root}, stream);
+    inner_->broadcast(buf, count, dtype, root, stream);
+  }
+  void allgather(const void* send, void* recv, size_t count, DType dtype,
+                 Stream stream) override {
+    check({OpKind::kAllgather, dtype, static_cast<int64_t>(count)}, stream);
+    inner_->allgather(send, recv, count, dtype, stream);
+  }
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
+              Stream stream) override {
+    check({OpKind::kGather, dtype, static_cast<int64_t>(count), root}, stream);
+    inner_->gather(send, recv, count, dtype, root, stream);
+  }
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
+               Stream stream) override {
+    check({OpKind::kScatter, dtype, static_cast<int64_t>(count), root}, stream);
+    inner_->scatter(send, recv, count, dtype, root, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                      Stream stream) override {
+    check({OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op}, stream);
+    inner_->reduce_scatter(send, recv, count, dtype, op, stream);
+  }
+  void alltoall(const void* send, void* recv, size_t count, DType dtype,
+                Stream stream) override {
+    check({OpKind::kAlltoall, dtype, static_cast<int64_t>(count)}, stream);
+    inner_->alltoall(send, recv, count, dtype, stream);
+  }
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
+                  const std::vector<size_t>& send_displs, void* recv,
+                  const std::vector<size_t>& recv_counts,
+                  const std::vector<size_t>& recv_displs, DType dtype,
+                  Stream stream) override {
+    OpDesc d{OpKind::kAlltoallV, dtype, 0};
+    for (size_t c : send_counts) d.count += static_cast<int64_t>(c);
+    check(d, stream);
+    check_alltoallv_counts(send_counts, recv_counts, stream);
+    inner_->alltoall_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, stream);
+  }
+  void send(const void* buf, size_t count, DType dtype, int peer, Stream stream) override {
+    check_p2p({OpKind::kSend, dtype, static_cast<int64_t>(count), peer}, stream);
+    inner_->send(buf, count, dtype, peer, stream);
+  }
+  void recv(void* buf, size_t count, DType dtype, int peer, Stream stream) override {
+    check_p2p({OpKind::kRecv, dtype, static_cast<int64_t>(count), peer}, stream);
+    inner_->recv(buf, count, dtype, peer, stream);
+  }
+  void barrier(Stream stream) override {
+    check({OpKind::kBarrier}, stream);
+    inner_->barrier(stream);
+  }
+
+ private:
+  std::string who(int r) const { return "rank " + std::to_string(r); }
+
+  [[noreturn]] void mismatch(const std::string& what) const {
+    throw MismatchError(describe() + ": debug checks: " + what);
+  }
+
+  void check(const OpDesc& d, Stream stream) {
+    const int n = size();
+    const uint64_t seq = seq_++;
+    Wire mine = encode(d, seq);
+    std::vector<int64_t> all(kWords * n);
+    inner_->allgather(mine.data(), all.data(), kWords, DType::kInt64, stream);
+    const Decoded ref = decode(all.data());
+    for (int r = 1; r < n; ++r) {
+      const Decoded other = decode(all.data() + kWords * r);
+      if (!other.valid || !ref.valid)
+        mismatch("collective #" + std::to_string(seq) + ": " + who(other.valid ? 0 : r) +
+                 " sent a malformed call descriptor (ranks are out of step)");
+      if (!same_call(other.desc, ref.desc))
+        mismatch(who(r) + " called " + to_string(other.desc) + " while rank 0 called " +
+                 to_string(ref.desc) + " (collective #" + std::to_string(seq) + " of rank " +
+                 std::to_string(rank()) + ")");
+      if (other.seq != ref.seq)
+        mismatch(who(r) + " is at collective #" + std::to_string(other.seq) +
+                 " while rank 0 is at #" + std::to_string(ref.seq) + ", both calling " +
+                 to_string(ref.desc));
+    }
+  }
+
+  // Every rank sees the whole count matrix, so every rank raises together.
+  void check_alltoallv_counts(const std::vector<size_t>& send_counts,
+                              const std::vector<size_t>& recv_counts, Stream stream) {
+    const int n = size();
+    if (send_counts.size() != static_cast<size_t>(n) ||
+        recv_counts.size() != static_cast<size_t>(n))
+      return;  // the wrapped communicator reports the bad argument
+    std::vector<int64_t> mine(2 * n), all(2 * n * n);
+    for (int i = 0; i < n; ++i) {
+      mine[i] = static_cast<int64_t>(send_counts[i]);
+      mine[n + i] = static_cast<int64_t>(recv_counts[i]);
+    }
+    inner_->allgather(mine.data(), all.data(), 2 * n, DType::kInt64, stream);
+    for (int from = 0; from < n; ++from) {
+      for (int to = 0; to < n; ++to) {
+        const int64_t sent = all[2 * n * from + to];
+        const int64_t expected = all[2 * n * to + n + from];
+        if (sent != expected)
+          mismatch("alltoall_v: rank " + std::to_string(from) + " sends " +
+                   std::to_string(sent) + " elements to rank " + std::to_string(to) +
+                   ", which expects " + std::to_string(expected) + " (recv_counts[" +
+                   std::to_string(from) + "])");
+      }
+    }
+  }
+
+  void check_p2p(const OpDesc& d, Stream stream) {
+    const int peer = static_cast<int>(d.root);
+    if (peer < 0 || peer >= size() || peer == rank()) return;  // reported by the wrapped one
+    const bool sending = d.kind == OpKind::kSend;
+    const uint64_t seq = sending ? send_seq_[peer]++ : recv_seq_[peer]++;
+    Wire mine = encode(d, seq), theirs{};
+    // The lower rank speaks first, so two ranks that both send (or both
+    // receive) still exchange descriptors instead of waiting on each other.
+    if (rank() < peer) {
+      inner_->send(mine.data(), kWords, DType::kInt64, peer, stream);
+      inner_->recv(theirs.data(), kWords, DType::kInt64, peer, stream);
+    } else {
+      inner_->recv(theirs.data(), kWords, DType::kInt64, peer, stream);
+      inner_->send(mine.data(), kWords, DType::kInt64, peer, stream);
+    }
+    const Decoded other = decode(theirs.data());
+    const OpKind expected = sending ? OpKind::kRecv : OpKind::kSend;
+    const bool ok = other.valid && other.desc.kind == expected &&
+                    other.desc.root == rank() && other.desc.dtype == d.dtype &&
+                    other.desc.count == d.count && other.seq == static_cast<int64_t>(seq);
+    if (ok) return;
+    // Neither side goes on with this call: take back its sequence number.
+    (sending ? send_seq_ : recv_seq_)[peer]--;
+    if (!other.valid) mismatch(who(peer) + " sent a malformed call descriptor");
+    mismatch(who(peer) + " called " + to_string(other.desc) + " while " + who(rank()) +
+             " called " + to_string(d) +
+             (other.seq != static_cast<int64_t>(seq) && other.desc.kind == expected
+                  ? " (message #" + std::to_string(other.seq) + " vs #" + std::to_string(seq) + ")"
+                  : std::string()));
+  }
+
+  CommunicatorPtr inner_;
+  uint64_t seq_ = 0;
+  std::vector<uint64_t> send_seq_;
+  std::vector<uint64_t> recv_seq_;
+};
+
+}  // namespace
+
+CommunicatorPtr make_checked_communicator(CommunicatorPtr inner) {
+  if (!inner) throw InvalidArgument("make_checked_communicator: communicator is null");
+  return std::make_shared<CheckedCommunicator>(std::move(inner));
+}
+
+}  // namespace bagua

@@ -1,0 +1,659 @@
+#include "comm/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo/algorithms.h"
+#include "comm/gloo/lane_worker.h"
+#include "comm/gloo/tmp_store_adapter.h"
+#include "comm/op_desc.h"
+#include "common/error.h"
+#include "kernels/reduce.h"
+
+namespace bagua {
+namespace {
+
+using std::chrono::milliseconds;
+namespace ga = gloo_algorithms;
+
+// Gloo's templated setters only use sizeof(T): pick an unsigned type of the
+// element's size.
+template <typename F>
+void with_element_type(size_t elem_size, F&& f) {
+  switch (elem_size) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+  }
+  throw InvalidArgument("unsupported element size " + std::to_string(elem_size));
+}
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (dst != src && n > 0) std::memmove(dst, src, n);
+}
+
+bool mentions_timeout(const std::string& what) {
+  return what.find("Timed out") != std::string::npos ||
+         what.find("timed out") != std::string::npos;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+// One full mesh of connections with its own transport thread.
+struct Lane {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::Context> context;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(StorePtr store, std::string prefix, int rank, int size,
+                   GlooCommunicatorOptions options)
+      : store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        size_(size),
+        options_(std::move(options)),
+        send_seq_(size, 0),
+        recv_seq_(size, 0) {
+    if (!options_.dead_ranks && store_) {
+      StorePtr s = store_;
+      options_.dead_ranks = [s] { return s->dead_ranks(); };
+    }
+    if (size_ > 1) connect();
+  }
+
+  ~GlooCommunicator() override {
+    workers_.clear();  // joins the lane threads before their contexts go away
+    lanes_.clear();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  DeviceType device_type() const override { return DeviceType::kCPU; }
+  milliseconds timeout() const override { return options_.timeout; }
+  std::string describe() const override {
+    return "gloo group '" + prefix_ + "' rank " + std::to_string(rank_) + "/" +
+           std::to_string(size_);
+  }
+
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                 Stream) override {
+    OpDesc d{OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op};
+    check_dtype_op(d);
+    check_buffer(d, send, count, "send");
+    check_buffer(d, recv, count, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    ReduceFn fn = cpu_reduce_fn(dtype, op);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) {
+        copy_bytes(recv, send, count * es);
+      } else {
+        const size_t parts = lanes_for(count * es);
+        on_lanes(parts, [&](size_t lane) {
+          const size_t b = count * lane / parts, e = count * (lane + 1) / parts;
+          if (e == b) return;
+          with_element_type(es, [&](auto t) {
+            using T = decltype(t);
+            gloo::AllreduceOptions o(lanes_[lane].context);
+            T* in = static_cast<T*>(const_cast<void*>(send)) + b;
+            T* out = static_cast<T*>(recv) + b;
+            if (in != out) o.setInput(in, e - b);
+            o.setOutput(out, e - b);
+            o.setReduceFunction(fn);
+            o.setTag(tag);
+            o.setTimeout(options_.timeout);
+            o.setMaxSegmentSize(options_.segment_bytes);
+            gloo::allreduce(o);
+          });
+          if (op == ReduceOp::kAvg)
+            cpu_average(static_cast<uint8_t*>(recv) + b * es, e - b, dtype, size_);
+        });
+      }
+    });
+  }
+
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
+              Stream) override {
+    OpDesc d{OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op};
+    check_dtype_op(d);
+    check_rank(d, root, "root");
+    check_buffer(d, send, count, "send");
+    if (rank_ == root) check_buffer(d, recv, count, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    ReduceFn fn = cpu_reduce_fn(dtype, op);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) {
+        copy_bytes(recv, send, count * es);
+      } else {
+        // Gloo's ring writes partial results into every rank's output.
+        void* out = recv;
+        if (rank_ != root) out = scratch(count * es);
+        with_element_type(es, [&](auto t) {
+          using T = decltype(t);
+          gloo::ReduceOptions o(main());
+          T* in = static_cast<T*>(const_cast<void*>(send));
+          if (static_cast<void*>(in) != out) o.setInput(in, count);
+          o.setOutput(static_cast<T*>(out), count);
+          o.setRoot(root);
+          o.setReduceFunction(fn);
+          o.setTag(tag);
+          o.setTimeout(options_.timeout);
+          o.setMaxSegmentSize(options_.segment_bytes);
+          gloo::reduce(o);
+        });
+      }
+      if (rank_ == root && op == ReduceOp::kAvg) cpu_average(recv, count, dtype, size_);
+    });
+  }
+
+  void broadcast(void* buf, size_t count, DType dtype, int root, Stream) override {
+    OpDesc d{OpKind::kBroadcast, dtype, static_cast<int64_t>(count), root};
+    check_dtype(d);
+    check_rank(d, root, "root");
+    check_buffer(d, buf, count, "buffer");
+    if (count == 0) return;
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) return;
+      with_element_type(dtype_size(dtype), [&](auto t) {
+        using T = decltype(t);
+        gloo::BroadcastOptions o(main());
+        o.setOutput(static_cast<T*>(buf), count);
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(options_.timeout);
+        gloo::broadcast(o);
+      });
+    });
+  }
+
+  void allgather(const void* send, void* recv, size_t count, DType dtype, Stream) override {
+    OpDesc d{OpKind::kAllgather, dtype, static_cast<int64_t>(count)};
+    check_dtype(d);
+    check_buffer(d, send, count, "send");
+    check_buffer(d, recv, count * size_, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    run(d, -1, [&](uint32_t tag) {
+      void* mine = static_cast<uint8_t*>(recv) + rank_ * count * es;
+      if (size_ == 1) return copy_bytes(recv, send, count * es);
+      with_element_type(es, [&](auto t) {
+        using T = decltype(t);
+        gloo::AllgatherOptions o(main());
+        // In place when our contribution already sits at its slot of recv.
+        if (send != mine) o.setInput(static_cast<T*>(const_cast<void*>(send)), count);
+        o.setOutput(static_cast<T*>(recv), count * size_);
+        o.setTag(tag);
+        o.setTimeout(options_.timeout);
+        gloo::allgather(o);
+      });
+    });
+  }
+
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
+              Stream) override {
+    OpDesc d{OpKind::kGather, dtype, static_cast<int64_t>(count), root};
+    check_dtype(d);
+    check_rank(d, root, "root");
+    check_buffer(d, send, count, "send");
+    if (rank_ == root) check_buffer(d, recv, count * size_, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) return copy_bytes(recv, send, count * es);
+      with_element_type(es, [&](auto t) {
+        using T = decltype(t);
+        gloo::GatherOptions o(main());
+        o.setInput(static_cast<T*>(const_cast<void*>(send)), count);
+        if (rank_ == root) o.setOutput(static_cast<T*>(recv), count * size_);
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(options_.timeout);
+        gloo::gather(o);
+      });
+    });
+  }
+
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
+               Stream) override {
+    OpDesc d{OpKind::kScatter, dtype, static_cast<int64_t>(count), root};
+    check_dtype(d);
+    check_rank(d, root, "root");
+    if (rank_ == root) check_buffer(d, send, count * size_, "send");
+    check_buffer(d, recv, count, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) return copy_bytes(recv, send, count * es);
+      with_element_type(es, [&](auto t) {
+        using T = decltype(t);
+        gloo::ScatterOptions o(main());
+        if (rank_ == root) {
+          std::vector<T*> chunks(size_);
+          for (int i = 0; i < size_; ++i)
+            chunks[i] = static_cast<T*>(const_cast<void*>(send)) + i * count;
+          o.setInputs(chunks, count);
+        }
+        o.setOutput(static_cast<T*>(recv), count);
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(options_.timeout);
+        gloo::scatter(o);
+      });
+    });
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                      Stream) override {
+    OpDesc d{OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op};
+    check_dtype_op(d);
+    check_buffer(d, send, count * size_, "send");
+    check_buffer(d, recv, count, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    ReduceFn fn = cpu_reduce_fn(dtype, op);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) {
+        copy_bytes(recv, send, count * es);
+      } else {
+        ga::ring_reduce_scatter(main(), send, recv, count, es, fn,
+                                ga::make_slot(ga::kReduceScatterSlotPrefix, tag),
+                                options_.timeout, options_.segment_bytes);
+      }
+      if (op == ReduceOp::kAvg) cpu_average(recv, count, dtype, size_);
+    });
+  }
+
+  void alltoall(const void* send, void* recv, size_t count, DType dtype, Stream) override {
+    OpDesc d{OpKind::kAlltoall, dtype, static_cast<int64_t>(count)};
+    check_dtype(d);
+    check_buffer(d, send, count * size_, "send");
+    check_buffer(d, recv, count * size_, "recv");
+    if (count == 0) return;
+    const size_t es = dtype_size(dtype);
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) return copy_bytes(recv, send, count * es);
+      with_element_type(es, [&](auto t) {
+        using T = decltype(t);
+        gloo::AlltoallOptions o(main());
+        o.setInput(static_cast<T*>(const_cast<void*>(send)), count * size_);
+        o.setOutput(static_cast<T*>(recv), count * size_);
+        o.setTag(tag);
+        o.setTimeout(options_.timeout);
+        gloo::alltoall(o);
+      });
+    });
+  }
+
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
+                  const std::vector<size_t>& send_displs, void* recv,
+                  const std::vector<size_t>& recv_counts,
+                  const std::vector<size_t>& recv_displs, DType dtype, Stream) override {
+    OpDesc d{OpKind::kAlltoallV, dtype, 0};
+    check_dtype(d);
+    check_layout(d, send, send_counts, send_displs, "send");
+    check_layout(d, recv, recv_counts, recv_displs, "recv");
+    for (size_t c : send_counts) d.count += static_cast<int64_t>(c);
+    if (send_counts[rank_] != recv_counts[rank_])
+      invalid(d, "send_counts[" + std::to_string(rank_) + "]=" +
+                     std::to_string(send_counts[rank_]) + " differs from recv_counts[" +
+                     std::to_string(rank_) + "]=" + std::to_string(recv_counts[rank_]));
+    const size_t es = dtype_size(dtype);
+    std::vector<size_t> so(size_), sl(size_), ro(size_), rl(size_);
+    for (int i = 0; i < size_; ++i) {
+      so[i] = send_displs[i] * es;
+      sl[i] = send_counts[i] * es;
+      ro[i] = recv_displs[i] * es;
+      rl[i] = recv_counts[i] * es;
+    }
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) {
+        return copy_bytes(static_cast<uint8_t*>(recv) + ro[0],
+                          static_cast<const uint8_t*>(send) + so[0], rl[0]);
+      }
+      ga::alltoallv_bytes(main(), send, so.data(), sl.data(), recv, ro.data(), rl.data(),
+                          ga::make_slot(ga::kAlltoallvSlotPrefix, tag), options_.timeout);
+    });
+  }
+
+  void send(const void* buf, size_t count, DType dtype, int peer, Stream) override {
+    OpDesc d{OpKind::kSend, dtype, static_cast<int64_t>(count), peer};
+    check_dtype(d);
+    check_peer(d, peer);
+    check_buffer(d, buf, count, "buffer");
+    p2p(d, const_cast<void*>(buf), count * dtype_size(dtype), peer, true);
+  }
+
+  void recv(void* buf, size_t count, DType dtype, int peer, Stream) override {
+    OpDesc d{OpKind::kRecv, dtype, static_cast<int64_t>(count), peer};
+    check_dtype(d);
+    check_peer(d, peer);
+    check_buffer(d, buf, count, "buffer");
+    p2p(d, buf, count * dtype_size(dtype), peer, false);
+  }
+
+  void barrier(Stream) override {
+    OpDesc d{OpKind::kBarrier};
+    run(d, -1, [&](uint32_t tag) {
+      if (size_ == 1) return;
+      gloo::BarrierOptions o(main());
+      o.setTag(tag);
+      o.setTimeout(options_.timeout);
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  // ---- connection set-up ----------------------------------------------------
+
+  void connect() {
+    const int lanes = std::max(1, options_.lanes);
+    for (int i = 0; i < lanes; ++i) {
+      Lane lane;
+      try {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = options_.hostname;
+        lane.device = gloo::transport::tcp::CreateDevice(attr);
+        auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+        ctx->setTimeout(options_.timeout);
+        TmpGlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i) + "/",
+                                    options_.timeout);
+        ctx->connectFullMesh(adapter, lane.device);
+        lane.context = ctx;
+      } catch (const TimeoutError& e) {
+        throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
+      } catch (const Error& e) {
+        throw Error(describe() + ": rendezvous failed: " + e.what());
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (mentions_timeout(what)) throw TimeoutError(describe() + ": connecting timed out: " + what);
+        throw Error(describe() + ": connecting to peers (listening on '" + options_.hostname +
+                    "') failed: " + what);
+      }
+      lanes_.push_back(std::move(lane));
+    }
+    for (int i = 1; i < lanes; ++i) workers_.push_back(std::make_unique<LaneWorker>());
+  }
+
+  const std::shared_ptr<gloo::Context>& main() { return lanes_[0].context; }
+
+  size_t lanes_for(size_t bytes) const {
+    if (bytes < options_.lane_threshold_bytes) return 1;
+    return lanes_.size();
+  }
+
+  // Runs job(lane) for lanes 0..parts-1 at once: lane 0 on the calling
+  // thread, the others on their workers. Rethrows the first failure after
+  // every lane has finished (a failure on one lane fails the others on our
+  // peers, which closes their connections to us, so none waits long).
+  template <typename Job>
+  void on_lanes(size_t parts, Job&& job) {
+    if (parts == 1) return job(0);
+    for (size_t i = 1; i < parts; ++i) workers_[i - 1]->submit([&job, i] { job(i); });
+    std::exception_ptr first;
+    try {
+      job(0);
+    } catch (...) {
+      first = std::current_exception();
+    }
+    for (size_t i = 1; i < parts; ++i) {
+      auto err = workers_[i - 1]->wait();
+      if (err && !first) first = err;
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  // Per-communicator scratch memory (the op lock is held while it is used).
+  void* scratch(size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  // ---- argument checks ------------------------------------------------------
+
+  [[noreturn]] void invalid(const OpDesc& d, const std::string& why) const {
+    throw InvalidArgument(describe() + ": " + op_kind_name(d.kind) + ": " + why);
+  }
+  void check_dtype(const OpDesc& d) const {
+    if (!is_valid_dtype(static_cast<int>(d.dtype)))
+      invalid(d, "unknown dtype " + std::to_string(static_cast<int>(d.dtype)));
+  }
+  void check_dtype_op(const OpDesc& d) const {
+    check_dtype(d);
+    if (!is_valid_reduce_op(static_cast<int>(d.op)))
+      invalid(d, "unknown reduce op " + std::to_string(static_cast<int>(d.op)));
+  }
+  void check_rank(const OpDesc& d, int r, const char* what) const {
+    if (r < 0 || r >= size_)
+      invalid(d, std::string(what) + " " + std::to_string(r) + " is out of range [0, " +
+                     std::to_string(size_) + ")");
+  }
+  void check_peer(const OpDesc& d, int peer) const {
+    check_rank(d, peer, "peer");
+    if (peer == rank_) invalid(d, "peer is this rank itself");
+  }
+  void check_buffer(const OpDesc& d, const void* p, size_t count, const char* what) const {
+    if (p == nullptr && count > 0)
+      invalid(d, std::string(what) + " pointer is null but holds " + std::to_string(count) +
+                     " elements");
+  }
+  void check_layout(const OpDesc& d, const void* p, const std::vector<size_t>& counts,
+                    const std::vector<size_t>& displs, const char* what) const {
+    const std::string w(what);
+    if (counts.size() != static_cast<size_t>(size_) || displs.size() != static_cast<size_t>(size_))
+      invalid(d, w + "_counts and " + w + "_displs need " + std::to_string(size_) +
+                     " entries (one per rank), got " + std::to_string(counts.size()) + " and " +
+                     std::to_string(displs.size()));
+    constexpr size_t kMax = SIZE_MAX / 16;  // no overflow once scaled to bytes
+    size_t total = 0;
+    for (int i = 0; i < size_; ++i) {
+      if (counts[i] > kMax || displs[i] > kMax - counts[i])
+        invalid(d, w + "_counts/" + w + "_displs[" + std::to_string(i) + "] are out of range");
+      total += counts[i];
+    }
+    check_buffer(d, p, total, what);
+    // Regions must not overlap each other, or a receive would clobber another.
+    std::vector<std::pair<size_t, size_t>> spans;
+    for (int i = 0; i < size_; ++i)
+      if (counts[i] > 0) spans.emplace_back(displs[i], displs[i] + counts[i]);
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (spans[i].first < spans[i - 1].second && w == "recv")
+        invalid(d, "recv regions overlap (check recv_displs)");
+  }
+
+  // ---- running an operation, and failing well --------------------------------
+
+  // Runs a collective: it takes the next number of the collective sequence.
+  template <typename Body>
+  void run(const OpDesc& d, int peer, Body&& body) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_not_broken(d);
+    const uint64_t seq = seq_++;
+    guarded(d, seq, peer, [&] { body(static_cast<uint32_t>(seq)); });
+  }
+
+  void check_not_broken(const OpDesc& d) const {
+    if (!broken_.empty())
+      throw Error(describe() + ": " + to_string(d) +
+                  ": communicator broken by an earlier failure: " + broken_);
+  }
+
+  // Turns Gloo's exceptions into ours and breaks the communicator.
+  template <typename Body>
+  void guarded(const OpDesc& d, uint64_t seq, int peer, Body&& body) {
+    try {
+      body();
+    } catch (const InvalidArgument&) {
+      throw;
+    } catch (const gloo::IoException& e) {
+      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kLostPeer);
+    } catch (const gloo::EnforceNotMet& e) {
+      fail(d, seq, peer, e.what(), kOther);
+    } catch (const std::exception& e) {
+      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kOther);
+    }
+  }
+
+  // send/recv do not take a collective sequence number (other ranks do not
+  // see them); they number messages per direction of each pair instead: the
+  // n-th send from a to b meets the n-th recv on b from a.
+  void p2p(const OpDesc& d, void* buf, size_t bytes, int peer, bool sending) {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> g(mu_);
+    check_not_broken(d);
+    const uint64_t n = sending ? send_seq_[peer]++ : recv_seq_[peer]++;
+    const int from = sending ? rank_ : peer;
+    const int low = from < (sending ? peer : rank_) ? 0 : 1;
+    guarded(d, n, peer, [&] {
+      auto ub = main()->createUnboundBuffer(buf, bytes);
+      const uint64_t slot = ga::make_slot(ga::kSendRecvSlotPrefix, static_cast<uint32_t>(n), low);
+      if (sending) {
+        ub->send(peer, slot);
+        if (!ub->waitSend(options_.timeout)) throw gloo::IoException("send aborted");
+      } else {
+        ub->recv(peer, slot);
+        if (!ub->waitRecv(options_.timeout)) throw gloo::IoException("receive aborted");
+      }
+    });
+  }
+
+  enum FailureKind { kTimedOut, kLostPeer, kOther };
+
+  // Ranks the store reports dead. A killed peer's store connection may close
+  // a moment after its Gloo connections, so a lost peer is asked for briefly.
+  std::string dead_ranks_note(FailureKind kind, int* first_dead) {
+    if (!options_.dead_ranks) return "";
+    std::vector<int> dead;
+    try {
+      const auto deadline = std::chrono::steady_clock::now() + milliseconds(500);
+      for (;;) {
+        dead = options_.dead_ranks();
+        if (!dead.empty() || kind != kLostPeer || std::chrono::steady_clock::now() > deadline)
+          break;
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    } catch (const std::exception& e) {
+      return std::string("; the rendezvous store is unreachable too (") + e.what() + ")";
+    }
+    if (dead.empty()) return "";
+    *first_dead = dead[0];
+    return (dead.size() == 1 ? "; rank " : "; ranks ") + join_ranks(dead) +
+           (dead.size() == 1 ? " has died" : " have died");
+  }
+
+  [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what,
+                         FailureKind kind) {
+    std::string msg = describe() + ": " + to_string(d) +
+                      (d.has_peer() ? " (message #" : " (op #") + std::to_string(seq) + ") ";
+    switch (kind) {
+      case kTimedOut:
+        msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms";
+        break;
+      case kLostPeer:
+        msg += peer >= 0 ? "lost the connection to peer rank " + std::to_string(peer)
+                         : "lost a connection to a peer";
+        break;
+      case kOther:
+        msg += "failed";
+        break;
+    }
+    // Close first: peers blocked on us should not wait for the store query.
+    break_connections(msg + " [gloo: " + what + "]");
+    int dead = -1;
+    msg += dead_ranks_note(kind, &dead);
+    if (kind == kTimedOut && dead < 0)
+      msg += " (a peer may be stuck, or may have skipped or reordered this operation)";
+    msg += " [gloo: " + what + "]";
+    broken_ = msg;
+    switch (kind) {
+      case kTimedOut:
+        throw TimeoutError(msg);
+      case kLostPeer:
+        throw PeerError(msg, dead >= 0 ? dead : peer);
+      case kOther:
+        throw Error(msg);
+    }
+    throw Error(msg);
+  }
+
+  // After a failure the transport state is unknown: close every connection so
+  // that peers blocked on us fail now instead of at their timeout.
+  void break_connections(const std::string& why) {
+    broken_ = why;
+    for (auto& lane : lanes_) {
+      try {
+        if (lane.context) lane.context->closeConnections();
+      } catch (const std::exception&) {
+      }
+      lane.context.reset();
+    }
+  }
+
+  StorePtr store_;
+  const std::string prefix_;
+  const int rank_;
+  const int size_;
+  GlooCommunicatorOptions options_;
+
+  std::vector<Lane> lanes_;
+  std::vector<std::unique_ptr<LaneWorker>> workers_;
+
+  std::mutex mu_;  // one operation at a time
+  uint64_t seq_ = 0;
+  std::vector<uint64_t> send_seq_;
+  std::vector<uint64_t> recv_seq_;
+  std::vector<uint8_t> scratch_;
+  std::string broken_;
+};
+
+}  // namespace
+
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank,
+                                         int size, const GlooCommunicatorOptions& options) {
+  if (size < 1) throw InvalidArgument("gloo communicator: size must be >= 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size)
+    throw InvalidArgument("gloo communicator: rank " + std::to_string(rank) +
+                          " is out of range [0, " + std::to_string(size) + ")");
+  if (options.timeout.count() <= 0)
+    throw InvalidArgument("gloo communicator: timeout must be positive");
+  if (!store && size > 1) throw InvalidArgument("gloo communicator: store is null");
+  return std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, size, options);
+}
+
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank,
+                                         int size, std::chrono::milliseconds timeout,
+                                         const std::string& hostname, DeadRanksFn dead_ranks) {
+  GlooCommunicatorOptions options;
+  options.timeout = timeout;
+  options.hostname = hostname;
+  options.dead_ranks = std::move(dead_ranks);
+  return create_gloo_communicator(std::move(store), prefix, rank, size, options);
+}
+
+}  // namespace bagua

@@ -1,0 +1,60 @@
+// CPU communicator over Gloo's TCP transport.
+//
+// Rendezvous: every rank of a group calls the factory with the same store,
+// prefix and size; the ranks exchange their addresses through the store under
+// `prefix` (several groups can share one store) and connect a full mesh.
+//
+// Only Gloo's options / unbound-buffer API is used (the legacy bound-buffer
+// algorithms shrink the socket send buffers and slow everything after them).
+// Every collective gets its own tag from a per-communicator sequence number,
+// so all ranks must issue collectives in the same order; send/recv use a
+// per-peer, per-direction sequence number, so a send must be matched by a
+// recv on the peer in the same order.
+//
+// Failures: a timeout raises bagua::TimeoutError, a lost connection
+// bagua::PeerError, anything else bagua::Error, each naming the operation,
+// its sequence number, the group and the dead ranks the store knows of.
+// After such a failure the communicator is broken: it closes its connections
+// (so peers blocked on it fail fast) and every later call raises at once.
+// Timeouts apply to each blocking step of an operation.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "store/store.h"
+
+namespace bagua {
+
+// Returns the ranks known to have died (for error messages); may throw.
+using DeadRanksFn = std::function<std::vector<int>()>;
+
+struct GlooCommunicatorOptions {
+  // Address peers reach this process on (an IP or a resolvable host name).
+  std::string hostname = "127.0.0.1";
+  std::chrono::milliseconds timeout{600000};
+  // Defaults to store->dead_ranks().
+  DeadRanksFn dead_ranks;
+  // Large allreduces are split over this many connections, each driven by
+  // its own thread, which keeps more than one socket busy at a time.
+  int lanes = 2;
+  // Buffers below this size (bytes) use a single connection.
+  size_t lane_threshold_bytes = 8u << 20;
+  // Bytes per segment in Gloo's pipelined allreduce/reduce ring.
+  size_t segment_bytes = 4u << 20;
+};
+
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
+                                         int rank, int size,
+                                         const GlooCommunicatorOptions& options);
+
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
+                                         int rank, int size,
+                                         std::chrono::milliseconds timeout,
+                                         const std::string& hostname,
+                                         DeadRanksFn dead_ranks = nullptr);
+
+}  // namespace bagua

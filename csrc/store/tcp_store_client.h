@@ -1,0 +1,74 @@
+// Client of TcpStoreServer: the rendezvous store every rank uses.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+
+namespace bagua {
+
+class TcpStore : public Store {
+ public:
+  // Connects to the server at host:port, retrying until `timeout` (the server
+  // may start after its clients). `rank` identifies this process for liveness
+  // (dead_ranks); -1 for a client that is not a rank. `timeout` is also the
+  // default of every later blocking call. Throws TimeoutError if no server
+  // answers in time.
+  TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout);
+  ~TcpStore() override;  // close()
+
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::vector<uint8_t> get(const std::string& key) { return get(key, timeout_); }
+  int64_t add(const std::string& key, int64_t delta) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+  bool check(const std::vector<std::string>& keys) override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  std::vector<int> dead_ranks() override;
+
+  // Says goodbye (so this rank is not reported dead) and disconnects;
+  // idempotent. Later calls throw bagua::Error. A call blocked in another
+  // thread keeps its connection until it returns.
+  void close();
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  int rank() const { return rank_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Conn;  // one socket to the server, used by one call at a time
+
+  // Sends one request on a free connection (opening one if all are busy, so
+  // a blocked get in one thread does not hold up another thread) and returns
+  // the reply body. `reply_deadline` bounds the wait for the reply.
+  std::string roundtrip(const std::string& frame, Clock::time_point reply_deadline, const std::string& what);
+  std::unique_ptr<Conn> open_conn(Clock::time_point deadline, bool retry);
+  std::unique_ptr<Conn> acquire();
+  void release(std::unique_ptr<Conn> c);
+  [[noreturn]] void lost(const std::string& why);
+  void check_fork() const;
+  std::string dead_ranks_note();  // "; ranks that died: ..." or ""
+  std::string endpoint() const;
+
+  const std::string host_;
+  const int port_;
+  const int rank_;
+  const std::chrono::milliseconds timeout_;
+  const int pid_;  // a forked child must not touch the parent's sockets
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+  enum class State { kOpen, kLost, kClosed } state_ = State::kOpen;
+  std::string lost_reason_;
+};
+
+}  // namespace bagua

@@ -1,0 +1,607 @@
+#include "store/tcp_store_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+#include "store/tcp_store_protocol.h"
+
+namespace bagua {
+
+namespace proto = store_protocol;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxReadChunk = 8 << 20;
+// Input buffered per connection: one whole frame plus a read chunk. Beyond
+// that the connection is not read until its pending request completes.
+constexpr size_t kMaxBuffered = proto::kMaxFrameSize + 4 + kReadChunk;
+
+std::string endpoint(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+struct Conn {
+  int fd = -1;
+  uint64_t id = 0;
+  std::string in;       // received, not yet processed
+  size_t in_off = 0;    // processed prefix of `in`
+  std::string out;      // replies not yet sent
+  size_t out_off = 0;
+  bool hello = false;
+  int rank = -1;
+  bool goodbye = false;      // said goodbye: closes cleanly after the reply
+  bool closed = false;       // to be removed at the end of the loop iteration
+  Clock::time_point accepted;
+  Clock::time_point partial_since;  // last progress of the unfinished frame
+  bool partial = false;
+  Clock::time_point out_since;      // last progress sending replies
+
+  enum class Pending { kNone, kGet, kWait } pending = Pending::kNone;
+  std::vector<std::string> pending_keys;
+  Clock::time_point pending_deadline;
+
+  size_t buffered() const { return in.size() - in_off; }
+  bool has_output() const { return out_off < out.size(); }
+};
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  std::string host;
+  int port = 0;
+  TcpStoreServerOptions options;
+  int listen_fd = -1;
+  int wake_fd = -1;
+  std::thread thread;
+  bool closed = false;
+  pid_t pid = getpid();  // the process whose thread serves
+
+  // Owned by the server thread only.
+  std::map<uint64_t, std::unique_ptr<Conn>> conns;
+  uint64_t next_id = 1;
+  std::unordered_map<std::string, std::string> data;
+  // key -> connections whose pending get/wait is blocked on that key.
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters;
+  std::vector<uint64_t> ready;  // connections that may process more input
+  std::set<int> dead;
+  Clock::time_point accept_paused_until{};
+
+  void listen_on(const std::string& h, int p);
+  void run();
+  void accept_all();
+  void read_from(Conn& c);
+  void flush(Conn& c);
+  void process(Conn& c);
+  bool handle(Conn& c, const char* body, size_t size);
+  void reply(Conn& c, std::string frame);
+  void reply_status(Conn& c, proto::Status s) { reply(c, proto::Writer().u8(s).finish()); }
+  void reply_error(Conn& c, const std::string& msg) {
+    reply(c, proto::Writer().u8(proto::kError).str(msg).finish());
+  }
+  bool try_complete(Conn& c);  // completes c's pending request if it can
+  void wake(const std::string& key);
+  void drop(Conn& c);          // closes c; dirty unless it said goodbye
+  void check_timers(Clock::time_point now);
+  void process_ready() {
+    while (!ready.empty()) {
+      uint64_t id = ready.back();
+      ready.pop_back();
+      auto it = conns.find(id);
+      if (it != conns.end() && !it->second->closed) guarded(*it->second, [&] { process(*it->second); });
+    }
+  }
+  // Failures while serving one client (e.g. out of memory for its message)
+  // cost that client its connection, never the server thread.
+  template <typename F>
+  void guarded(Conn& c, F&& f) {
+    try {
+      f();
+    } catch (const std::exception&) {
+      drop(c);
+    }
+  }
+  int poll_timeout_ms(Clock::time_point now) const;
+};
+
+void TcpStoreServer::Impl::listen_on(const std::string& h, int p) {
+  if (h.empty()) throw InvalidArgument("TcpStoreServer: host must not be empty (give MASTER_ADDR)");
+  if (p < 0 || p > 65535) throw InvalidArgument("TcpStoreServer: port " + std::to_string(p) + " is out of range");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(h.c_str(), std::to_string(p).c_str(), &hints, &res);
+  if (rc != 0) {
+    throw Error("TcpStoreServer: cannot resolve host '" + h + "': " + gai_strerror(rc));
+  }
+  int last_errno = 0;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      listen_fd = fd;
+      break;
+    }
+    last_errno = errno;
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  if (listen_fd < 0) {
+    std::string msg = "TcpStoreServer: cannot listen on " + endpoint(h, p) + ": " + std::strerror(last_errno);
+    if (last_errno == EADDRINUSE) {
+      msg += " (the port is taken; set BAGUA_STORE_PORT to choose another store port)";
+    } else if (last_errno == EADDRNOTAVAIL) {
+      msg += " (the address is not one of this host's; check MASTER_ADDR)";
+    }
+    throw Error(msg);
+  }
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options)
+    : impl_(new Impl) {
+  impl_->host = host;
+  impl_->options = options;
+  impl_->listen_on(host, port);
+  impl_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl_->wake_fd < 0) {
+    ::close(impl_->listen_fd);
+    throw Error(std::string("TcpStoreServer: eventfd failed: ") + std::strerror(errno));
+  }
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+TcpStoreServer::~TcpStoreServer() { close(); }
+
+const std::string& TcpStoreServer::host() const { return impl_->host; }
+int TcpStoreServer::port() const { return impl_->port; }
+
+void TcpStoreServer::close() {
+  if (!impl_ || impl_->closed) return;
+  if (getpid() != impl_->pid) {
+    // A forked child: the serving thread and the sockets belong to the
+    // parent. Waking or joining would stop or corrupt the parent's server,
+    // and destroying a joinable std::thread would abort, so let it be.
+    (void)impl_.release();
+    return;
+  }
+  impl_->closed = true;
+  uint64_t one = 1;
+  ssize_t n = write(impl_->wake_fd, &one, sizeof(one));
+  (void)n;
+  if (impl_->thread.joinable()) impl_->thread.join();
+  for (auto& kv : impl_->conns) ::close(kv.second->fd);
+  impl_->conns.clear();
+  ::close(impl_->listen_fd);
+  ::close(impl_->wake_fd);
+}
+
+void TcpStoreServer::Impl::run() {
+  std::vector<pollfd> fds;
+  std::vector<Conn*> polled;
+  for (;;) {
+    try {
+      auto now = Clock::now();
+      fds.clear();
+      polled.clear();
+      fds.push_back({wake_fd, POLLIN, 0});
+      bool accepting = now >= accept_paused_until;
+      fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
+      for (auto& kv : conns) {
+        Conn& c = *kv.second;
+        short ev = POLLRDHUP;
+        if (c.buffered() < kMaxBuffered) ev |= POLLIN;
+        if (c.has_output()) ev |= POLLOUT;
+        fds.push_back({c.fd, ev, 0});
+        polled.push_back(&c);
+      }
+      int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+      if (n < 0 && errno != EINTR) n = 0;  // nothing sensible to do but retry
+      if (fds[0].revents) return;           // close() asked us to stop
+      if (fds[1].revents) accept_all();
+      for (size_t i = 0; i < polled.size(); ++i) {
+        Conn& c = *polled[i];
+        short re = fds[i + 2].revents;
+        if (!re || c.closed) continue;
+        guarded(c, [&] {
+          if (re & POLLOUT) flush(c);
+          if (!c.closed && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) read_from(c);
+          if (!c.closed) process(c);
+        });
+      }
+      // Requests woken by a set may have more input queued behind them.
+      process_ready();
+      check_timers(Clock::now());
+      process_ready();
+      for (auto it = conns.begin(); it != conns.end();) {
+        if (it->second->closed) {
+          ::close(it->second->fd);
+          it = conns.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    } catch (const std::exception&) {
+      // Out of memory or descriptors outside any one client: back off, keep serving.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
+  auto next = now + std::chrono::seconds(1);
+  if (now < accept_paused_until) next = std::min(next, accept_paused_until);
+  for (auto& kv : conns) {
+    const Conn& c = *kv.second;
+    if (!c.hello) next = std::min(next, c.accepted + options.io_timeout);
+    if (c.partial) next = std::min(next, c.partial_since + options.io_timeout);
+    if (c.has_output()) next = std::min(next, c.out_since + options.io_timeout);
+    if (c.pending != Conn::Pending::kNone) next = std::min(next, c.pending_deadline);
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return int(std::max<int64_t>(0, ms));
+}
+
+void TcpStoreServer::Impl::accept_all() {
+  for (;;) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: stop accepting for a moment instead of spinning.
+        accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;  // EAGAIN, or a connection that vanished before accept
+    }
+    if (conns.size() >= options.max_connections) {
+      ::close(fd);
+      continue;
+    }
+    int one = 1, idle = 30, interval = 5, count = 6;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // A client whose host vanishes (no FIN, no RST) is noticed within about a
+    // minute and reported dead.
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    auto c = std::make_unique<Conn>();
+    c->fd = fd;
+    c->id = next_id++;
+    c->accepted = Clock::now();
+    conns.emplace(c->id, std::move(c));
+  }
+}
+
+void TcpStoreServer::Impl::read_from(Conn& c) {
+  // Compact the processed prefix before reading more.
+  if (c.in_off > 0 && (c.in_off == c.in.size() || c.in_off > kReadChunk)) {
+    c.in.erase(0, c.in_off);
+    c.in_off = 0;
+  }
+  while (c.buffered() < kMaxBuffered) {
+    size_t at = c.in.size();
+    // Read a large message in large pieces: fewer wake-ups on a busy host.
+    size_t want = kReadChunk;
+    if (c.buffered() >= 4 && c.pending == Conn::Pending::kNone) {
+      size_t frame_end = 4 + size_t(proto::frame_length(&c.in[c.in_off]));
+      if (frame_end > c.buffered()) want = std::clamp(frame_end - c.buffered(), kReadChunk, kMaxReadChunk);
+    }
+    want = std::min(want, kMaxBuffered - c.buffered());
+    c.in.resize(at + want);
+    ssize_t n = ::recv(c.fd, &c.in[at], want, 0);
+    if (n > 0) {
+      c.in.resize(at + size_t(n));
+      c.partial_since = Clock::now();  // progress: the stall clock restarts
+      continue;  // until EAGAIN
+    }
+    c.in.resize(at);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    // End of stream or a reset. A goodbye still queued behind a pending
+    // request counts as a clean close.
+    size_t off = c.in_off;
+    while (!c.goodbye && c.in.size() - off >= 5) {
+      uint32_t len = proto::frame_length(&c.in[off]);
+      if (len == 0 || c.in.size() - off - 4 < len) break;
+      if (uint8_t(c.in[off + 4]) == proto::kGoodbye) c.goodbye = true;
+      off += 4 + len;
+    }
+    drop(c);
+    return;
+  }
+}
+
+void TcpStoreServer::Impl::flush(Conn& c) {
+  while (c.has_output()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out_off += size_t(n);
+      c.out_since = Clock::now();  // progress: the stall clock restarts
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    drop(c);
+    return;
+  }
+  c.out.clear();
+  c.out_off = 0;
+  if (c.goodbye) drop(c);
+}
+
+void TcpStoreServer::Impl::reply(Conn& c, std::string frame) {
+  if (!c.has_output()) {
+    c.out = std::move(frame);
+    c.out_off = 0;
+    c.out_since = Clock::now();
+  } else {
+    c.out += frame;
+  }
+  flush(c);
+}
+
+void TcpStoreServer::Impl::process(Conn& c) {
+  // One request at a time per connection, and only once the previous reply
+  // is sent: a client that does not read cannot make the server buffer more.
+  while (!c.closed && c.pending == Conn::Pending::kNone && !c.has_output() && !c.goodbye) {
+    size_t avail = c.buffered();
+    uint32_t len = avail >= 4 ? proto::frame_length(&c.in[c.in_off]) : 0;
+    if (avail >= 4 && (len == 0 || len > proto::kMaxFrameSize)) {
+      drop(c);  // garbage or an oversized message
+      return;
+    }
+    if (avail < 4 || avail - 4 < len) {
+      // An unfinished message must finish within io_timeout.
+      if (avail == 0) {
+        c.partial = false;
+      } else if (!c.partial) {
+        c.partial = true;
+        c.partial_since = Clock::now();
+      }
+      return;
+    }
+    c.partial = false;
+    c.partial_since = {};
+    const char* body = &c.in[c.in_off + 4];
+    c.in_off += 4 + len;
+    if (!handle(c, body, len)) {
+      drop(c);
+      return;
+    }
+    if (c.in_off == c.in.size()) {
+      c.in.clear();
+      c.in_off = 0;
+    }
+  }
+}
+
+// Returns false when the request is malformed (the caller drops the client).
+bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
+  proto::Reader r(body, size);
+  uint8_t op = r.u8();
+  if (!c.hello) {
+    // The first message must be a hello with our magic: anything else is not
+    // a Bagua store client.
+    if (op != proto::kHello) return false;
+    uint32_t magic = r.u32();
+    uint32_t version = r.u32();
+    int32_t rank = r.i32();
+    if (!r.ok() || !r.at_end() || magic != proto::kMagic) return false;
+    if (version != proto::kVersion) {
+      reply_error(c, "store protocol version " + std::to_string(version) + " is not supported (server speaks " +
+                         std::to_string(proto::kVersion) + "); all ranks must run the same Bagua");
+      c.goodbye = true;  // not a death
+      if (!c.has_output()) drop(c);
+      return true;
+    }
+    c.hello = true;
+    c.rank = rank;
+    if (rank >= 0) dead.erase(rank);  // a rank that reconnects is alive again
+    reply(c, proto::Writer().u8(proto::kOk).u32(proto::kMagic).finish());
+    return true;
+  }
+  switch (op) {
+    case proto::kSet: {
+      std::string key = r.str(proto::kMaxKeySize);
+      std::string value = r.str(proto::kMaxValueSize);
+      if (!r.ok() || !r.at_end()) return false;
+      data[key] = std::move(value);
+      reply_status(c, proto::kOk);
+      wake(key);
+      return true;
+    }
+    case proto::kGet:
+    case proto::kWait: {
+      std::vector<std::string> keys;
+      if (op == proto::kGet) {
+        keys.push_back(r.str(proto::kMaxKeySize));
+      } else {
+        uint32_t n = r.u32();
+        if (n > proto::kMaxKeysPerRequest) return false;
+        for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.str(proto::kMaxKeySize));
+      }
+      int64_t timeout_ms = r.i64();
+      if (!r.ok() || !r.at_end() || timeout_ms < 0) return false;
+      c.pending = op == proto::kGet ? Conn::Pending::kGet : Conn::Pending::kWait;
+      c.pending_keys = std::move(keys);
+      auto now = Clock::now();
+      // Cap so the deadline arithmetic cannot overflow.
+      auto cap = std::chrono::hours(24 * 365 * 10);
+      auto t = std::chrono::milliseconds(timeout_ms);
+      c.pending_deadline = now + (t > cap ? std::chrono::duration_cast<std::chrono::milliseconds>(cap) : t);
+      try_complete(c);
+      return true;
+    }
+    case proto::kAdd: {
+      std::string key = r.str(proto::kMaxKeySize);
+      int64_t delta = r.i64();
+      if (!r.ok() || !r.at_end()) return false;
+      int64_t value = 0;
+      auto it = data.find(key);
+      if (it != data.end()) {
+        const std::string& s = it->second;
+        errno = 0;
+        char* end = nullptr;
+        long long v = s.empty() ? 0 : std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || errno != 0 || end != s.c_str() + s.size() || s.find('\0') != std::string::npos) {
+          reply_error(c, "add: the value of key '" + key + "' is not an integer");
+          return true;
+        }
+        value = v;
+      }
+      int64_t result;
+      if (__builtin_add_overflow(value, delta, &result)) {
+        reply_error(c, "add: key '" + key + "' would overflow int64");
+        return true;
+      }
+      data[key] = std::to_string(result);
+      reply(c, proto::Writer().u8(proto::kOk).i64(result).finish());
+      wake(key);
+      return true;
+    }
+    case proto::kCheck: {
+      uint32_t n = r.u32();
+      if (n > proto::kMaxKeysPerRequest) return false;
+      bool all = true;
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        std::string key = r.str(proto::kMaxKeySize);
+        if (!data.count(key)) all = false;
+      }
+      if (!r.ok() || !r.at_end()) return false;
+      reply(c, proto::Writer().u8(proto::kOk).u8(all ? 1 : 0).finish());
+      return true;
+    }
+    case proto::kDeadRanks: {
+      if (!r.at_end()) return false;
+      proto::Writer w;
+      w.u8(proto::kOk).u32(uint32_t(dead.size()));
+      for (int d : dead) w.i32(d);
+      reply(c, w.finish());
+      return true;
+    }
+    case proto::kGoodbye: {
+      if (!r.at_end()) return false;
+      c.goodbye = true;
+      reply_status(c, proto::kOk);  // flush() closes once it is sent
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+bool TcpStoreServer::Impl::try_complete(Conn& c) {
+  if (c.pending == Conn::Pending::kGet) {
+    auto it = data.find(c.pending_keys[0]);
+    if (it == data.end()) {
+      waiters[c.pending_keys[0]].push_back(c.id);
+      return false;
+    }
+    c.pending = Conn::Pending::kNone;
+    c.pending_keys.clear();
+    reply(c, proto::Writer(it->second.size() + 8).u8(proto::kOk).str(it->second).finish());
+    return true;
+  }
+  if (c.pending == Conn::Pending::kWait) {
+    for (const auto& k : c.pending_keys) {
+      if (!data.count(k)) {
+        waiters[k].push_back(c.id);  // re-checked when k is set
+        return false;
+      }
+    }
+    c.pending = Conn::Pending::kNone;
+    c.pending_keys.clear();
+    reply_status(c, proto::kOk);
+    return true;
+  }
+  return false;
+}
+
+void TcpStoreServer::Impl::wake(const std::string& key) {
+  auto it = waiters.find(key);
+  if (it == waiters.end()) return;
+  std::vector<uint64_t> ids = std::move(it->second);
+  waiters.erase(it);
+  for (uint64_t id : ids) {
+    auto ci = conns.find(id);
+    if (ci == conns.end()) continue;
+    Conn& c = *ci->second;
+    if (c.closed || c.pending == Conn::Pending::kNone) continue;
+    // Stale entries (a request that already timed out) name other keys.
+    if (std::find(c.pending_keys.begin(), c.pending_keys.end(), key) == c.pending_keys.end()) continue;
+    if (try_complete(c)) ready.push_back(id);
+  }
+}
+
+void TcpStoreServer::Impl::check_timers(Clock::time_point now) {
+  for (auto& kv : conns) {
+    Conn& c = *kv.second;
+    if (c.closed) continue;
+    if (c.pending != Conn::Pending::kNone && now >= c.pending_deadline) {
+      c.pending = Conn::Pending::kNone;
+      c.pending_keys.clear();
+      reply_status(c, proto::kTimeout);
+      ready.push_back(c.id);
+      continue;
+    }
+    bool stalled = (!c.hello && now >= c.accepted + options.io_timeout) ||
+                   (c.partial && now >= c.partial_since + options.io_timeout) ||
+                   (c.has_output() && now >= c.out_since + options.io_timeout);
+    if (stalled) drop(c);
+  }
+  // Forget waiter lists whose connections are all gone.
+  if (waiters.size() > 1024) {
+    for (auto it = waiters.begin(); it != waiters.end();) {
+      auto& v = it->second;
+      v.erase(std::remove_if(v.begin(), v.end(),
+                             [&](uint64_t id) {
+                               auto ci = conns.find(id);
+                               return ci == conns.end() || ci->second->closed ||
+                                      ci->second->pending == Conn::Pending::kNone;
+                             }),
+              v.end());
+      it = v.empty() ? waiters.erase(it) : std::next(it);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::drop(Conn& c) {
+  if (c.closed) return;
+  c.closed = true;
+  c.pending = Conn::Pending::kNone;
+  c.pending_keys.clear();
+  if (c.hello && !c.goodbye && c.rank >= 0) dead.insert(c.rank);
+  ::shutdown(c.fd, SHUT_RDWR);
+}
+
+}  // namespace bagua

@@ -1,0 +1,47 @@
+// TCP key-value server behind TcpStore. Rank 0 runs it in a background thread.
+//
+// One thread serves every connection with poll(), so a client blocked in get()
+// or wait() never holds up the others. A client that sends garbage, an
+// oversized or truncated message, or nothing at all, loses its own connection
+// and nothing else. Clients say hello with their rank; a connection that
+// closes without a goodbye marks that rank dead (see Store::dead_ranks).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace bagua {
+
+struct TcpStoreServerOptions {
+  // A new connection must say hello within this time, and a connection that
+  // makes no progress for this long, in the middle of sending a message or
+  // while not reading its replies, is closed.
+  std::chrono::milliseconds io_timeout{std::chrono::seconds(30)};
+  // More simultaneous connections than this are refused (closed at once).
+  size_t max_connections = 16384;
+};
+
+class TcpStoreServer {
+ public:
+  // Listens on host (a name or address; only that address, not all
+  // interfaces) and port (0 picks a free port, see port()). Throws bagua::Error
+  // when it cannot listen, e.g. when the port is taken.
+  TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options = {});
+  ~TcpStoreServer();  // close()
+
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  const std::string& host() const;
+  int port() const;  // the bound port
+  // Stops serving and closes every connection; idempotent.
+  void close();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bagua
