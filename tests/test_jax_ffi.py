@@ -32,6 +32,7 @@ CASES = [
     "grad_allreduce",
     "grad_broadcast_allgather",
     "vmap",
+    "subgroup",
     "mlp_training",
     "errors",
     "jax_distributed_shutdown",
@@ -156,8 +157,7 @@ def case_allreduce_ops():
     # Ops as bagua_core's enum, upper case names, and plain ints work too.
     x = inputs(RANK, (4,), "float32", salt=3)
     want = all_inputs((4,), "float32", salt=3).max(0)
-    if hasattr(bagua_core, "ReduceOp"):
-        assert_equal(bagua_jax.allreduce(x, op=bagua_core.ReduceOp.MAX), want)
+    assert_equal(bagua_jax.allreduce(x, op=bagua_core.ReduceOp.MAX), want)
     assert_equal(bagua_jax.allreduce(x, op="MAX"), want)
     assert_equal(bagua_jax.allreduce(x, op=3), want)
 
@@ -322,6 +322,38 @@ def case_vmap():
     out = jax.vmap(bagua_jax.allgather, in_axes=1, out_axes=0)(x)
     assert out.shape == (5, SIZE, 3), out.shape
     assert_equal(out, all_inputs((3, 5), "float32", salt=80).transpose(2, 0, 1))
+
+
+def case_subgroup():
+    # A group of ranks 1.. (rank 0 is not a member); its collectives and the
+    # world's share one order.
+    import jax
+    import bagua_core
+    import bagua_jax
+
+    sub = bagua_core.new_group(list(range(1, SIZE)))
+    x = inputs(RANK, (5,), "float32", salt=90)
+    members = all_inputs((5,), "float32", salt=90)[1:]
+    if RANK == 0:
+        try:
+            bagua_jax.allreduce(x, group=sub)
+        except ValueError as e:
+            assert "not a member" in str(e), str(e)
+        else:
+            raise AssertionError("a non-member's collective did not raise")
+        assert_equal(jax.jit(bagua_jax.allreduce)(x), all_inputs((5,), "float32", salt=90).sum(0))
+        return
+
+    @jax.jit
+    def f(v):
+        return (bagua_jax.allreduce(v, group=sub), bagua_jax.allreduce(v),
+                bagua_jax.allgather(v, group=sub), bagua_jax.broadcast(v, root=sub.size - 1, group=sub))
+
+    s, w, gathered, b = f(x)
+    assert_equal(s, members.sum(0))
+    assert_equal(w, all_inputs((5,), "float32", salt=90).sum(0))
+    assert_equal(gathered, members)
+    assert_equal(b, members[-1])
 
 
 def case_mlp_training():
