@@ -1,9 +1,71 @@
 """Bagua engine: process groups, communicators and collectives on any DLPack array.
 
 This package imports neither torch nor jax; the frontends ``bagua_torch`` and
-``bagua_jax`` build on it.
+``bagua_jax`` build on it. Typical use (launched by ``bagua-run`` or torchrun)::
+
+    import numpy as np, bagua_core as bc
+    bc.init_process_group()
+    x = np.full(4, bc.get_rank(), np.float32)
+    bc.allreduce_inplace(x, op=bc.ReduceOp.SUM)
 """
 
 from bagua_core._loader import _C  # noqa: F401  (loads the extension safely)
+from bagua_core.buffer import Buffer, empty, from_array, zeros
+from bagua_core.comm import (
+    ReduceOp,
+    allgather,
+    allgather_inplace,
+    allreduce,
+    allreduce_inplace,
+    alltoall,
+    alltoall_inplace,
+    alltoall_v,
+    alltoall_v_inplace,
+    barrier,
+    broadcast,
+    broadcast_object,
+    gather,
+    gather_inplace,
+    recv,
+    reduce,
+    reduce_inplace,
+    reduce_scatter,
+    reduce_scatter_inplace,
+    scatter,
+    scatter_inplace,
+    send,
+)
+from bagua_core.dlpack import DLPackView, import_array
+from bagua_core.dtypes import DType, as_dtype
+from bagua_core.errors import BaguaError, CommTimeoutError, MismatchError, PeerError
+from bagua_core.process_group import (
+    ProcessGroup,
+    destroy_process_group,
+    get_default_group,
+    get_local_rank,
+    get_local_world_size,
+    get_node_rank,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # process groups
+    "init_process_group", "is_initialized", "destroy_process_group", "new_group",
+    "get_default_group", "ProcessGroup", "get_rank", "get_world_size", "get_local_rank",
+    "get_local_world_size", "get_node_rank",
+    # primitives
+    "ReduceOp", "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace",
+    "allreduce", "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace",
+    "scatter", "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall",
+    "alltoall_inplace", "alltoall_v", "alltoall_v_inplace", "barrier",
+    # arrays
+    "Buffer", "empty", "zeros", "from_array", "DType", "as_dtype", "DLPackView", "import_array",
+    # errors
+    "BaguaError", "CommTimeoutError", "PeerError", "MismatchError",
+]

@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 CONFIGS_DEFAULT = [
@@ -42,7 +41,9 @@ def worker(args) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    store = _C._TmpFileStore(os.environ["BENCH_STORE_DIR"])
+    port = int(os.environ["MASTER_PORT"]) + 1
+    server = _C.TcpStoreServer("127.0.0.1", port) if rank == 0 else None
+    store = _C.TcpStore("127.0.0.1", port, rank, 60.0)
     comms = {}
     for i, (name, lanes, thr, seg) in enumerate(CONFIGS):
         if lanes is None:
@@ -76,6 +77,10 @@ def worker(args) -> None:
         for name, ts in times.items():
             med = statistics.median(ts)
             print(f"  {name:34s} {med * 1e3:8.1f} ms  {nbytes / med / 1e9:6.2f} GB/s")
+    dist.barrier()
+    store.close()
+    if server is not None:
+        server.close()
     dist.destroy_process_group()
 
 
@@ -91,10 +96,8 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tests.mp import launch
 
-    with tempfile.TemporaryDirectory() as d:
-        run = launch(os.path.abspath(__file__), args.nproc, timeout=300,
-                     args=["--worker", "--mib", str(args.mib), "--iters", str(args.iters)],
-                     env={"BENCH_STORE_DIR": d})
+    run = launch(os.path.abspath(__file__), args.nproc, timeout=300,
+                 args=["--worker", "--mib", str(args.mib), "--iters", str(args.iters)])
     for w in run.workers:
         sys.stdout.write(w.stdout)
         if w.returncode != 0:

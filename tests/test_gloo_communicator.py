@@ -13,7 +13,6 @@ import functools
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -157,6 +156,13 @@ def ptr(a):
     return a.ctypes.data
 
 
+def open_store(_C, rank):
+    """The rendezvous store: server on rank 0 at MASTER_PORT + 1, a client per rank."""
+    port = int(os.environ["MASTER_PORT"]) + 1
+    server = _C.TcpStoreServer("127.0.0.1", port) if rank == 0 else None
+    return server, _C.TcpStore("127.0.0.1", port, rank, 30.0)
+
+
 class Session:
     def __init__(self):
         from bagua_core import _C
@@ -164,7 +170,7 @@ class Session:
         self._C = _C
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
-        self.store = _C._TmpFileStore(os.environ["GLOO_TEST_STORE"])
+        self.server, self.store = open_store(_C, self.rank)
         self.comm = _C.create_gloo_communicator(self.store, "world", self.rank, self.world,
                                                 TIMEOUT_S, "127.0.0.1")
 
@@ -549,21 +555,21 @@ class Session:
         return out
 
 
-def kill_session():
-    """World of 3; rank 2 is SIGKILLed while a large allreduce is in flight."""
+def kill_session(victim: int):
+    """Rank `victim` is SIGKILLed while a large allreduce is in flight."""
     import numpy as np
 
     from bagua_core import _C
     from tests.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = _C._TmpFileStore(os.environ["GLOO_TEST_STORE"])
+    server, store = open_store(_C, rank)
     timeout_s = 5.0
     c = _C.create_gloo_communicator(store, "world", rank, world, timeout_s, "127.0.0.1")
     a = np.ones(8 << 20, np.float32)  # 32 MiB
     c.allreduce(ptr(a), ptr(a), 16, 0, 0)  # warm up
     c.barrier()
-    if rank == world - 1:
+    if rank == victim:
         threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
         while True:
             c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
@@ -574,7 +580,8 @@ def kill_session():
     except (_C.PeerError, _C.CommTimeoutError, _C.BaguaError) as e:
         elapsed = time.monotonic() - t0
         ok = elapsed < timeout_s + 2.0
-        report("survivor_raises", ok, "" if ok else f"took {elapsed:.1f}s",
+        ok = ok and (f"rank {victim} has died" in str(e) or "dead ranks unknown" in str(e))
+        report("survivor_raises", ok, "" if ok else f"took {elapsed:.1f}s or did not name the dead rank",
                kind=type(e).__name__, elapsed=elapsed, message=str(e))
     else:
         report("survivor_raises", False, "allreduce kept succeeding with a dead peer")
@@ -585,16 +592,25 @@ def kill_session():
     except _C.BaguaError as e:
         report("broken_afterwards", "communicator broken by an earlier failure" in str(e)
                and time.monotonic() - t0 < 0.5, str(e))
+    if victim != 0:  # rank 0 serves the store: it stays until the other survivors are done
+        store.add("survivors_done", 1)
+        deadline = time.monotonic() + 10
+        while rank == 0 and store.add("survivors_done", 0) < world - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def worker_main():
     from tests.worker import run_cases
 
     if sys.argv[1] == "kill":
-        kill_session()
+        kill_session(int(sys.argv[2]))
         return
     s = Session()
     failures = run_cases(s.cases())
+    s.comm.barrier()  # nobody needs the store (served by rank 0) any more
+    s.store.close()
+    if s.server is not None:
+        s.server.close()
     sys.exit(1 if failures else 0)
 
 
@@ -602,10 +618,8 @@ def worker_main():
 
 
 @functools.lru_cache(maxsize=None)
-def session(kind: str, world: int):
-    with tempfile.TemporaryDirectory() as d:
-        return launch(os.path.abspath(__file__), world, timeout=60, args=[kind],
-                      env={"GLOO_TEST_STORE": d})
+def session(kind: str, world: int, *args: str):
+    return launch(os.path.abspath(__file__), world, timeout=60, args=[kind, *args])
 
 
 def _case_params():
@@ -630,16 +644,19 @@ def test_session_exits_cleanly(world):
 
 
 @pytest.mark.timeout(60)
-def test_peer_killed_mid_collective():
-    run = session("kill", 3)
+@pytest.mark.parametrize("victim", [2, 0], ids=["rank2", "rank0-hosting-the-store"])
+def test_peer_killed_mid_collective(victim):
+    run = session("kill", 3, str(victim))
     assert not run.timed_out, run.summary()
-    assert run.workers[2].returncode == -signal.SIGKILL, run.summary()
+    assert run.workers[victim].returncode == -signal.SIGKILL, run.summary()
     cases = run.cases()
-    for r in (0, 1):
+    for r in {0, 1, 2} - {victim}:
         assert run.workers[r].returncode == 0, run.summary()
         rec = cases["survivor_raises"][r]
         assert rec["ok"], f"rank {r}: {rec}"
         assert "allreduce(float32" in rec["message"], rec["message"]
+        if victim != 0:
+            assert f"rank {victim} has died" in rec["message"], rec["message"]
         assert cases["broken_afterwards"][r]["ok"], cases["broken_afterwards"][r]
 
 

@@ -13,7 +13,6 @@
 #include "bindings/bindings.h"
 #include "comm/checked_communicator.h"
 #include "comm/communicator.h"
-#include "comm/gloo/tmp_file_store.h"
 #include "comm/gloo_communicator.h"
 #include "comm/registry.h"
 #include "common/error.h"
@@ -59,21 +58,9 @@ std::chrono::milliseconds to_timeout(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
 
-// TEMPORARY until the TCP store lands: the Store base and a file-backed store
-// for the communicator tests. bind_store() runs first; register only if it
-// did not.
-void bind_tmp_store(py::module_& m) {
-  if (!py::detail::get_type_info(typeid(Store)))
-    py::class_<Store, StorePtr>(m, "Store");
-  py::class_<TmpFileStore, Store, std::shared_ptr<TmpFileStore>>(m, "_TmpFileStore")
-      .def(py::init<const std::string&>(), py::arg("path"));
-}
-
 }  // namespace
 
 void bind_comm(py::module_& m) {
-  bind_tmp_store(m);
-
   py::class_<Communicator, CommunicatorPtr>(m, "Communicator", R"doc(
 A process group's communicator. Buffers are passed as integer addresses with an
 element count and a dtype code (bagua DType); every call blocks until done and

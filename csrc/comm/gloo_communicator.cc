@@ -23,10 +23,10 @@
 
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
-#include "comm/gloo/tmp_store_adapter.h"
 #include "comm/op_desc.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
+#include "store/gloo_store_adapter.h"
 
 namespace bagua {
 namespace {
@@ -381,8 +381,7 @@ class GlooCommunicator : public Communicator {
         lane.device = gloo::transport::tcp::CreateDevice(attr);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
         ctx->setTimeout(options_.timeout);
-        TmpGlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i) + "/",
-                                    options_.timeout);
+        GlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i));
         ctx->connectFullMesh(adapter, lane.device);
         lane.context = ctx;
       } catch (const TimeoutError& e) {
@@ -409,8 +408,8 @@ class GlooCommunicator : public Communicator {
 
   // Runs job(lane) for lanes 0..parts-1 at once: lane 0 on the calling
   // thread, the others on their workers. Rethrows the first failure after
-  // every lane has finished (a failure on one lane fails the others on our
-  // peers, which closes their connections to us, so none waits long).
+  // every lane has finished (a dead peer fails every lane at once; otherwise
+  // each lane's waits are bounded by the timeout).
   template <typename Job>
   void on_lanes(size_t parts, Job&& job) {
     if (parts == 1) return job(0);
@@ -559,7 +558,7 @@ class GlooCommunicator : public Communicator {
         std::this_thread::sleep_for(milliseconds(50));
       }
     } catch (const std::exception& e) {
-      return std::string("; the rendezvous store is unreachable too (") + e.what() + ")";
+      return std::string("; dead ranks unknown: ") + e.what();
     }
     if (dead.empty()) return "";
     *first_dead = dead[0];

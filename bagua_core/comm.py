@@ -1,0 +1,504 @@
+"""Communication primitives on any DLPack array (numpy, torch, JAX, CuPy, Buffer).
+
+The original Bagua's primitives, with the same arguments, except that ``comm``
+is called ``group`` (a :class:`~bagua_core.ProcessGroup`, default: the world
+group) and that ``recv`` may be ``None`` for out-of-place operations: a
+:class:`~bagua_core.Buffer` of the right shape and dtype is then allocated and
+returned (JAX arrays are immutable: view the result with
+``jax.numpy.from_dlpack``). Out-of-place operations return ``recv``; in-place
+ones return None.
+
+* Ranks (``src``, ``dst``, ``peer``) are ranks within ``group``.
+* Arrays must be C-contiguous, of a supported dtype (float32, float64, float16,
+  bfloat16, int32, int64, uint8), on the group's device; destinations must be
+  writable (JAX arrays and read-only numpy arrays are not). Violations raise
+  TypeError / ValueError before anything is sent.
+* Every call blocks until done. Empty arrays are a no-op. On a group this
+  process is not a member of, every primitive returns at once.
+* Chunked operations split the flat element order: chunk ``i`` is elements
+  ``[i*n, (i+1)*n)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import pickle
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from bagua_core._loader import _C
+from bagua_core.buffer import Buffer
+from bagua_core.dlpack import DLPackView, import_array
+from bagua_core.process_group import ProcessGroup, get_default_group
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators (values of the original Bagua)."""
+
+    SUM = 0
+    PROD = 1
+    PRODUCT = 1  # the original's name
+    MIN = 2
+    MAX = 3
+    AVG = 10
+
+
+_OP_NAMES = {"sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "product": ReduceOp.PROD,
+             "min": ReduceOp.MIN, "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG}
+
+
+def _op(op) -> int:
+    if isinstance(op, str):
+        try:
+            return int(_OP_NAMES[op.lower()])
+        except KeyError:
+            raise ValueError(f"unknown reduce op {op!r} (use one of {sorted(_OP_NAMES)})") from None
+    try:
+        if isinstance(op, bool):
+            raise TypeError
+        code = operator.index(op)
+    except TypeError:
+        raise TypeError(f"op must be a ReduceOp, an int or a name like 'sum', got {op!r}") from None
+    try:
+        return int(ReduceOp(code))
+    except ValueError:
+        raise ValueError(f"unknown reduce op {op!r}") from None
+
+
+# --- arguments ---------------------------------------------------------------
+
+
+def _group(group: Optional[ProcessGroup]) -> ProcessGroup:
+    if group is None:
+        return get_default_group()
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
+    return group
+
+
+def _view(fn: str, what: str, x, g: ProcessGroup, writable: bool) -> DLPackView:
+    if x is None:
+        raise TypeError(f"{fn}: {what} is required here")
+    try:
+        v = import_array(x)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{fn}: {what}: {e}") from e
+    if v.device_type != g.device_type:
+        raise ValueError(
+            f"{fn}: {what} is a {v.device_type} array but group '{g.name}' communicates on "
+            f"{g.device_type}"
+        )
+    index = getattr(g.comm, "device_index", None)  # device communicators (NCCL) are bound to one device
+    if index is not None and v.device_type == "cuda" and v.device_index != index:
+        raise ValueError(f"{fn}: {what} is on cuda:{v.device_index} but group '{g.name}' uses cuda:{index}")
+    if writable and v.read_only:
+        raise ValueError(
+            f"{fn}: {what} is read-only ({type(x).__name__}); JAX arrays are immutable: pass "
+            "recv=None to get a new bagua_core.Buffer, or a writable array"
+        )
+    return v
+
+
+def _output(fn: str, recv, g: ProcessGroup, shape: Tuple[int, ...], like: DLPackView):
+    """(the object to return, its view): ``recv`` checked, or a new Buffer."""
+    if recv is None:
+        buf = Buffer(list(shape), like.dtype, like.device_type, like.device_index, False)
+        return buf, import_array(buf)
+    v = _view(fn, "recv", recv, g, writable=True)
+    _same_dtype(fn, like, v)
+    return recv, v
+
+
+def _same_dtype(fn: str, a: DLPackView, b: DLPackView) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{fn}: send is {a.dtype.name} but recv is {b.dtype.name}")
+
+
+def _expect_numel(fn: str, what: str, v: DLPackView, n: int, why: str) -> None:
+    if v.numel != n:
+        raise ValueError(f"{fn}: {what} has {v.numel} elements, expected {n} ({why})")
+
+
+def _chunk(fn: str, what: str, v: DLPackView, size: int) -> int:
+    if v.numel % size:
+        raise ValueError(f"{fn}: {what} has {v.numel} elements, not a multiple of the group size {size}")
+    return v.numel // size
+
+
+def _root(fn: str, name: str, r, g: ProcessGroup) -> int:
+    try:
+        r = operator.index(r)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be an integer rank, got {r!r}") from None
+    if not 0 <= r < g.size:
+        raise ValueError(f"{fn}: {name}={r} is out of range for group '{g.name}' of size {g.size}")
+    return r
+
+
+def _counts(fn: str, name: str, xs, size: int) -> list:
+    try:
+        out = [operator.index(x) for x in xs]
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be a sequence of integers, got {xs!r}") from None
+    if len(out) != size:
+        raise ValueError(f"{fn}: {name} needs one entry per rank ({size}), got {len(out)}")
+    if any(x < 0 for x in out):
+        raise ValueError(f"{fn}: {name} has negative entries: {out}")
+    return out
+
+
+def _fits(fn: str, what: str, v: DLPackView, counts: list, displs: list) -> None:
+    need = max((c + d for c, d in zip(counts, displs) if c), default=0)
+    if need > v.numel:
+        raise ValueError(f"{fn}: {what} has {v.numel} elements but its counts/displs reach element {need}")
+
+
+def _stacked(size: int, v: DLPackView) -> Tuple[int, ...]:
+    return (size,) + tuple(v.shape)
+
+
+def _split(n: int, v: DLPackView) -> Tuple[int, ...]:
+    """Shape of one of n chunks of v: the first dimension divided when it can be."""
+    if v.shape and v.shape[0] % n == 0:
+        return (v.shape[0] // n,) + tuple(v.shape[1:])
+    return (v.numel // n,)
+
+
+def _scratch(v: DLPackView, count: int, start: Optional[int] = None) -> Buffer:
+    """A scratch Buffer of ``count`` elements like ``v``, holding ``v[start:start+count]``
+    when ``start`` is given. In-place calls use it where the engine does not
+    promise that aliased buffers work."""
+    buf = Buffer([count], v.dtype, v.device_type, v.device_index, False)
+    if start is not None:
+        _C.copy_memory(buf.address, _offset(v, start), buf.nbytes, v.device_type)
+    return buf
+
+
+def _offset(v: DLPackView, elements: int) -> int:
+    return v.address + elements * v.dtype.itemsize
+
+
+# --- point to point ----------------------------------------------------------
+
+
+def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
+    """Sends ``tensor`` to group rank ``dst`` (which calls :func:`recv`)."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    v = _view("send", "tensor", tensor, g, writable=False)
+    dst = _root("send", "dst", dst, g)
+    if v.numel:
+        g.comm.send(v.address, v.numel, int(v.dtype), dst)
+
+
+def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
+    """Receives into ``tensor`` what group rank ``src`` sends."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    v = _view("recv", "tensor", tensor, g, writable=True)
+    src = _root("recv", "src", src, g)
+    if v.numel:
+        g.comm.recv(v.address, v.numel, int(v.dtype), src)
+
+
+# --- collectives -------------------------------------------------------------
+
+
+def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+    """Copies ``tensor`` of group rank ``src`` into ``tensor`` of every rank (in place;
+    only written on the other ranks, so ``src`` may pass a read-only array)."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    src = _root("broadcast", "src", src, g)
+    v = _view("broadcast", "tensor", tensor, g, writable=g.rank != src)
+    if v.numel:
+        g.comm.broadcast(v.address, v.numel, int(v.dtype), src)
+
+
+def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None):
+    """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of ``dst``.
+    ``recv_tensor`` is only needed (and allocated when None) on ``dst``."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "reduce"
+    dst = _root(fn, "dst", dst, g)
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    code = _op(op)
+    out, r = recv_tensor, None
+    if recv_tensor is not None or g.rank == dst:
+        out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
+        _expect_numel(fn, "recv", r, s.numel, "same as send")
+    if s.numel:
+        g.comm.reduce(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), code, dst)
+    return out
+
+
+def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+    """Like :func:`reduce` with the result written over ``tensor`` on ``dst``
+    (left unchanged elsewhere)."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    dst = _root("reduce_inplace", "dst", dst, g)
+    v = _view("reduce_inplace", "tensor", tensor, g, writable=g.rank == dst)
+    code = _op(op)
+    if v.numel:
+        g.comm.reduce(v.address, v.address, v.numel, int(v.dtype), code, dst)
+
+
+def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
+    """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "allreduce"
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    code = _op(op)
+    out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
+    _expect_numel(fn, "recv", r, s.numel, "same as send")
+    if s.numel:
+        g.comm.allreduce(s.address, r.address, s.numel, int(s.dtype), code)
+    return out
+
+
+def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+    g = _group(group)
+    if not g.is_member:
+        return
+    v = _view("allreduce_inplace", "tensor", tensor, g, writable=True)
+    code = _op(op)
+    if v.numel:
+        g.comm.allreduce(v.address, v.address, v.numel, int(v.dtype), code)
+
+
+def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
+    """Concatenates every rank's ``send_tensor`` (in rank order) into ``recv_tensor``,
+    which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``)."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "allgather"
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
+    _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
+    if s.numel:
+        g.comm.allgather(s.address, r.address, s.numel, int(s.dtype))
+    return out
+
+
+def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
+    """``tensor`` holds ``size`` chunks; each rank contributes the chunk at its rank."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    v = _view("allgather_inplace", "tensor", tensor, g, writable=True)
+    n = _chunk("allgather_inplace", "tensor", v, g.size)
+    if n:
+        g.comm.allgather(_offset(v, g.rank * n), v.address, n, int(v.dtype))
+
+
+def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessGroup] = None):
+    """Like :func:`allgather`, with the result only on ``dst`` (``recv_tensor`` is
+    only needed, and allocated when None, there)."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "gather"
+    dst = _root(fn, "dst", dst, g)
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    out, r = recv_tensor, None
+    if recv_tensor is not None or g.rank == dst:
+        out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
+        _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
+    if s.numel:
+        g.comm.gather(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), dst)
+    return out
+
+
+def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGroup] = None) -> None:
+    """On ``dst``, ``tensor`` holds ``size * count`` elements and its own
+    contribution at chunk ``dst``; elsewhere it holds the ``count`` elements sent."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    fn = "gather_inplace"
+    dst = _root(fn, "dst", dst, g)
+    count = _counts(fn, "count", [count], 1)[0]
+    v = _view(fn, "tensor", tensor, g, writable=g.rank == dst)
+    if g.rank != dst:
+        _expect_numel(fn, "tensor", v, count, "count on a non-dst rank")
+        if count:
+            g.comm.gather(v.address, 0, count, int(v.dtype), dst)
+        return
+    _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on dst")
+    if count:
+        mine = _scratch(v, count, start=dst * count)
+        g.comm.gather(mine.address, v.address, count, int(v.dtype), dst)
+
+
+def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup] = None):
+    """Chunk ``i`` of ``send_tensor`` on ``src`` (``size * recv.numel`` elements; only
+    read there, may be None elsewhere) goes to ``recv_tensor`` of rank ``i``.
+    ``recv_tensor`` is required: non-src ranks could not know its shape."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "scatter"
+    src = _root(fn, "src", src, g)
+    r = _view(fn, "recv", recv_tensor, g, writable=True)
+    s = None
+    if g.rank == src or send_tensor is not None:
+        s = _view(fn, "send", send_tensor, g, writable=False)
+        _same_dtype(fn, s, r)
+        _expect_numel(fn, "send", s, g.size * r.numel, f"group size {g.size} x recv")
+    if r.numel:
+        g.comm.scatter(s.address if s is not None else 0, r.address, r.numel, int(r.dtype), src)
+    return recv_tensor
+
+
+def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+    """On ``src``, ``tensor`` holds ``size * count`` elements (chunk ``src`` stays);
+    elsewhere it receives ``count`` elements."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    fn = "scatter_inplace"
+    src = _root(fn, "src", src, g)
+    count = _counts(fn, "count", [count], 1)[0]
+    v = _view(fn, "tensor", tensor, g, writable=g.rank != src)
+    if g.rank != src:
+        _expect_numel(fn, "tensor", v, count, "count on a non-src rank")
+        if count:
+            g.comm.scatter(0, v.address, count, int(v.dtype), src)
+        return
+    _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on src")
+    if count:
+        mine = _scratch(v, count)  # chunk src already sits in place
+        g.comm.scatter(v.address, mine.address, count, int(v.dtype), src)
+
+
+def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
+    """Reduces ``send_tensor`` (``size`` chunks) across ranks; rank ``i`` receives
+    the reduction of chunk ``i``."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "reduce_scatter"
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    code = _op(op)
+    n = _chunk(fn, "send", s, g.size)
+    out, r = _output(fn, recv_tensor, g, _split(g.size, s), s)
+    _expect_numel(fn, "recv", r, n, f"send / group size {g.size}")
+    if n:
+        g.comm.reduce_scatter(s.address, r.address, n, int(s.dtype), code)
+    return out
+
+
+def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+    """The result for this rank is written over chunk ``rank`` of ``tensor``."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    fn = "reduce_scatter_inplace"
+    v = _view(fn, "tensor", tensor, g, writable=True)
+    code = _op(op)
+    n = _chunk(fn, "tensor", v, g.size)
+    if n:
+        mine = _scratch(v, n)
+        g.comm.reduce_scatter(v.address, mine.address, n, int(v.dtype), code)
+        _C.copy_memory(_offset(v, g.rank * n), mine.address, mine.nbytes, v.device_type)
+
+
+def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
+    """Chunk ``j`` of ``send_tensor`` goes to rank ``j``, which stores it as chunk
+    ``i`` (the sender's rank) of ``recv_tensor``."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "alltoall"
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    n = _chunk(fn, "send", s, g.size)
+    out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
+    _expect_numel(fn, "recv", r, s.numel, "same as send")
+    if n:
+        g.comm.alltoall(s.address, r.address, n, int(s.dtype))
+    return out
+
+
+def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
+    g = _group(group)
+    if not g.is_member:
+        return
+    v = _view("alltoall_inplace", "tensor", tensor, g, writable=True)
+    n = _chunk("alltoall_inplace", "tensor", v, g.size)
+    if n:
+        before = _scratch(v, v.numel, start=0)
+        g.comm.alltoall(before.address, v.address, n, int(v.dtype))
+
+
+def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
+               recv_counts: Sequence[int], recv_displs: Sequence[int], group: Optional[ProcessGroup] = None):
+    """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
+    rank ``j``, which stores them at ``recv_displs[i]`` (``recv_counts[i]`` of them).
+    ``recv_tensor=None`` allocates a 1-D buffer just large enough."""
+    g = _group(group)
+    if not g.is_member:
+        return recv_tensor
+    fn = "alltoall_v"
+    s = _view(fn, "send", send_tensor, g, writable=False)
+    sc, sd = _counts(fn, "send_counts", send_counts, g.size), _counts(fn, "send_displs", send_displs, g.size)
+    rc, rd = _counts(fn, "recv_counts", recv_counts, g.size), _counts(fn, "recv_displs", recv_displs, g.size)
+    _fits(fn, "send", s, sc, sd)
+    length = max((c + d for c, d in zip(rc, rd) if c), default=0)
+    out, r = _output(fn, recv_tensor, g, (length,), s)
+    _fits(fn, "recv", r, rc, rd)
+    g.comm.alltoall_v(s.address, sc, sd, r.address, rc, rd, int(s.dtype))
+    return out
+
+
+def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int],
+                       group: Optional[ProcessGroup] = None) -> None:
+    """:func:`alltoall_v` with the same counts and displacements on both sides."""
+    g = _group(group)
+    if not g.is_member:
+        return
+    fn = "alltoall_v_inplace"
+    v = _view(fn, "tensor", tensor, g, writable=True)
+    c, d = _counts(fn, "counts", counts, g.size), _counts(fn, "displs", displs, g.size)
+    _fits(fn, "tensor", v, c, d)
+    before = _scratch(v, v.numel, start=0)
+    g.comm.alltoall_v(before.address, c, d, v.address, c, d, int(v.dtype))
+
+
+def barrier(group: Optional[ProcessGroup] = None) -> None:
+    """Returns once every rank of the group has called it."""
+    g = _group(group)
+    if g.is_member:
+        g.comm.barrier()
+
+
+def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
+    """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
+    then the bytes)."""
+    g = _group(group)
+    if not g.is_member:
+        return obj
+    src = _root("broadcast_object", "src", src, g)
+    if g.rank == src:
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        length = np.array([payload.size], dtype=np.int64)
+    else:
+        length = np.zeros(1, dtype=np.int64)
+    broadcast(length, src, g)
+    if g.rank != src:
+        payload = np.empty(int(length[0]), dtype=np.uint8)
+    broadcast(payload, src, g)
+    return obj if g.rank == src else pickle.loads(payload.tobytes())
+

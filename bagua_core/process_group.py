@@ -1,0 +1,357 @@
+"""Process groups: which processes talk to each other, over which communicator.
+
+``init_process_group()`` reads the environment through :mod:`bagua_core.config`
+(torchrun's contract), starts the rendezvous store (``_C.TcpStoreServer`` on
+``MASTER_ADDR``:store port, hosted by rank 0; none for a single process) and
+connects the world group's Gloo communicator. Calling it again with the same settings returns the existing
+world group; with different settings it raises ``RuntimeError``
+(``destroy_process_group()`` first).
+
+``new_group(ranks)`` makes a sub-group. Every rank of the job calls it, in the
+same order (the groups are numbered by call order); only the members connect.
+Non-members get a group with ``is_member == False``, ``rank == -1`` and
+``comm is None``: every primitive on it returns immediately without doing
+anything.
+
+For hierarchical algorithms a group splits by node: ``intra_node_group()`` is
+the group's ranks on this node; ``inter_node_group()`` the node leaders (the
+first group rank on each node; on other ranks a non-member group). Node
+identities come from every rank's ``NODE_RANK`` / ``LOCAL_RANK``, exchanged at
+initialisation (ranks of a node need not be contiguous), so 4 processes with
+``LOCAL_WORLD_SIZE=2`` act as 2 nodes of 2. Both are created on first use and
+only their members rendezvous.
+
+Ranks passed to primitives (``src``, ``dst``, ``peer``) are ranks within the
+group, as in the original Bagua; ``group.ranks[i]`` is the global rank of group
+rank ``i``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from bagua_core import config
+from bagua_core._loader import _C
+from bagua_core.dtypes import DType
+from bagua_core.errors import BaguaError
+
+_GENERATION_KEY = "bagua/generation"
+
+
+class ProcessGroup:
+    """A set of ranks with a communicator.
+
+    Attributes: ``name`` (its store prefix), ``ranks`` (sorted global ranks),
+    ``size``, ``rank`` (this process's rank in the group, -1 when not a member),
+    ``is_member``, ``device_type`` ("cpu" for Gloo).
+    """
+
+    def __init__(self, ctx: "_Context", name: str, ranks: Sequence[int]):
+        self._ctx = ctx
+        self.name = name
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        me = ctx.settings.rank
+        self.rank = self.ranks.index(me) if me in self.ranks else -1
+        self._comm = None
+        self._handle: Optional[int] = None
+        self._intra: Optional[ProcessGroup] = None
+        self._inter: Optional[ProcessGroup] = None
+        ctx.groups.append(self)
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.comm is not None and self.comm.device_type == 1 else "cpu"
+
+    @property
+    def comm(self):
+        """The ``_C.Communicator`` (None on non-members)."""
+        self._check_alive()
+        return self._comm
+
+    @property
+    def handle(self) -> Optional[int]:
+        """Integer handle of the communicator in the engine's registry, for XLA
+        FFI calls inside ``jax.jit`` (registered on first use; None on non-members)."""
+        comm = self.comm
+        if comm is None:
+            return None
+        if self._handle is None:
+            self._handle = _C.register_communicator(comm)
+        return self._handle
+
+    def global_rank(self, group_rank: int) -> int:
+        if not 0 <= group_rank < self.size:
+            raise ValueError(f"rank {group_rank} is out of range for {self.name} of size {self.size}")
+        return self.ranks[group_rank]
+
+    def intra_node_group(self) -> "ProcessGroup":
+        """This group's ranks on this process's node (created on first use)."""
+        self._check_alive()
+        if self._intra is None:
+            node = self._ctx.node_of[self._ctx.settings.rank]
+            ranks = [r for r in self.ranks if self._ctx.node_of[r] == node]
+            self._intra = self._ctx.make_group(f"{self.name}/intra{node}", ranks)
+        return self._intra
+
+    def inter_node_group(self) -> "ProcessGroup":
+        """One rank per node: this group's first rank on each node, i.e. the ranks
+        whose local rank equals that of the group's first rank on their node
+        (created on first use; a non-member group on the other ranks)."""
+        self._check_alive()
+        if self._inter is None:
+            leaders: Dict[int, int] = {}
+            for r in self.ranks:
+                leaders.setdefault(self._ctx.node_of[r], r)
+            self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()))
+        return self._inter
+
+    def _check_alive(self) -> None:
+        if not self._ctx.alive:
+            raise RuntimeError(f"process group '{self.name}' was destroyed (destroy_process_group())")
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            _C.unregister_communicator(self._handle)
+            self._handle = None
+        comm, self._comm = self._comm, None
+        if comm is not None and hasattr(comm, "close"):
+            comm.close()
+
+    def __repr__(self) -> str:
+        who = f"rank {self.rank}/{self.size}" if self.is_member else f"non-member, size {self.size}"
+        return f"<ProcessGroup '{self.name}' {who} ranks={list(self.ranks)}>"
+
+
+class _Context:
+    """Everything an initialised process group owns."""
+
+    def __init__(self, settings: config.Settings, generation: int):
+        self.settings = settings
+        self.generation = generation
+        self.hostname = settings.hostname or _local_address(settings.master_addr)
+        self.server = None
+        self.store = None
+        self.groups: List[ProcessGroup] = []
+        self.next_group_id = 1
+        self.node_of: List[int] = []
+        self.local_of: List[int] = []
+        self.alive = True
+        self.world: Optional[ProcessGroup] = None
+
+    def connect_store(self) -> None:
+        s = self.settings
+        if s.world_size == 1:
+            return  # nobody to meet: no store, no ports
+        if s.rank == 0:
+            self.server = _C.TcpStoreServer(s.master_addr, s.store_port)
+            self.store = _C.TcpStore(s.master_addr, s.store_port, 0, s.timeout_s)
+            self.store.set(_GENERATION_KEY, str(self.generation).encode())
+            return
+        # A rank re-initialising quickly may still reach the server of the
+        # previous generation, before rank 0 closed it: wait for the new one.
+        deadline = time.monotonic() + s.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _C.CommTimeoutError(
+                    f"no rendezvous store of generation {self.generation} at "
+                    f"{s.master_addr}:{s.store_port} within {s.timeout_s} s"
+                )
+            store = None
+            try:
+                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, remaining)
+                found = int(store.get(_GENERATION_KEY, remaining))
+            except BaguaError:
+                if store is not None:
+                    store.close()
+                if time.monotonic() + 0.05 >= deadline:
+                    raise
+                time.sleep(0.05)
+                continue
+            if found == self.generation:
+                self.store = store
+                return
+            store.close()
+            if found > self.generation:
+                raise RuntimeError(
+                    f"the rendezvous store is at initialisation {found} but this process at "
+                    f"{self.generation}: every rank must call init_process_group() the same number of times"
+                )
+            time.sleep(0.05)
+
+    def make_group(self, name: str, ranks: Sequence[int]) -> ProcessGroup:
+        g = ProcessGroup(self, name, ranks)
+        if g.is_member:
+            g._comm = _C.create_gloo_communicator(
+                self.store, name, g.rank, g.size, self.settings.timeout_s, self.hostname,
+                self.settings.debug_checks,
+            )
+        return g
+
+    def exchange_node_identities(self) -> None:
+        s = self.settings
+        mine = np.array([s.node_rank, s.local_rank], dtype=np.int64)
+        everyone = np.empty((s.world_size, 2), dtype=np.int64)
+        if s.world_size == 1:
+            everyone[0] = mine
+        else:
+            self.world.comm.allgather(mine.ctypes.data, everyone.ctypes.data, 2, int(DType.int64))
+        self.node_of = [int(n) for n in everyone[:, 0]]
+        self.local_of = [int(l) for l in everyone[:, 1]]
+        seen: Dict[tuple, int] = {}
+        for r, key in enumerate(zip(self.node_of, self.local_of)):
+            if key in seen:
+                raise RuntimeError(
+                    f"ranks {seen[key]} and {r} both claim node {key[0]} local rank {key[1]}: "
+                    "check NODE_RANK / LOCAL_RANK"
+                )
+            seen[key] = r
+
+    def close(self) -> None:
+        self.alive = False
+        for g in self.groups:
+            g._close()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+_lock = threading.RLock()
+_ctx: Optional[_Context] = None
+_generation = 0
+
+
+def _local_address(master_addr: str) -> str:
+    """The local address that routes to ``master_addr`` (loopback stays loopback)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(master_addr, None, type=socket.SOCK_DGRAM)[0]
+        if ipaddress.ip_address(addr[0].split("%")[0]).is_loopback:
+            return addr[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((addr[0], 9))  # UDP: no packet is sent
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        return socket.gethostbyname(socket.gethostname())
+
+
+def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGroup:
+    """Joins the job described by the environment (or ``settings``) and returns
+    the world group. A repeated call with the same settings returns the same
+    group; with different ones it raises ``RuntimeError``."""
+    global _ctx, _generation
+    settings = config.load() if settings is None else settings
+    with _lock:
+        if _ctx is not None:
+            if _ctx.settings != settings:
+                raise RuntimeError(
+                    "init_process_group() was already called with different settings "
+                    f"({_ctx.settings} != {settings}); call destroy_process_group() first"
+                )
+            return _ctx.world
+        _generation += 1
+        ctx = _Context(settings, _generation)
+        try:
+            ctx.connect_store()
+            ctx.world = ctx.make_group("world", range(settings.world_size))
+            ctx.exchange_node_identities()
+        except BaseException:
+            ctx.close()
+            raise
+        _ctx = ctx
+        return ctx.world
+
+
+# A process that exits without destroy_process_group() still closes its
+# connections cleanly, so its peers do not take it for dead.
+atexit.register(lambda: destroy_process_group())
+
+
+def is_initialized() -> bool:
+    return _ctx is not None
+
+
+def destroy_process_group() -> None:
+    """Closes every communicator (their threads end), the store client and, on
+    rank 0, the store server. Groups created before become unusable. A no-op
+    when not initialised."""
+    global _ctx
+    with _lock:
+        ctx, _ctx = _ctx, None
+        if ctx is not None:
+            ctx.close()
+
+
+def _context() -> _Context:
+    ctx = _ctx
+    if ctx is None:
+        raise RuntimeError("bagua_core is not initialised: call bagua_core.init_process_group() first")
+    return ctx
+
+
+def get_default_group() -> ProcessGroup:
+    return _context().world
+
+
+def new_group(ranks: Optional[Sequence[int]] = None) -> ProcessGroup:
+    """A group of the given global ranks (default: all). Every rank must call it,
+    in the same order; ranks are validated and sorted."""
+    with _lock:
+        ctx = _context()
+        world = ctx.settings.world_size
+        if ranks is None:
+            ranks = range(world)
+        members = []
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+                raise TypeError(f"new_group: ranks must be integers, got {r!r}")
+            if not 0 <= r < world:
+                raise ValueError(f"new_group: rank {r} is out of range for world size {world}")
+            members.append(int(r))
+        if not members:
+            raise ValueError("new_group: ranks is empty")
+        if len(set(members)) != len(members):
+            raise ValueError(f"new_group: duplicate ranks in {list(ranks)}")
+        name = f"group{ctx.next_group_id}"
+        ctx.next_group_id += 1
+        return ctx.make_group(name, sorted(members))
+
+
+def _settings() -> config.Settings:
+    ctx = _ctx
+    return ctx.settings if ctx is not None else config.load()
+
+
+def get_rank() -> int:
+    """Global rank (from the environment when not initialised)."""
+    return _settings().rank
+
+
+def get_world_size() -> int:
+    return _settings().world_size
+
+
+def get_local_rank() -> int:
+    return _settings().local_rank
+
+
+def get_local_world_size() -> int:
+    return _settings().local_world_size
+
+
+def get_node_rank() -> int:
+    return _settings().node_rank

@@ -1,0 +1,109 @@
+// MinMaxUInt8 compression on raw addresses (Python ints). bagua_core/compression.py checks the
+// arrays and passes their addresses; these functions trust the sizes and release the GIL.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "bindings/bindings.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "kernels/compress_cpu.h"
+#include "kernels/compress_cuda.h"
+#include "kernels/minmax_uint8.h"
+
+namespace py = pybind11;
+
+namespace bagua {
+namespace bindings {
+namespace {
+
+DType to_dtype(int code) {
+  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
+  return static_cast<DType>(code);
+}
+
+size_t to_size(int64_t v, const char* what) {
+  if (v < 0) throw InvalidArgument(std::string(what) + " must not be negative");
+  return static_cast<size_t>(v);
+}
+
+const void* to_cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+void* to_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+}  // namespace
+
+void bind_compression(py::module_& m) {
+  namespace mm = minmax_uint8;
+  using release = py::call_guard<py::gil_scoped_release>;
+
+  m.attr("minmax_uint8_header_nbytes") = mm::kHeaderBytes;
+  m.attr("minmax_uint8_record_align") = mm::kRecordAlign;
+  m.def(
+      "minmax_uint8_record_nbytes", [](int64_t chunk_len) { return mm::record_bytes(to_size(chunk_len, "chunk_len")); },
+      py::arg("chunk_len"), "Bytes of one compressed chunk record (header, codes, padding).");
+  m.def(
+      "minmax_uint8_compressed_nbytes",
+      [](int64_t n, int64_t n_chunks) {
+        mm::check_compress_args(to_size(n, "n"), DType::kFloat32, to_size(n_chunks, "n_chunks"), -1);
+        return mm::compressed_size(static_cast<size_t>(n), static_cast<size_t>(n_chunks));
+      },
+      py::arg("n"), py::arg("n_chunks"), "Bytes of the compressed form of n elements in n_chunks chunks.");
+  m.def(
+      "minmax_uint8_compress",
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk) {
+        mm::compress_cpu(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"), to_ptr(dst),
+                         target_chunk);
+      },
+      py::arg("src"), py::arg("n"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk") = -1,
+      release(), "Compresses n host elements at address src into dst (see kernels/minmax_uint8.h).");
+  m.def(
+      "minmax_uint8_decompress",
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk) {
+        mm::decompress_cpu(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"), to_ptr(dst),
+                           target_chunk);
+      },
+      py::arg("src"), py::arg("n"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk") = -1,
+      release(), "Decodes host records at address src into n elements at dst.");
+  m.def(
+      "minmax_uint8_reduce_chunks",
+      [](uintptr_t src, int64_t chunk_len, int64_t n_records, int dtype, bool average, uintptr_t dst) {
+        mm::reduce_chunks_cpu(to_cptr(src), to_size(chunk_len, "chunk_len"), to_size(n_records, "n_records"),
+                              to_dtype(dtype), average, to_ptr(dst));
+      },
+      py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"),
+      release(), "Decodes n_records host records and writes their float32 sum (or mean) to dst.");
+
+#ifdef BAGUA_WITH_CUDA
+  // Device addresses and a cudaStream_t as an int (0 = legacy default stream); asynchronous.
+  m.def(
+      "minmax_uint8_compress_cuda",
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk,
+         uintptr_t stream) {
+        mm::compress_cuda(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"), to_ptr(dst),
+                          target_chunk, to_ptr(stream));
+      },
+      py::arg("src"), py::arg("n"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk"),
+      py::arg("stream"), release());
+  m.def(
+      "minmax_uint8_decompress_cuda",
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk,
+         uintptr_t stream) {
+        mm::decompress_cuda(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"),
+                            to_ptr(dst), target_chunk, to_ptr(stream));
+      },
+      py::arg("src"), py::arg("n"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk"),
+      py::arg("stream"), release());
+  m.def(
+      "minmax_uint8_reduce_chunks_cuda",
+      [](uintptr_t src, int64_t chunk_len, int64_t n_records, int dtype, bool average, uintptr_t dst,
+         uintptr_t stream) {
+        mm::reduce_chunks_cuda(to_cptr(src), to_size(chunk_len, "chunk_len"), to_size(n_records, "n_records"),
+                               to_dtype(dtype), average, to_ptr(dst), to_ptr(stream));
+      },
+      py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"),
+      py::arg("dst"), py::arg("stream"), release());
+#endif
+}
+
+}  // namespace bindings
+}  // namespace bagua

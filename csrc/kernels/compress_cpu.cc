@@ -1,0 +1,139 @@
+// Host loops of MinMaxUInt8 compression over the element functions of minmax_uint8.h.
+// Each loop is dispatched on the dtype once and has no data-dependent branch, so the compiler
+// vectorises it.
+//
+// GCC if-converts (and so vectorises) the float selects of the element math only when it may
+// assume that float compares raise no trap; this changes no value, and nothing here reads the
+// floating-point exception flags. Contracting a*b+c into an FMA would change values (round_even
+// relies on x * scale being rounded before 2^23 is added), so it is off, as it is in the CUDA code.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("no-trapping-math", "fp-contract=off")
+#endif
+#include "kernels/compress_cpu.h"
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/minmax_uint8.h"
+
+namespace bagua {
+namespace minmax_uint8 {
+namespace {
+
+// Integer min/max/or reductions: the compiler vectorises them without reassociating floats.
+template <typename T>
+Stats chunk_stats(const T* x, size_t len) {
+  Stats s = stats_init();
+  for (size_t i = 0; i < len; ++i) stats_add(s, load_f32(x[i]));
+  return s;
+}
+
+template <typename T>
+void encode_codes(const T* x, size_t len, Encoder e, uint8_t* codes) {
+  for (size_t i = 0; i < len; ++i) codes[i] = encode(load_f32(x[i]), e);
+}
+
+template <typename T>
+void decode_codes(const uint8_t* codes, size_t len, Decoder d, T* out) {
+  for (size_t i = 0; i < len; ++i) out[i] = store_f32<T>(decode(codes[i], d));
+}
+
+Header read_header(const uint8_t* record) {
+  Header h;
+  std::memcpy(&h, record, sizeof(h));
+  return h;
+}
+
+template <typename T>
+void compress_chunk(const T* x, size_t len, uint8_t* record) {
+  const Header h = make_header(chunk_stats(x, len));
+  std::memcpy(record, &h, sizeof(h));
+  encode_codes(x, len, make_encoder(h.min, h.max), record + kHeaderBytes);
+  std::memset(record + kHeaderBytes + len, 0, record_bytes(len) - kHeaderBytes - len);
+}
+
+template <typename T>
+void reduce_chunks_typed(const uint8_t* src, size_t chunk_len, size_t n_records, bool average, T* out) {
+  std::vector<Decoder> decoders(n_records);
+  for (size_t r = 0; r < n_records; ++r) {
+    const Header h = read_header(record_ptr(src, chunk_len, r));
+    decoders[r] = make_decoder(h.min, h.max);
+  }
+  const float divisor = average ? static_cast<float>(n_records) : 1.0f;
+  constexpr size_t kTile = 2048;  // float32 sums of one tile stay in L1
+  float acc[kTile];
+  for (size_t t0 = 0; t0 < chunk_len; t0 += kTile) {
+    const size_t tl = chunk_len - t0 < kTile ? chunk_len - t0 : kTile;
+    for (size_t i = 0; i < tl; ++i) acc[i] = 0.0f;
+    for (size_t r = 0; r < n_records; ++r) {
+      const uint8_t* codes = record_ptr(src, chunk_len, r) + kHeaderBytes + t0;
+      const Decoder d = decoders[r];
+      for (size_t i = 0; i < tl; ++i) acc[i] += decode(codes[i], d);
+    }
+    for (size_t i = 0; i < tl; ++i) out[t0 + i] = store_f32<T>(acc[i] / divisor);
+  }
+}
+
+void chunk_range(size_t n_chunks, int64_t target_chunk, size_t* first, size_t* last) {
+  *first = target_chunk < 0 ? 0 : static_cast<size_t>(target_chunk);
+  *last = target_chunk < 0 ? n_chunks : *first + 1;
+}
+
+}  // namespace
+
+void check_compress_args(size_t n, DType dtype, size_t n_chunks, int64_t target_chunk) {
+  dispatch_float_dtype(dtype, [](auto) {});
+  if (n_chunks == 0) throw InvalidArgument("MinMaxUInt8: n_chunks must be at least 1");
+  if (n % n_chunks != 0)
+    throw InvalidArgument("MinMaxUInt8: number of elements " + std::to_string(n) + " is not divisible by n_chunks " +
+                          std::to_string(n_chunks));
+  if (target_chunk < -1 || (target_chunk >= 0 && static_cast<size_t>(target_chunk) >= n_chunks))
+    throw InvalidArgument("MinMaxUInt8: target_chunk " + std::to_string(target_chunk) +
+                          " is neither -1 (all chunks) nor a chunk index below " + std::to_string(n_chunks));
+}
+
+void check_reduce_args(size_t /*chunk_len*/, size_t n_records, DType dtype) {
+  dispatch_float_dtype(dtype, [](auto) {});
+  if (n_records == 0) throw InvalidArgument("MinMaxUInt8: reduce_chunks needs at least one record");
+}
+
+void compress_cpu(const void* src, size_t n, DType dtype, size_t n_chunks, void* dst, int64_t target_chunk) {
+  check_compress_args(n, dtype, n_chunks, target_chunk);
+  const size_t len = n / n_chunks;
+  size_t first, last;
+  chunk_range(n_chunks, target_chunk, &first, &last);
+  dispatch_float_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(src);
+    for (size_t k = first; k < last; ++k) compress_chunk(x + k * len, len, record_ptr(dst, len, k));
+  });
+}
+
+void decompress_cpu(const void* src, size_t n, DType dtype, size_t n_chunks, void* dst, int64_t target_chunk) {
+  check_compress_args(n, dtype, n_chunks, target_chunk);
+  const size_t len = n / n_chunks;
+  size_t first, last;
+  chunk_range(n_chunks, target_chunk, &first, &last);
+  dispatch_float_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(dst);
+    for (size_t k = first; k < last; ++k) {
+      const uint8_t* record = record_ptr(src, len, k);
+      const Header h = read_header(record);
+      decode_codes(record + kHeaderBytes, len, make_decoder(h.min, h.max), out + k * len);
+    }
+  });
+}
+
+void reduce_chunks_cpu(const void* src, size_t chunk_len, size_t n_records, DType dtype, bool average, void* dst) {
+  check_reduce_args(chunk_len, n_records, dtype);
+  dispatch_float_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    reduce_chunks_typed(static_cast<const uint8_t*>(src), chunk_len, n_records, average, static_cast<T*>(dst));
+  });
+}
+
+}  // namespace minmax_uint8
+}  // namespace bagua
