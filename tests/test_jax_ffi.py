@@ -51,6 +51,8 @@ _sessions: dict = {}
 
 def _session(world_size: int):
     if world_size not in _sessions:
+        pytest.importorskip("jax")
+        pytest.importorskip("optax")
         from tests.mp import launch
 
         _sessions[world_size] = launch(os.path.abspath(__file__), world_size, timeout=120)
