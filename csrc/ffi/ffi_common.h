@@ -24,15 +24,14 @@ bool to_engine_dtype(xffi::DataType t, DType* out);
 // Throws bagua::InvalidArgument (unknown handle, wrong device).
 CommunicatorPtr communicator_for(int64_t handle, DeviceType device);
 
-// Runs `body`, turning any engine exception into an ffi::Error whose message
-// names the engine's error class, e.g. "bagua PeerError: ...". XLA surfaces it
-// in Python as a runtime error raised by the jitted call.
-template <typename Body>
-xffi::Error guarded(const char* what, Body&& body);
-
-// Error codes per engine exception (XLA prints them, e.g. "DEADLINE_EXCEEDED:").
+// The exception being handled as an ffi::Error: the code follows the engine's
+// class (TimeoutError -> DEADLINE_EXCEEDED, PeerError -> UNAVAILABLE,
+// MismatchError -> FAILED_PRECONDITION, InvalidArgument -> INVALID_ARGUMENT,
+// others -> INTERNAL) and the message names it: "bagua allreduce: PeerError: ...".
 xffi::Error error_from_current_exception(const char* what);
 
+// Runs `body`, turning any exception into an ffi::Error, which XLA surfaces in
+// Python as a runtime error raised by the jitted call (never a crash).
 template <typename Body>
 xffi::Error guarded(const char* what, Body&& body) {
   try {
