@@ -18,10 +18,13 @@ A frontend uses it in three moves:
    first failure, naming the bucket and its tensors (``CommTimeoutError`` for a
    tensor never marked ready or a stuck peer, ``PeerError`` for a dead one).
 
-Decentralized averaging communicates weights: mark every bucket ready at the
-start of forward (``engine.mark_all_ready()``), ``wait()`` after backward, then
-``op.copy_back()`` for each bucket's :class:`DecentralizedOp` before the
-optimizer step.
+Decentralized averaging communicates weights (buckets over the parameters):
+at the start of EVERY training forward call ``engine.mark_all_ready()`` (the
+op counts steps and communicates on steps 0, k, 2k, ...; on the others it does
+nothing), ``wait()`` after backward, then ``op.copy_back()`` for each bucket's
+:class:`DecentralizedOp` (weights <- peer average; a no-op on steps that did not
+communicate) before ``optimizer.step()``. Forward and backward only read the
+weights while the comm thread averages them into the op's own peer buffer.
 
 Example (numpy)::
 

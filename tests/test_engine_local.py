@@ -135,6 +135,24 @@ def test_bucket_layout_padding_and_views(eng):
     np.testing.assert_array_equal(np.asarray(view), [-1] * 5)
 
 
+def test_views_export_dlpack(eng):
+    b = eng.add_bucket("b", [("x", (2, 3)), ("y", (4,))], "float32")
+    x = np.from_dlpack(b.view("x"))
+    assert x.shape == (2, 3) and x.dtype == np.float32
+    x[...] = 7
+    np.testing.assert_array_equal(np.asarray(b.flat_view())[:6], 7)
+    assert x.ctypes.data == b.view("x").address
+    assert b.view("y").__dlpack_device__() == (1, 0)
+    with pytest.raises(BufferError):
+        b.view("y").__dlpack__(copy=True)
+    y = np.from_dlpack(b.view("y"))
+    eng.close()
+    del b
+    gc.collect()
+    y[...] = 1  # the export keeps the memory alive
+    assert y.sum() == 4
+
+
 def test_bucket_bad_input(eng):
     with pytest.raises(ValueError, match="twice"):
         eng.add_bucket("b", [("x", (1,)), ("x", (2,))], "float32")
@@ -346,7 +364,7 @@ def test_op_validation(eng, comm):
         f.append_centralized_allreduce(hierarchical=True)
     with pytest.raises(ValueError):
         E.Engine(comm, timeout_s=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="comm"):
         E.Engine(None)
     assert f.ops() == [] and i.ops() == []
 

@@ -118,7 +118,7 @@ class Worker:
     def run_centralized(self, case, dtype, average, hierarchical=False):
         np = self.np
         eng = self.engine(hierarchical)
-        buckets = eng.create_buckets([(n, s, dtype) for n, s in self.DECLS], bucket_bytes=100)
+        buckets = eng.create_buckets([(n, s, dtype) for n, s in self.DECLS], bucket_bytes=25 * np.dtype(dtype).itemsize)
         assert len(buckets) > 2
         for b in buckets:
             b.append_centralized_allreduce(hierarchical=hierarchical, average=average)

@@ -16,6 +16,7 @@
 #include "bucket/bucket.h"
 #include "bucket/plan.h"
 #include "comm/communicator.h"
+#include "dlpack/export.h"
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
@@ -28,8 +29,8 @@ namespace bindings {
 namespace {
 
 // A typed window on engine memory (a bucket, one of its slots, or a peer
-// buffer). numpy views it zero-copy through __array_interface__; the view
-// keeps the memory alive.
+// buffer), exported zero-copy through DLPack (and __array_interface__ for
+// numpy). Views and their exports keep the memory alive.
 struct MemoryView {
   std::shared_ptr<void> owner;
   void* data;
@@ -65,6 +66,62 @@ py::dict array_interface(const MemoryView& v) {
   d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(v.data), false);
   d["version"] = 3;
   return d;
+}
+
+// ---- DLPack export (host memory, views only) ----
+constexpr const char* kLegacyName = "dltensor";
+constexpr const char* kVersionedName = "dltensor_versioned";
+
+void versioned_capsule_destructor(PyObject* cap) {
+  if (PyCapsule_IsValid(cap, kVersionedName)) {
+    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
+    if (t && t->deleter) t->deleter(t);
+  }
+}
+
+void legacy_capsule_destructor(PyObject* cap) {
+  if (PyCapsule_IsValid(cap, kLegacyName)) {
+    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
+    if (t && t->deleter) t->deleter(t);
+  }
+}
+
+[[noreturn]] void raise_buffer_error(const std::string& msg) {
+  PyErr_SetString(PyExc_BufferError, msg.c_str());
+  throw py::error_already_set();
+}
+
+py::object export_view(const MemoryView& v, py::object stream, py::object max_version, py::object dl_device,
+                       py::object copy) {
+  // stream is irrelevant on the host. Views only: the point is sharing memory.
+  if (!copy.is_none() && copy.cast<bool>())
+    raise_buffer_error("engine memory is exported as views only (copy=True is not supported)");
+  const DLDevice dev{kDLCPU, 0};
+  if (!dl_device.is_none()) {
+    auto want = dl_device.cast<std::pair<int, int>>();
+    if (want.first != dev.device_type || want.second != dev.device_id)
+      raise_buffer_error("engine memory cannot be exported to another device");
+  }
+  ExportSpec spec{v.owner, v.data, v.shape, v.dtype, dev, false, false};
+  bool versioned = false;
+  if (!max_version.is_none()) versioned = max_version.cast<std::pair<int, int>>().first >= DLPACK_MAJOR_VERSION;
+  PyObject* cap;
+  if (versioned) {
+    DLManagedTensorVersioned* t = export_versioned(std::move(spec));
+    cap = PyCapsule_New(t, kVersionedName, versioned_capsule_destructor);
+    if (cap == nullptr) {
+      t->deleter(t);
+      throw py::error_already_set();
+    }
+  } else {
+    DLManagedTensor* t = export_legacy(std::move(spec));
+    cap = PyCapsule_New(t, kLegacyName, legacy_capsule_destructor);
+    if (cap == nullptr) {
+      t->deleter(t);
+      throw py::error_already_set();
+    }
+  }
+  return py::reinterpret_steal<py::object>(cap);
 }
 
 MemoryView slot_view(const BucketPtr& b, size_t i) {
@@ -126,9 +183,14 @@ void bind_engine(py::module_& m) {
         "The decentralized shift_one partner of rank among n (even) peers at communication comm_step.");
 
   py::class_<MemoryView>(m, "MemoryView", R"doc(
-Engine memory (a bucket, one of its tensors, or a peer buffer), viewed zero-copy:
-``numpy.asarray(view)`` (through ``__array_interface__``; bfloat16 shows as
-uint16 bits) or by address. The view keeps the memory alive.)doc")
+Engine memory (a bucket, one of its tensors, or a peer buffer), viewed zero-copy
+through DLPack (``torch.from_dlpack(view)``, ``jax.numpy.from_dlpack(view)``,
+``numpy.from_dlpack(view)``), ``numpy.asarray(view)`` (``__array_interface__``;
+bfloat16 shows as uint16 bits) or by address. Views and their exports keep the
+memory alive.)doc")
+      .def("__dlpack__", &export_view, py::kw_only(), py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__", [](const MemoryView&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
       .def_property_readonly("address", [](const MemoryView& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("shape", [](const MemoryView& v) { return v.shape; })
       .def_property_readonly("dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")

@@ -76,11 +76,12 @@ std::string Bucket::list_slots(const std::vector<size_t>& indices, size_t max_na
   return out;
 }
 
-std::string Bucket::describe(size_t max_names) const {
+std::string Bucket::describe(const std::string& position, size_t max_names) const {
   std::vector<size_t> real;
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].is_padding) real.push_back(i);
-  return "bucket '" + name_ + "' (" + dtype_name(dtype_) + ", tensors: " + list_slots(real, max_names) + ")";
+  return "bucket '" + name_ + "' (" + (position.empty() ? "" : position + ", ") + dtype_name(dtype_) +
+         ", tensors: " + list_slots(real, max_names) + ")";
 }
 
 }  // namespace bagua

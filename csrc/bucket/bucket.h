@@ -56,8 +56,9 @@ class Bucket {
   const Slot& slot(size_t index) const;  // throws InvalidArgument when out of range
   void* slot_data(size_t index) const;
 
-  // "bucket 'b0' (tensors: a, b, c and 4 more)" for error messages.
-  std::string describe(size_t max_names = 8) const;
+  // "bucket 'b0' (float32, tensors: 'a', 'b' and 4 more)" for error messages;
+  // `position` (e.g. "#1 of 3") is shown first when given.
+  std::string describe(const std::string& position = "", size_t max_names = 8) const;
   // Names of the given slots, at most max_names of them, then "and N more".
   std::string list_slots(const std::vector<size_t>& indices, size_t max_names = 8) const;
 

@@ -1,20 +1,15 @@
 #include "bucket/host_memory.h"
 
-#include <cstdlib>
-#include <cstring>
-#include <string>
-
-#include "common/error.h"
+#include "buffer/buffer.h"
 
 namespace bagua {
 
+static_assert(kBucketAlignmentBytes == kHostAlignment, "buckets use the buffers' host alignment");
+
 std::shared_ptr<void> allocate_host_memory(size_t nbytes) {
-  size_t rounded = (nbytes + kBucketAlignmentBytes - 1) / kBucketAlignmentBytes * kBucketAlignmentBytes;
-  if (rounded == 0) rounded = kBucketAlignmentBytes;
-  void* p = std::aligned_alloc(kBucketAlignmentBytes, rounded);
-  if (p == nullptr) throw Error("cannot allocate " + std::to_string(nbytes) + " bytes of host memory");
-  std::memset(p, 0, rounded);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  std::shared_ptr<Storage> storage = Storage::allocate(nbytes, DeviceType::kCPU, 0, /*zero=*/true);
+  void* data = storage->data();
+  return std::shared_ptr<void>(std::move(storage), data);  // aliases the Storage's lifetime
 }
 
 }  // namespace bagua

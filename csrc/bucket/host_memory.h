@@ -1,5 +1,6 @@
 // Zeroed, 64-byte aligned host memory for buckets and op scratch buffers
-// (JAX views host memory zero-copy only when it is 64-byte aligned).
+// (a bagua::Storage, see buffer/buffer.h; JAX views host memory zero-copy only
+// when it is 64-byte aligned).
 #pragma once
 
 #include <cstddef>

@@ -256,8 +256,7 @@ void Engine::comm_loop() {
     entries_[index].timing.end_ns = monotonic_ns();
     finished_ = index + 1;
     if (error) {
-      const std::string prefix = bucket->describe() + ", bucket #" + std::to_string(index) + ", failed in " +
-                                 failed_op + ": ";
+      const std::string prefix = bucket->describe(position(index)) + " failed in " + failed_op + ": ";
       fail_locked(with_prefix(error, prefix));
     }
     done_cv_.notify_all();
@@ -288,13 +287,16 @@ void Engine::reset_step_locked() {
   in_step_ = false;
 }
 
+std::string Engine::position(size_t index) const {
+  return "#" + std::to_string(index) + " of " + std::to_string(entries_.size());
+}
+
 std::string Engine::unready_report_locked() const {
   const Entry& first = entries_[next_launch_];
   std::vector<size_t> missing;
   for (size_t s = 0; s < first.ready.size(); ++s)
     if (!first.ready[s]) missing.push_back(s);
-  std::string msg = first.bucket->describe() + ", bucket #" + std::to_string(next_launch_) + " of " +
-                    std::to_string(entries_.size()) + ", did not launch within " + seconds(timeout_) +
+  std::string msg = first.bucket->describe(position(next_launch_)) + " did not launch within " + seconds(timeout_) +
                     " of wait(): tensors never marked ready: " + first.bucket->list_slots(missing) + " (" +
                     std::to_string(first.ready_count - first.padding_count) + " of " +
                     std::to_string(first.ready.size() - first.padding_count) + " ready)";
@@ -347,7 +349,7 @@ void Engine::wait() {
     } else {
       const Entry& e = entries_[finished_];
       fail_locked(std::make_exception_ptr(TimeoutError(
-                      e.bucket->describe() + ", bucket #" + std::to_string(finished_) + ", did not finish within " +
+                      e.bucket->describe(position(finished_)) + " did not finish within " +
                       seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
                       " of its start (a peer may be stuck)")));
     }

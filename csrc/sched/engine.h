@@ -111,6 +111,7 @@ class Engine {
   void reset_step_locked();
   void fail_locked(std::exception_ptr error);
   std::string unready_report_locked() const;
+  std::string position(size_t index) const;  // "#i of n"
   void comm_loop();
 
   CommSet comms_;
