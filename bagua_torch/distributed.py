@@ -108,6 +108,10 @@ class BaguaDistributedDataParallel:
             raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
         if not group.is_member:
             raise ValueError(f"this process (rank {bagua_core.get_rank()}) is not a member of {group!r}")
+        if group.device_type != "cpu":
+            # the engine's buckets are host memory so far
+            raise NotImplementedError(f"with_bagua trains on CPU (Gloo) groups only for now; {group!r} "
+                                      f"communicates on {group.device_type}")
 
         self.module = module
         self.optimizers: List[torch.optim.Optimizer] = optimizers
