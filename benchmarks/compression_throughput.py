@@ -1,10 +1,10 @@
 """CPU throughput of MinMaxUInt8 compress / decompress / reduce_chunks (single thread).
 
-    PYTHONPATH=$PWD python benchmarks/compression_throughput.py [--mib 64] [--repeat 5]
+    PYTHONPATH=$PWD python benchmarks/compression_throughput.py [--mib 64] [--repeat 5] [--dtype float16]
 
-GB/s are counted on the uncompressed float bytes (input of compress, output of decompress), per
-second of this process's CPU time (the calls are single-threaded), so that other load on a shared
-machine distorts them less than wall time would.
+GB/s are counted on the uncompressed bytes (input of compress, output of decompress), G el/s in
+elements, per second of this process's CPU time (the calls are single-threaded), so that other load
+on a shared machine distorts them less than wall time would. bfloat16 needs ml_dtypes.
 """
 
 import argparse
@@ -25,29 +25,42 @@ def best_seconds(fn, repeat):
     return min(times)
 
 
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def rates(nbytes, n, seconds):
+    return f"{nbytes / seconds / 1e9:.2f} GB/s ({n / seconds / 1e9:.3f} G el/s)"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     args = p.parse_args()
-    n = args.mib * 2**20 // 4
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    gb = x.nbytes / 1e9
+    dtype = numpy_dtype(args.dtype)
+    n = args.mib * 2**20 // dtype.itemsize
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).astype(dtype)
     for n_chunks in (1, 8):
         c = compression.compress(x, n_chunks)
         y = np.empty_like(x)
         tc = best_seconds(lambda: compression.compress(x, n_chunks, out=c), args.repeat)
-        td = best_seconds(lambda: compression.decompress(c, n, np.float32, n_chunks, out=y), args.repeat)
+        td = best_seconds(lambda: compression.decompress(c, n, dtype, n_chunks, out=y), args.repeat)
         print(
-            f"float32 {args.mib} MiB, n_chunks={n_chunks}: compress {gb / tc:.2f} GB/s, "
-            f"decompress {gb / td:.2f} GB/s, compress+decompress {gb / (tc + td):.2f} GB/s"
+            f"{args.dtype} {args.mib} MiB, n_chunks={n_chunks}: compress {rates(x.nbytes, n, tc)}, "
+            f"decompress {rates(x.nbytes, n, td)}, compress+decompress {rates(x.nbytes, n, tc + td)}"
         )
     n_records = 8
     chunk_len = n // n_records
     c = compression.compress(x, n_records)
-    r = np.empty(chunk_len, np.float32)
-    tr = best_seconds(lambda: compression.reduce_chunks(c, chunk_len, n_records, np.float32, out=r), args.repeat)
-    print(f"reduce_chunks of {n_records} records ({args.mib} MiB decoded): {gb / tr:.2f} GB/s")
+    r = np.empty(chunk_len, dtype)
+    tr = best_seconds(lambda: compression.reduce_chunks(c, chunk_len, n_records, dtype, out=r), args.repeat)
+    print(f"reduce_chunks of {n_records} records ({args.mib} MiB decoded): {rates(x.nbytes, n, tr)}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Run on N processes (default 2) in one go, both libraries in the same
 processes, measurements interleaved so that machine noise hits both alike:
 
-    PYTHONPATH=$PWD python tests/bench_gloo_allreduce.py [--mib 64] [--iters 5] [--nproc 2]
+    PYTHONPATH=$PWD python tests/bench_gloo_allreduce.py [--mib 64] [--iters 5] [--nproc 2] [--dtype float16]
 
 Prints algorithm bandwidth (buffer bytes / time) per configuration, median of
 the iterations. torch uses MASTER_PORT, bagua's store MASTER_PORT + 1.
@@ -33,7 +33,6 @@ if os.environ.get("BENCH_CONFIGS"):
 
 
 def worker(args) -> None:
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -51,9 +50,11 @@ def worker(args) -> None:
         else:
             comms[name] = _C._create_gloo_communicator_tuned(store, f"bench{i}", rank, world, 60.0,
                                                              "127.0.0.1", lanes, thr, seg)
-    n = args.mib * (1 << 20) // 4
-    a = np.ones(n, np.float32)
-    t = torch.ones(n)
+    codes = {"float32": 0, "float16": 2, "bfloat16": 3}
+    size = 4 if args.dtype == "float32" else 2
+    n = args.mib * (1 << 20) // size
+    t = torch.ones(n, dtype=getattr(torch, args.dtype))
+    a = t.clone()
     times = {"torch.distributed gloo": []}
     times.update({name: [] for name in comms})
 
@@ -68,12 +69,12 @@ def worker(args) -> None:
         if it:
             times["torch.distributed gloo"].append(d)
         for name, c in comms.items():
-            d = timed(lambda: c.allreduce(a.ctypes.data, a.ctypes.data, n, 0, 0))
+            d = timed(lambda: c.allreduce(a.data_ptr(), a.data_ptr(), n, codes[args.dtype], 0))
             if it:
                 times[name].append(d)
     if rank == 0:
-        nbytes = n * 4
-        print(f"allreduce float32 {args.mib} MiB, {world} processes, median of {args.iters}:")
+        nbytes = n * size
+        print(f"allreduce {args.dtype} {args.mib} MiB, {world} processes, median of {args.iters}:")
         for name, ts in times.items():
             med = statistics.median(ts)
             print(f"  {name:34s} {med * 1e3:8.1f} ms  {nbytes / med / 1e9:6.2f} GB/s")
@@ -89,6 +90,7 @@ def main() -> None:
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--worker", action="store_true")
     args = p.parse_args()
     if args.worker:
@@ -97,7 +99,7 @@ def main() -> None:
     from tests.mp import launch
 
     run = launch(os.path.abspath(__file__), args.nproc, timeout=300,
-                 args=["--worker", "--mib", str(args.mib), "--iters", str(args.iters)])
+                 args=["--worker", "--mib", str(args.mib), "--iters", str(args.iters), "--dtype", args.dtype])
     for w in run.workers:
         sys.stdout.write(w.stdout)
         if w.returncode != 0:

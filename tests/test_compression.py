@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bagua_core import _C, compression
+from bagua_core import _C, Buffer, DType, as_dtype, compression, from_array
 from tests.reference import minmax_uint8 as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -25,13 +25,31 @@ def random_data(n, dtype, seed, kind="normal"):
     return x.astype(dtype)
 
 
+def host(a):
+    """A numpy view of an allocated output (bagua_core.Buffer) or a numpy copy of a torch tensor."""
+    if isinstance(a, Buffer):
+        return a.numpy()
+    if type(a).__module__.startswith("torch"):
+        return from_array(a.cpu()).numpy()  # torch bfloat16 too (numpy has none)
+    return np.asarray(a)
+
+
+def allocated(buf, dtype, size):
+    """Checks that buf is a new 1-D core Buffer of `size` elements of `dtype`; returns its numpy view."""
+    assert isinstance(buf, Buffer)
+    assert buf.dtype == as_dtype(dtype) and buf.shape == (size,) and buf.device_type == "cpu"
+    a = buf.numpy()
+    assert a.dtype == np.dtype(dtype) and a.shape == (size,) and a.ctypes.data == buf.address  # zero-copy
+    return a
+
+
 def f32(a):
-    return np.asarray(a).astype(np.float32)
+    return host(a).astype(np.float32)
 
 
 def assert_same_bytes(got, want, chunk_len, n_chunks):
     """Headers equal as floats (NaN == NaN, -0 == +0), every other byte identical."""
-    got, want = np.asarray(got), np.asarray(want)
+    got, want = host(got), host(want)
     assert got.shape == want.shape
     rb = ref.record_nbytes(chunk_len)
     for k in range(n_chunks):
@@ -53,9 +71,12 @@ def test_record_size_is_64_byte_multiple(chunk_len):
 
 def test_allocated_outputs_are_64_byte_aligned():
     c = compression.compress(np.ones(100, np.float32), 4)
-    assert c.ctypes.data % 64 == 0
+    assert isinstance(c, Buffer) and c.address % 64 == 0
+    assert np.from_dlpack(c).ctypes.data == c.address
     d = compression.decompress(c, 100, np.float32, 4)
-    assert d.ctypes.data % 64 == 0
+    assert isinstance(d, Buffer) and d.address % 64 == 0
+    r = compression.reduce_chunks(c, 25, 4, np.float32)
+    assert isinstance(r, Buffer) and r.address % 64 == 0
 
 
 # ---- codes and decoded values against the reference --------------------------------------------
@@ -67,7 +88,7 @@ def test_allocated_outputs_are_64_byte_aligned():
 def test_compress_matches_reference(dtype, n_chunks, chunk_len):
     x = random_data(n_chunks * chunk_len, dtype, seed=chunk_len * 10 + n_chunks)
     c = compression.compress(x, n_chunks)
-    assert c.dtype == np.uint8 and c.size == ref.compressed_nbytes(x.size, n_chunks)
+    allocated(c, np.uint8, ref.compressed_nbytes(x.size, n_chunks))
     assert_same_bytes(c, ref.compress(x, n_chunks), chunk_len, n_chunks)
 
 
@@ -78,9 +99,8 @@ def test_decompress_matches_reference_and_input(dtype, n_chunks, kind):
     chunk_len = 517
     x = random_data(n_chunks * chunk_len, dtype, seed=n_chunks, kind=kind)
     c = compression.compress(x, n_chunks)
-    y = compression.decompress(c, x.size, dtype, n_chunks)
-    assert y.dtype == np.dtype(dtype) and y.shape == (x.size,)
-    np.testing.assert_array_equal(y, ref.decompress(c, x.size, n_chunks, dtype))
+    y = allocated(compression.decompress(c, x.size, dtype, n_chunks), dtype, x.size)
+    np.testing.assert_array_equal(y, ref.decompress(host(c), x.size, n_chunks, dtype))
     # Within one quantisation step of the input (half a step plus the output dtype's rounding).
     for k in range(n_chunks):
         xs, ys = f32(x[k * chunk_len : (k + 1) * chunk_len]), f32(y[k * chunk_len : (k + 1) * chunk_len])
@@ -90,33 +110,67 @@ def test_decompress_matches_reference_and_input(dtype, n_chunks, kind):
 
 def test_decoded_error_is_at_most_half_a_step_in_float32():
     x = random_data(10000, np.float32, seed=7)
-    y = compression.decompress(compression.compress(x, 1), x.size, np.float32, 1)
+    y = host(compression.decompress(compression.compress(x, 1), x.size, np.float32, 1))
     step = (x.max() - x.min() + 1e-7) / 255
     assert np.max(np.abs(y - x)) <= 0.5 * step * (1 + 1e-4)
 
 
 def test_multidimensional_input_is_flattened():
     x = random_data(24, np.float32, seed=1).reshape(2, 3, 4)
-    np.testing.assert_array_equal(compression.compress(x, 2), compression.compress(x.reshape(-1), 2))
+    np.testing.assert_array_equal(host(compression.compress(x, 2)), host(compression.compress(x.reshape(-1), 2)))
 
 
 def test_accepts_torch_and_jax_cpu_arrays():
     torch = pytest.importorskip("torch")
     jnp = pytest.importorskip("jax.numpy")
     x = random_data(96, np.float32, seed=3)
-    want = compression.compress(x, 3)
-    np.testing.assert_array_equal(compression.compress(torch.from_numpy(x.copy()), 3), want)
-    np.testing.assert_array_equal(compression.compress(jnp.asarray(x), 3), want)
+    want = host(compression.compress(x, 3))
+    np.testing.assert_array_equal(host(compression.compress(torch.from_numpy(x.copy()), 3)), want)
+    np.testing.assert_array_equal(host(compression.compress(jnp.asarray(x), 3)), want)
     # torch tensors as outputs are written in place and returned.
     out = torch.zeros(want.size, dtype=torch.uint8)
     assert compression.compress(x, 3, out=out) is out
     np.testing.assert_array_equal(out.numpy(), want)
     y = torch.zeros(96, dtype=torch.float16)
-    compression.decompress(want, 96, torch.float16, 3, out=y)
+    assert compression.decompress(want, 96, torch.float16, 3, out=y) is y
     np.testing.assert_array_equal(y.numpy(), ref.decompress(want, 96, 3, np.float16))
-    # jax bfloat16 arrays (numpy refuses their DLPack export) come in through __array__.
+    # bfloat16 from numpy (ml_dtypes), torch and jax alike, as inputs and outputs.
     xb = x.astype(ml_dtypes.bfloat16)
-    np.testing.assert_array_equal(compression.compress(jnp.asarray(xb), 3), compression.compress(xb, 3))
+    want_b = host(compression.compress(xb, 3))
+    tb = torch.from_numpy(x).to(torch.bfloat16)  # rounds like ml_dtypes: the same values as xb
+    np.testing.assert_array_equal(host(compression.compress(tb, 3)), want_b)
+    np.testing.assert_array_equal(host(compression.compress(jnp.asarray(xb), 3)), want_b)
+    yb = torch.zeros(96, dtype=torch.bfloat16)
+    assert compression.decompress(want_b, 96, torch.bfloat16, 3, out=yb) is yb
+    np.testing.assert_array_equal(host(yb), ref.decompress(want_b, 96, 3, ml_dtypes.bfloat16))
+    rb = torch.zeros(32, dtype=torch.bfloat16)
+    compression.reduce_chunks(want_b, 32, 3, torch.bfloat16, out=rb)
+    np.testing.assert_array_equal(host(rb), ref.reduce_chunks(want_b, 32, 3, ml_dtypes.bfloat16, True))
+
+
+def test_allocated_outputs_view_zero_copy_in_torch_and_jax():
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    x = random_data(64, ml_dtypes.bfloat16, seed=4)
+    c = compression.compress(x, 2)
+    y = compression.decompress(c, 64, "bfloat16", 2)
+    t = torch.from_dlpack(y)
+    assert t.dtype == torch.bfloat16 and t.data_ptr() == y.address
+    np.testing.assert_array_equal(host(t), host(y))
+    j = jnp.from_dlpack(c)
+    assert j.dtype == jnp.uint8 and j.unsafe_buffer_pointer() == c.address
+    np.testing.assert_array_equal(np.asarray(j), host(c))
+
+
+def test_buffers_as_inputs_and_outputs():
+    x = from_array(random_data(90, np.float16, seed=6))
+    want = ref.compress(host(x), 3)
+    out = Buffer([want.size], DType.uint8)
+    assert compression.compress(x, 3, out=out) is out
+    assert_same_bytes(out, want, 30, 3)
+    y = Buffer([90], DType.float16)
+    assert compression.decompress(out, 90, DType.float16, 3, out=y) is y
+    np.testing.assert_array_equal(host(y), ref.decompress(want, 90, 3, np.float16))
 
 
 # ---- target_chunk ------------------------------------------------------------------------------
@@ -126,7 +180,7 @@ def test_accepts_torch_and_jax_cpu_arrays():
 def test_target_chunk_rewrites_only_that_record(n_chunks):
     chunk_len = 45
     x = random_data(n_chunks * chunk_len, np.float32, seed=n_chunks)
-    full = compression.compress(x, n_chunks)
+    full = host(compression.compress(x, n_chunks))
     rb = ref.record_nbytes(chunk_len)
     for k in range(n_chunks):
         out = np.full(full.size, 0xAB, dtype=np.uint8)
@@ -135,7 +189,7 @@ def test_target_chunk_rewrites_only_that_record(n_chunks):
         others = np.delete(out, np.s_[k * rb : (k + 1) * rb])
         assert np.all(others == 0xAB)
         # Allocated here: the other records are zero.
-        alloc = compression.compress(x, n_chunks, target_chunk=k)
+        alloc = host(compression.compress(x, n_chunks, target_chunk=k))
         np.testing.assert_array_equal(alloc[k * rb : (k + 1) * rb], full[k * rb : (k + 1) * rb])
         assert not np.any(np.delete(alloc, np.s_[k * rb : (k + 1) * rb]))
 
@@ -144,13 +198,17 @@ def test_target_chunk_decompress_writes_only_that_chunk():
     n_chunks, chunk_len = 4, 37
     x = random_data(n_chunks * chunk_len, np.float16, seed=5)
     c = compression.compress(x, n_chunks)
-    full = compression.decompress(c, x.size, np.float16, n_chunks)
+    full = host(compression.decompress(c, x.size, np.float16, n_chunks))
     for k in range(n_chunks):
         out = np.full(x.size, 42.0, dtype=np.float16)
         compression.decompress(c, x.size, np.float16, n_chunks, out=out, target_chunk=k)
         sl = slice(k * chunk_len, (k + 1) * chunk_len)
         np.testing.assert_array_equal(out[sl], full[sl])
         assert np.all(np.delete(out, np.s_[sl]) == 42.0)
+        # Allocated here: the other chunks are zero.
+        alloc = host(compression.decompress(c, x.size, np.float16, n_chunks, target_chunk=k))
+        np.testing.assert_array_equal(alloc[sl], full[sl])
+        assert not np.any(np.delete(alloc, np.s_[sl]))
 
 
 # ---- reduce_chunks -----------------------------------------------------------------------------
@@ -162,9 +220,8 @@ def test_target_chunk_decompress_writes_only_that_chunk():
 def test_reduce_chunks_matches_reference(dtype, n_records, average):
     chunk_len = 2500  # more than one tile of the CPU loop
     peers = [random_data(chunk_len, dtype, seed=r) for r in range(n_records)]
-    c = np.concatenate([compression.compress(p, 1) for p in peers])
-    y = compression.reduce_chunks(c, chunk_len, n_records, dtype, average=average)
-    assert y.dtype == np.dtype(dtype) and y.shape == (chunk_len,)
+    c = np.concatenate([host(compression.compress(p, 1)) for p in peers])
+    y = allocated(compression.reduce_chunks(c, chunk_len, n_records, dtype, average=average), dtype, chunk_len)
     np.testing.assert_array_equal(y, ref.reduce_chunks(c, chunk_len, n_records, dtype, average))
     # And close to the reduction of the uncompressed inputs.
     exact = np.sum([f32(p) for p in peers], axis=0) / (n_records if average else 1)
@@ -178,12 +235,12 @@ def test_reduce_chunks_of_bytegrad_alltoall_slots():
     # record r of every peer, and reduces them into its chunk of the average.
     n, chunk_len = 3, 70
     buckets = [random_data(n * chunk_len, np.float32, seed=10 + p) for p in range(n)]
-    compressed = [compression.compress(b, n) for b in buckets]
+    compressed = [host(compression.compress(b, n)) for b in buckets]
     rb = compression.record_nbytes(chunk_len)
     mean = np.mean(buckets, axis=0)
     for r in range(n):
         received = np.concatenate([c[r * rb : (r + 1) * rb] for c in compressed])
-        y = compression.reduce_chunks(received, chunk_len, n, np.float32, average=True)
+        y = host(compression.reduce_chunks(received, chunk_len, n, np.float32, average=True))
         want = mean[r * chunk_len : (r + 1) * chunk_len]
         step = max(np.ptp(b[r * chunk_len : (r + 1) * chunk_len]) for b in buckets) / 255
         assert np.max(np.abs(y - want)) <= step
@@ -196,19 +253,19 @@ def test_reduce_chunks_of_bytegrad_alltoall_slots():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_constant_chunk_decodes_exactly(value, dtype):
     x = np.concatenate([np.full(50, value), np.linspace(-1, 1, 50)]).astype(dtype)
-    c = compression.compress(x, 2)
+    c = host(compression.compress(x, 2))
     assert_same_bytes(c, ref.compress(x, 2), 50, 2)
     want = x[:50].astype(np.float32).astype(dtype)  # float64 elements are float32 inside the format
-    y = compression.decompress(c, 100, dtype, 2)
+    y = host(compression.decompress(c, 100, dtype, 2))
     np.testing.assert_array_equal(y[:50], want)
-    y1 = compression.reduce_chunks(c[: compression.record_nbytes(50)], 50, 1, dtype, average=True)
+    y1 = host(compression.reduce_chunks(c[: compression.record_nbytes(50)], 50, 1, dtype, average=True))
     np.testing.assert_array_equal(y1, want)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
 def test_constant_low_precision_chunk_decodes_exactly(dtype):
     x = np.full(33, 0.3, dtype=dtype)
-    y = compression.decompress(compression.compress(x, 1), 33, dtype, 1)
+    y = host(compression.decompress(compression.compress(x, 1), 33, dtype, 1))
     np.testing.assert_array_equal(y, x)
 
 
@@ -218,13 +275,13 @@ def test_non_finite_chunk_decodes_to_nan(bad, dtype):
     n_chunks, chunk_len = 3, 40
     x = random_data(n_chunks * chunk_len, dtype, seed=2)
     x[chunk_len + 17] = bad  # in chunk 1 only
-    c = compression.compress(x, n_chunks)
+    c = host(compression.compress(x, n_chunks))
     assert_same_bytes(c, ref.compress(x, n_chunks), chunk_len, n_chunks)
     rb = ref.record_nbytes(chunk_len)
     record = c[rb : 2 * rb]
     assert np.all(np.isnan(record[:8].copy().view("<f4")))
     assert not np.any(record[8:])  # codes 0, reserved and padding 0
-    y = compression.decompress(c, x.size, dtype, n_chunks)
+    y = host(compression.decompress(c, x.size, dtype, n_chunks))
     assert np.all(np.isnan(f32(y[chunk_len : 2 * chunk_len])))
     assert np.all(np.isfinite(f32(y[:chunk_len]))) and np.all(np.isfinite(f32(y[2 * chunk_len :])))
     # A reduce over such a record gives NaN.
@@ -235,7 +292,7 @@ def test_non_finite_chunk_decodes_to_nan(bad, dtype):
 
 def test_all_nan_chunk():
     x = np.full(10, np.nan, np.float32)
-    y = compression.decompress(compression.compress(x, 1), 10, np.float32, 1)
+    y = host(compression.decompress(compression.compress(x, 1), 10, np.float32, 1))
     assert np.all(np.isnan(y))
 
 
@@ -243,12 +300,12 @@ def test_overflowing_spread_gives_nan_chunk():
     x = np.array([-3e38, 3e38] * 8, dtype=np.float32)
     c = compression.compress(x, 1)
     assert_same_bytes(c, ref.compress(x, 1), 16, 1)
-    assert np.all(np.isnan(compression.decompress(c, 16, np.float32, 1)))
+    assert np.all(np.isnan(host(compression.decompress(c, 16, np.float32, 1))))
 
 
 def test_float64_beyond_float32_range_is_non_finite():
     x = np.array([1.0, 2.0, 1e300, 3.0])
-    assert np.all(np.isnan(compression.decompress(compression.compress(x, 1), 4, np.float64, 1)))
+    assert np.all(np.isnan(host(compression.decompress(compression.compress(x, 1), 4, np.float64, 1))))
 
 
 def test_codes_stay_in_range_for_huge_magnitudes():
@@ -261,9 +318,9 @@ def test_codes_stay_in_range_for_huge_magnitudes():
 def test_empty_input():
     x = np.zeros(0, np.float32)
     c = compression.compress(x, 2)
-    assert c.size == 128 and not np.any(c)
-    assert compression.decompress(c, 0, np.float32, 2).size == 0
-    assert compression.reduce_chunks(c, 0, 2, np.float32).size == 0
+    assert allocated(c, np.uint8, 128).size == 128 and not np.any(host(c))
+    assert allocated(compression.decompress(c, 0, np.float32, 2), np.float32, 0).size == 0
+    assert allocated(compression.reduce_chunks(c, 0, 2, np.float32), np.float32, 0).size == 0
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -280,7 +337,7 @@ def test_n_not_divisible_by_n_chunks():
 
 def test_wrong_sizes():
     x = np.zeros(12, np.float32)
-    c = compression.compress(x, 3)
+    c = host(compression.compress(x, 3))
     with pytest.raises(ValueError, match="elements"):
         compression.compress(x, 3, out=np.zeros(c.size - 1, np.uint8))
     with pytest.raises(ValueError, match="bytes"):
@@ -304,12 +361,37 @@ def test_read_only_and_overlapping_outputs():
     buf = np.zeros(12 * 4 + 256, np.uint8)
     with pytest.raises(ValueError, match="overlap"):
         compression.compress(buf[:48].view(np.float32), 1, out=buf[16:80])
+    # Address ranges that only touch do not overlap.
+    compression.compress(buf[:48].view(np.float32), 1, out=buf[48:112])
+    mem = np.zeros(256, np.uint8)
+    c = mem[:64]  # one record of 32 elements
+    compression.compress(np.zeros(32, np.float32), 1, out=c)
+    with pytest.raises(ValueError, match="overlap"):
+        compression.decompress(c, 32, np.float32, 1, out=mem[32:160].view(np.float32))
+    with pytest.raises(ValueError, match="overlap"):
+        compression.reduce_chunks(c, 32, 1, np.float32, out=mem[60:188].view(np.float32))
+    compression.reduce_chunks(c, 32, 1, np.float32, out=mem[64:192].view(np.float32))
+
+
+def test_immutable_jax_output_is_refused():
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(ValueError, match="writable"):
+        compression.compress(np.zeros(12, np.float32), 3, out=jnp.zeros(compression.compressed_nbytes(12, 3), jnp.uint8))
+
+
+def test_unaligned_arrays_are_refused():
+    raw = np.zeros(4 * 12 + 4, np.uint8)
+    with pytest.raises(ValueError, match="aligned"):
+        compression.compress(raw[1:49].view(np.float32), 3)
+    c = host(compression.compress(np.zeros(12, np.float32), 3))
+    with pytest.raises(ValueError, match="aligned"):
+        compression.decompress(c, 12, np.float32, 3, out=raw[2:50].view(np.float32))
 
 
 def test_wrong_dtypes():
     with pytest.raises(TypeError, match="int32"):
         compression.compress(np.zeros(12, np.int32), 3)
-    c = compression.compress(np.zeros(12, np.float32), 3)
+    c = host(compression.compress(np.zeros(12, np.float32), 3))
     with pytest.raises(TypeError, match="uint8"):
         compression.compress(np.zeros(12, np.float32), 3, out=np.zeros(c.size, np.int8))
     with pytest.raises(TypeError, match="float16"):
@@ -320,6 +402,10 @@ def test_wrong_dtypes():
         compression.decompress(c.view(np.int8), 12, np.float32, 3)
     with pytest.raises(TypeError):
         compression.compress([1.0, 2.0], 1)  # a list is not an array
+    with pytest.raises(TypeError, match="complex64"):
+        compression.compress(np.zeros(4, np.complex64), 1)
+    with pytest.raises(TypeError, match="float32, float64, float16 or bfloat16"):
+        compression.decompress(c, 12, "complex64", 3)
 
 
 def test_non_contiguous_input():
@@ -365,7 +451,7 @@ def test_cuda_matches_cpu(dtype, n_chunks, chunk_len):
     x[5 % x.numel()] = float("nan") if n_chunks == 4 else x[0]
     code = {"float32": 0, "float16": 2, "bfloat16": 3}[dtype]
     nbytes = compression.compressed_nbytes(x.numel(), n_chunks)
-    cpu_c = compression.compress(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if dtype == "bfloat16" else x, n_chunks)
+    cpu_c = host(compression.compress(x, n_chunks))
     xd = x.cuda()
     cd = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     _C.minmax_uint8_compress_cuda(xd.data_ptr(), x.numel(), code, n_chunks, cd.data_ptr(), -1, 0)
@@ -374,10 +460,8 @@ def test_cuda_matches_cpu(dtype, n_chunks, chunk_len):
     rd = torch.empty(chunk_len, dtype=tdtype, device="cuda")
     _C.minmax_uint8_reduce_chunks_cuda(cd.data_ptr(), chunk_len, n_chunks, code, True, rd.data_ptr(), 0)
     torch.cuda.synchronize()
-    assert_same_bytes(cd.cpu().numpy(), cpu_c, chunk_len, n_chunks)
-    npdtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
-    want_y = compression.decompress(cpu_c, x.numel(), npdtype, n_chunks)
-    want_r = compression.reduce_chunks(cpu_c, chunk_len, n_chunks, npdtype)
-    as_np = (lambda t: t.cpu().view(torch.int16).numpy().view(npdtype)) if dtype == "bfloat16" else (lambda t: t.cpu().numpy())
-    np.testing.assert_array_equal(as_np(yd), want_y)
-    np.testing.assert_array_equal(as_np(rd), want_r)
+    assert_same_bytes(cd, cpu_c, chunk_len, n_chunks)
+    want_y = compression.decompress(cpu_c, x.numel(), tdtype, n_chunks)
+    want_r = compression.reduce_chunks(cpu_c, chunk_len, n_chunks, tdtype)
+    np.testing.assert_array_equal(host(yd), host(want_y))
+    np.testing.assert_array_equal(host(rd), host(want_r))

@@ -1,5 +1,17 @@
 // float16 / bfloat16 storage types and their conversions, shared by CPU and CUDA.
-// Conversions go through float32 and round to nearest even, as the hardware does.
+//
+// Conversions go through float32 and round to nearest even. Results are bit-identical to numpy
+// (float16) and ml_dtypes (bfloat16), NaN payloads included (tests/test_half_conversions.py checks
+// every 16-bit pattern and the float32 rounding boundaries):
+//   float16 -> float32: exact; NaN payloads are kept (not quieted), as numpy does.
+//   float32 -> float16: overflow gives +-Inf; NaN keeps the top 10 payload bits (at least one set).
+//   float32 -> bfloat16: NaN becomes the quiet NaN +-0x7fc0, as ml_dtypes does.
+//
+// The functions are branch-free: every case is computed and the result picked with select_bits
+// (and/andnot/or on integers), so loops over float16 arrays vectorise (SSE2 and up). The only float
+// operations (one per direction, for subnormal results) are exact or round to nearest even in the
+// default rounding mode, and give the same bits with flush-to-zero / denormals-are-zero enabled.
+// nvcc compiles the same code, so CPU and GPU produce the same bits.
 #pragma once
 
 #include <cstdint>
@@ -36,45 +48,62 @@ BAGUA_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// c ? x : y as bit arithmetic. Unlike a ?: select, this keeps every case's arithmetic
+// unconditional: GCC would otherwise move a float addition into the branch that uses it and then,
+// under the default -ftrapping-math, refuse to if-convert (and so to vectorise) the loop.
+BAGUA_HD uint32_t select_bits(bool c, uint32_t x, uint32_t y) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return (x & mask) | (y & ~mask);
+}
+
+// ---- bfloat16 ----------------------------------------------------------------------------------
+
 BAGUA_HD float to_float(BFloat16 h) { return bits_float(static_cast<uint32_t>(h.bits) << 16); }
 
 BAGUA_HD BFloat16 to_bfloat16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return BFloat16{static_cast<uint16_t>(u >> 16)};
+  const uint32_t u = float_bits(f);
+  // Candidates hold the result in their top 16 bits (see to_half for why).
+  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; Inf stays Inf
+  const uint32_t nan = (u & 0x80000000u) | 0x7fc00000u;
+  const bool is_nan = static_cast<int32_t>(u & 0x7fffffffu) > 0x7f800000;
+  return BFloat16{static_cast<uint16_t>(select_bits(is_nan, nan, rounded) >> 16)};
 }
 
+// ---- float16 -----------------------------------------------------------------------------------
+
 BAGUA_HD float to_float(Half h) {
-  uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
-  uint32_t exp = (h.bits >> 10) & 0x1fu;
-  uint32_t man = h.bits & 0x3ffu;
-  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (man << 13));  // Inf / NaN
-  if (exp == 0) {
-    if (man == 0) return bits_float(sign);
-    // subnormal: value = man * 2^-24
-    float v = static_cast<float>(man) * 5.9604644775390625e-08f;
-    return sign ? -v : v;
-  }
-  return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
+  const int32_t em = h.bits & 0x7fff;  // exponent and mantissa
+  const uint32_t shifted = static_cast<uint32_t>(em) << 13;
+  // Normal: rebias the exponent from 15 to 127. Inf / NaN: rebias twice, which sets all exponent
+  // bits (0x1f + 2 * 112 = 0xff) and keeps the payload.
+  const uint32_t normal = shifted + 0x38000000u + ((0u - static_cast<uint32_t>(em >= 0x7c00)) & 0x38000000u);
+  // Zero / subnormal: man * 2^-24 = (2^-14 + man * 2^-24) - 2^-14, both exact in float32.
+  const uint32_t subnormal = float_bits(bits_float(shifted + 0x38800000u) - bits_float(0x38800000u));
+  return bits_float(sign | select_bits(em < 0x0400, subnormal, normal));
 }
 
 BAGUA_HD Half to_half(float f) {
-  uint32_t u = float_bits(f);
-  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return Half{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
-  if (a >= 0x477ff000u) return Half{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> Inf
-  if (a < 0x38800000u) {
-    // subnormal or zero: round(|f| * 2^24) to nearest even
-    float v = bits_float(a) * 16777216.0f;
-    uint32_t r = static_cast<uint32_t>(v);
-    float frac = v - static_cast<float>(r);
-    if (frac > 0.5f || (frac == 0.5f && (r & 1u))) ++r;
-    return Half{static_cast<uint16_t>(sign | r)};
-  }
-  uint32_t m = a + 0xc8000fffu + ((a >> 13) & 1u);  // rebias exponent, round to nearest even
-  return Half{static_cast<uint16_t>(sign | (m >> 13))};
+  const uint32_t u = float_bits(f);
+  const uint32_t a = u & 0x7fffffffu;
+  const int32_t ai = static_cast<int32_t>(a);  // non-negative: signed compares suffice (SSE2 has no others)
+  // Each candidate holds the 15-bit result in bits 13..27 and is shifted down once at the end, so
+  // the selects need 32-bit lanes and the vectoriser does not narrow every step to 16 bits (which
+  // costs a pack per operation).
+  // Normal result: rebias the exponent (127 -> 15) and round the dropped 13 bits to nearest even.
+  // A carry out of the mantissa bumps the exponent, up to Inf for [65520, 65536).
+  const uint32_t normal = a + 0xc8000fffu + ((a >> 13) & 1u);
+  // Subnormal or zero result (|f| < 2^-14): adding 0.5 leaves |f| in the low mantissa bits of the
+  // sum in units of 2^-24 (the float16 subnormal step), rounded to nearest even by the addition.
+  const uint32_t subnormal = (float_bits(bits_float(a) + 0.5f) - 0x3f000000u) << 13;
+  // |f| >= 2^16 and Inf: Inf. NaN: Inf's bits plus the top 10 payload bits, numpy's way (a payload
+  // that truncates to 0 becomes 1).
+  const uint32_t payload = a & 0x007fe000u;
+  const uint32_t nan_payload = payload | (static_cast<uint32_t>(payload == 0u) << 13);
+  const uint32_t inf_nan = 0x0f800000u | ((0u - static_cast<uint32_t>(ai > 0x7f800000)) & nan_payload);
+  uint32_t r = select_bits(ai < 0x38800000, subnormal, normal);
+  r = select_bits(ai >= 0x47800000, inf_nan, r);
+  return Half{static_cast<uint16_t>(((u >> 16) & 0x8000u) | (r >> 13))};
 }
 
 template <typename T>
