@@ -198,31 +198,55 @@ def test_blocked_get_does_not_block_other_threads_of_the_same_client(server):
         assert not t.is_alive() and time.monotonic() - t0 < 3.0
 
 
-def test_fork_child_cannot_disturb_the_parent(server):
-    a = _C.TcpStore(HOST, server.port, 0, 5.0)
-    a.set("k", b"v")
-    pid = os.fork()
-    if pid == 0:  # child: must neither use nor tear down the parent's store
-        code = 0
-        try:
-            a.get("k")
-            code = 3
-        except _C.BaguaError as e:
-            code = 0 if "fork" in str(e) else 4
-        except BaseException:
-            code = 5
-        try:
-            a.close()
-            server.close()
-        except BaseException:
-            code = 6
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert a.get("k") == b"v"
-    assert a.dead_ranks() == []
-    still_serving(server.port)
-    a.close()
+_FORK_SCRIPT = r"""
+import os, socket, sys
+from bagua_core._loader import _C
+server = _C.TcpStoreServer("127.0.0.1", 0)
+a = _C.TcpStore("127.0.0.1", server.port, 0, 5.0)
+a.set("k", b"v")
+pid = os.fork()
+if pid == 0:  # child: must neither use nor tear down the parent's store
+    code = 0
+    try:
+        a.get("k")
+        code = 3
+    except _C.BaguaError as e:
+        code = 0 if "fork" in str(e) else 4
+    except BaseException:
+        code = 5
+    try:
+        a.close()
+        server.close()
+    except BaseException:
+        code = 6
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+assert a.get("k") == b"v"
+assert a.dead_ranks() == []
+with _C.TcpStore("127.0.0.1", server.port, 1, 5.0) as b:  # the server still serves
+    b.set("x", b"1")
+a.close()
+print("ok")
+"""
+
+
+def test_fork_child_cannot_disturb_the_parent():
+    # In a fresh interpreter: forking this test process, which may hold JAX's
+    # threads, could deadlock the child.
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [mp.REPO, os.environ.get("PYTHONPATH")])))
+    p = subprocess.Popen([sys.executable, "-c", _FORK_SCRIPT], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    assert p.returncode == 0 and out.strip() == "ok", err
 
 
 def test_bad_arguments(server):
