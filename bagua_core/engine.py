@@ -26,6 +26,20 @@ nothing), ``wait()`` after backward, then ``op.copy_back()`` for each bucket's
 communicate) before ``optimizer.step()``. Forward and backward only read the
 weights while the comm thread averages them into the op's own peer buffer.
 
+Threads and communicators: a communicator serves one thread at a time, and
+every rank must issue its collectives in the same order. An engine's comm
+thread runs whenever buckets become ready, independently of the caller's
+thread and of other engines, so it must be the only user of its
+communicators. :meth:`Engine.for_group` therefore builds each engine over a
+private clone of the group (``group.clone()``: same ranks, new communicators,
+created collectively when the engine is built, in the same order on every
+rank), owned and freed by the engine: two wrapped models on one group may then
+communicate at the same time (e.g. a GAN, whose generator's loss flows through
+the discriminator) while the caller's thread keeps using the group itself (buffer
+broadcasts, primitives). The rule is one comm thread per communicator: one
+engine per clone. An engine built directly from communicators
+(``Engine(comm, ...)``) must get ones nobody else uses while it runs.
+
 Example (numpy)::
 
     engine = Engine.for_group(bagua_core.init_process_group())
@@ -40,6 +54,7 @@ Example (numpy)::
 from __future__ import annotations
 
 import math
+import weakref
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from bagua_core import config
@@ -176,31 +191,61 @@ class Bucket:
         return f"<Bucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} tensors={len(self.tensor_names)}>"
 
 
-class Engine:
-    """The overlap engine of one process group (one comm thread).
+def _release(core, group) -> None:
+    """Stops an engine's comm thread, then frees the clone it ran on."""
+    try:
+        core.close()
+    finally:
+        group.close()
 
-    ``comm`` is the group's ``_C.Communicator``; hierarchical ops also need
-    ``intra`` (this node's processes) and, on node leaders (intra rank 0),
-    ``inter`` (one process per node). ``timeout_s`` bounds ``wait()`` (default:
-    the communicator's timeout, ``BAGUA_TIMEOUT``).
+
+class Engine:
+    """The overlap engine over one set of communicators (one comm thread).
+
+    ``comm`` is a ``_C.Communicator`` no other thread uses while the engine
+    runs (see the module docstring; :meth:`for_group` makes one); hierarchical
+    ops also need ``intra`` (this node's processes) and, on node leaders
+    (intra rank 0), ``inter`` (one process per node). ``timeout_s`` bounds
+    ``wait()`` (default: the communicator's timeout, ``BAGUA_TIMEOUT``).
     """
 
     def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None):
         self._core = _C.Engine(comm, intra, inter, timeout_s)
         self._buckets: List[Bucket] = []
+        self._group = None  # the private clone it owns (for_group)
+        self._release = None
 
     @classmethod
     def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None) -> "Engine":
-        """An engine over a ``bagua_core`` process group. With ``hierarchical``
-        the group's intra- and inter-node groups are created (every rank of the
-        group must then call this, in the same order)."""
+        """An engine over a private clone of a ``bagua_core`` process group (and,
+        with ``hierarchical``, of its intra- and inter-node groups). Collective:
+        every member of the group calls it, in the same order. The engine owns
+        the clone: :meth:`close`, garbage collection of the engine, closing the
+        clone or ``destroy_process_group()`` stop its comm thread and free the
+        clone's connections and threads."""
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
-        intra = inter = None
-        if hierarchical:
-            intra = group.intra_node_group().comm
-            inter = group.inter_node_group().comm
-        return cls(group.comm, intra, inter, timeout_s)
+        own = group.clone()
+        try:
+            intra = inter = None
+            if hierarchical:
+                intra = own.intra_node_group().comm
+                inter = own.inter_node_group().comm
+            engine = cls(own.comm, intra, inter, timeout_s)
+        except BaseException:
+            own.close()
+            raise
+        engine._group = own
+        own._on_close.append(engine._core.close)  # destroy_process_group() stops the thread first
+        # No reference to the engine itself: it may still be collected.
+        engine._release = weakref.finalize(engine, _release, engine._core, own)
+        return engine
+
+    @property
+    def group(self):
+        """The private process group (clone) the engine communicates on, if it
+        was built by :meth:`for_group`."""
+        return self._group
 
     # ---- buckets ----
     def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype, alignment: int = 1) -> Bucket:
@@ -281,8 +326,12 @@ class Engine:
         return [BucketTiming(*t) for t in self._core.timings()]
 
     def close(self) -> None:
-        """Stops and joins the comm thread (after the bucket it runs)."""
-        self._core.close()
+        """Stops and joins the comm thread (after the bucket it runs) and frees
+        the clone it owns (its connections and threads). Idempotent."""
+        if self._release is not None:
+            self._release()
+        else:
+            self._core.close()
 
     def __enter__(self) -> "Engine":
         return self

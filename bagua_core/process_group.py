@@ -13,6 +13,13 @@ Non-members get a group with ``is_member == False``, ``rank == -1`` and
 ``comm is None``: every primitive on it returns immediately without doing
 anything.
 
+``group.clone()`` makes a private copy of a group: the same ranks over new
+communicators (a fresh rendezvous). A communicator serves one thread at a time,
+in the same order on every rank; a thread that communicates on its own (an
+engine's comm thread) therefore gets a clone, so that two of them never
+interleave their collectives differently on different ranks. ``close()`` frees
+a clone's (or a ``new_group``'s) communicators and threads.
+
 For hierarchical algorithms a group splits by node: ``intra_node_group()`` is
 the group's ranks on this node; ``inter_node_group()`` the node leaders (the
 first group rank on each node; on other ranks a non-member group). Node
@@ -33,7 +40,7 @@ import ipaddress
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -64,6 +71,10 @@ class ProcessGroup:
         self._handle: Optional[int] = None
         self._intra: Optional[ProcessGroup] = None
         self._inter: Optional[ProcessGroup] = None
+        self._clones = 0  # clones made so far: names the next one
+        self._closed = False
+        # run by close() before the communicators go, e.g. to stop an engine's comm thread
+        self._on_close: List[Callable[[], None]] = []
         ctx.groups.append(self)
 
     @property
@@ -117,17 +128,57 @@ class ProcessGroup:
             self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()))
         return self._inter
 
+    def clone(self) -> "ProcessGroup":
+        """A private copy of this group: the same ranks over new communicators,
+        connected under the store prefix ``"<name>/clone<k>"`` (its intra- and
+        inter-node groups, when used, are new as well). Every member calls it,
+        in the same order (the k-th clone of a group has the same name on every
+        member); only members connect. Free it with :meth:`close` (also done by
+        ``destroy_process_group()``)."""
+        self._check_alive()
+        with _lock:
+            self._clones += 1
+            return self._ctx.make_group(f"{self.name}/clone{self._clones}", self.ranks)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or not self._ctx.alive
+
+    def close(self) -> None:
+        """Frees this group's communicators, with their connections and threads,
+        and those of its intra- and inter-node groups, after the operation in
+        progress. The group becomes unusable. Idempotent. For groups made by
+        :meth:`clone` or ``new_group()``; the world group ends with
+        ``destroy_process_group()``."""
+        if self is self._ctx.world:
+            raise ValueError("the world group cannot be closed on its own: call destroy_process_group()")
+        with _lock:
+            self._close()
+
     def _check_alive(self) -> None:
         if not self._ctx.alive:
             raise RuntimeError(f"process group '{self.name}' was destroyed (destroy_process_group())")
+        if self._closed:
+            raise RuntimeError(f"process group '{self.name}' was closed")
 
     def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        callbacks, self._on_close = self._on_close, []
+        for fn in callbacks:
+            fn()
+        for sub in (self._intra, self._inter):
+            if sub is not None:
+                sub._close()
         if self._handle is not None:
             _C.unregister_communicator(self._handle)
             self._handle = None
         comm, self._comm = self._comm, None
-        if comm is not None and hasattr(comm, "close"):
+        if comm is not None:
             comm.close()
+        if self in self._ctx.groups:
+            self._ctx.groups.remove(self)
 
     def __repr__(self) -> str:
         who = f"rank {self.rank}/{self.size}" if self.is_member else f"non-member, size {self.size}"
@@ -220,15 +271,18 @@ class _Context:
             seen[key] = r
 
     def close(self) -> None:
-        self.alive = False
-        for g in self.groups:
-            g._close()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+        # Groups first (their callbacks stop engine threads), then the store.
+        try:
+            for g in list(reversed(self.groups)):
+                g._close()
+        finally:
+            self.alive = False
+            if self.store is not None:
+                self.store.close()
+                self.store = None
+            if self.server is not None:
+                self.server.close()
+                self.server = None
 
 
 _lock = threading.RLock()

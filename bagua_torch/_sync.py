@@ -6,7 +6,7 @@ collectives, not one per tensor)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, List, Optional, Sequence
+from typing import Collection, Iterable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -96,26 +96,33 @@ def optimizer_signature(optimizer: torch.optim.Optimizer, names: dict) -> List[t
     return out
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, src: int, group: ProcessGroup) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, src: int, group: ProcessGroup,
+                              skip: Collection[int] = ()) -> None:
     """Rank ``src``'s optimizer state and hyperparameters on every rank:
     tensors with the primitives, everything else (scalars, param-group
-    settings) pickled in one broadcast_object."""
+    settings) pickled in one broadcast_object. The state of parameters whose
+    ``id()`` is in ``skip`` (ignored parameters) stays each rank's own."""
     if group.size == 1:
         return
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("LBFGS keeps its state in a form Bagua cannot broadcast; use another optimizer")
     sd = optimizer.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    kept = {pid for pid in range(len(params)) if id(params[pid]) in skip}  # state_dict ids are positions
     meta = None
     if group.rank == src:
         meta = {
             "param_groups": sd["param_groups"],
             "state": {pid: {k: ("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else ("value", v)
                             for k, v in entries.items()}
-                      for pid, entries in sd["state"].items()},
+                      for pid, entries in sd["state"].items() if pid not in kept},
         }
     meta = core_comm.broadcast_object(meta, src, group)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     state, tensors = {}, []
+    if group.rank != src:
+        for pid in kept:
+            if pid in sd["state"]:
+                state[pid] = sd["state"][pid]
     for pid, entries in meta["state"].items():
         st = {}
         for key, (kind, *info) in entries.items():

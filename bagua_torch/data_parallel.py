@@ -32,7 +32,21 @@ class DistributedDataParallel(torch.nn.Module):
         gradient_as_bucket_view: gradients (or weights) live in the
             communication buckets (no copies); ``do_flatten`` of ``with_bagua``.
         bucket_cap_mb: bucket size (default: ``BAGUA_BUCKET_SIZE``, 10 MiB).
+
+    Parameters and buffers named in ``module._bagua_params_and_buffers_to_ignore``
+    or ``module._ddp_params_and_buffers_to_ignore`` (names as in
+    ``module.named_parameters()``) are neither broadcast nor communicated.
+
+    ``state_dict()`` holds, besides ``module.*``, the algorithm's state under
+    the key ``"bagua"`` (plain Python values, e.g. the Decentralized step
+    counter), and ``load_state_dict()`` restores it, so a run resumed from a
+    checkpoint continues exactly (a state saved with another algorithm
+    raises). A state dict without that key (e.g. from
+    ``torch.nn.parallel.DistributedDataParallel``) loads too, leaving the
+    algorithm's state as it is; ``module.state_dict()`` is the plain model.
     """
+
+    STATE_KEY = "bagua"
 
     def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = (),
                  algorithm=None, process_group: Optional[ProcessGroup] = None,
@@ -81,3 +95,20 @@ class DistributedDataParallel(torch.nn.Module):
     def close(self) -> None:
         """Removes the hooks and stops the engine; the module trains locally again."""
         self.inner.close()
+
+    # The algorithm's state travels in the module's state dict (see the class docstring).
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + self.STATE_KEY] = self.inner.state_dict()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        state = state_dict.pop(prefix + self.STATE_KEY, None)  # torch passes its own copy of the dict
+        if state is not None:
+            try:
+                self.inner.load_state_dict(state)
+            except ValueError as e:  # torch raises them all at the end
+                error_msgs.append(f"{prefix + self.STATE_KEY!r}: {e} (remove that entry to start the "
+                                  "algorithm's state afresh)")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)

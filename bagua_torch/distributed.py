@@ -55,10 +55,35 @@ def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
     return a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
 
+_IGNORE_ATTRS = ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore")
+
+
 def _ignored_names(module: torch.nn.Module) -> set:
+    """The names listed in the module's ignore attributes: parameter and
+    buffer names exactly as ``named_parameters()`` / ``named_buffers()`` give
+    them (e.g. ``"fc.weight"``, ``"weight"`` for the module's own). Raises
+    ValueError for a name the module does not have (e.g. the original Bagua's
+    ``".weight"`` or ``"<module name>.fc.weight"``), since a misspelt name
+    would silently be communicated."""
     names = set()
-    for attr in ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore"):
-        names.update(getattr(module, attr, ()) or ())
+    for attr in _IGNORE_ATTRS:
+        listed = getattr(module, attr, None) or ()
+        if isinstance(listed, str):
+            listed = (listed,)
+        for n in listed:
+            if not isinstance(n, str):
+                raise TypeError(f"module.{attr} must list parameter and buffer names (str), got {n!r}")
+            names.add(n)
+    known = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    known.update(n for n, _ in module.named_buffers(remove_duplicate=False))
+    unknown = sorted(names - known)
+    if unknown:
+        example = next(iter(sorted(known)), "fc.weight")
+        raise ValueError(
+            f"{type(module).__name__} has no parameter or buffer named {', '.join(repr(n) for n in unknown)} "
+            f"(listed in {' / '.join(_IGNORE_ATTRS)}); use the names of named_parameters() / "
+            f"named_buffers(), e.g. {example!r}"
+        )
     return names
 
 
@@ -185,8 +210,9 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             tensors = [p for n, p in self.module.named_parameters() if n not in self.ignored]
             _sync.broadcast_tensors(tensors + self._buffers(), 0, g)
+        ignored = {id(p) for n, p in self.module.named_parameters() if n in self.ignored}
         for opt in self.optimizers:
-            _sync.broadcast_optimizer_state(opt, 0, g)
+            _sync.broadcast_optimizer_state(opt, 0, g, skip=ignored)
 
     def _build_buckets(self, bucket_bytes: Optional[int]) -> None:
         order = list(reversed(self.params))  # backward produces gradients roughly in this order
@@ -366,6 +392,31 @@ class BaguaDistributedDataParallel:
     def bagua_buckets(self):
         return list(self.buckets) if self.engine is not None else []
 
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """The algorithm's state, for checkpoints: ``{"algorithm": name,
+        "state": {...}}`` with plain Python values (e.g. the Decentralized step
+        counter, which decides when communication happens and which peer
+        ``shift_one`` pairs with). The model's and optimizers' state are saved
+        separately (``module.state_dict()``, ``optimizer.state_dict()``)."""
+        return {"algorithm": self.algorithm.name, "state": self.impl.state_dict()}
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Restores what :meth:`state_dict` saved. Call it after wrapping (the
+        wrap broadcasts rank 0's parameters, so load per-rank weights, e.g.
+        decentralized replicas, after it too). A state saved with another
+        algorithm raises ValueError, or is skipped when ``strict`` is False."""
+        if not isinstance(state_dict, dict) or "algorithm" not in state_dict or "state" not in state_dict:
+            raise ValueError(f"expected the dict of BaguaDistributedDataParallel.state_dict(), got {state_dict!r}")
+        if state_dict["algorithm"] != self.algorithm.name:
+            if not strict:
+                return
+            raise ValueError(f"the state was saved with algorithm {state_dict['algorithm']!r} but "
+                             f"{self.module_name} trains with {self.algorithm.name!r}")
+        self.finish_step()
+        self.impl.load_state_dict(dict(state_dict["state"]))
+
     def close(self) -> None:
         """Removes the hooks, gives parameters and gradients their own memory
         back and stops the engine (used when the algorithm is switched)."""
@@ -416,7 +467,16 @@ def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer
     :mod:`bagua_torch.algorithms` algorithm or a :mod:`bagua_core.algorithms`
     description) and returns it. Call it on every rank of ``process_group``
     (default: all), after ``bagua_torch.init_process_group()``. Calling it
-    again switches algorithm."""
+    again switches algorithm.
+
+    Parameters and buffers named in ``self._bagua_params_and_buffers_to_ignore``
+    or ``self._ddp_params_and_buffers_to_ignore`` (names as in
+    ``named_parameters()``) are neither broadcast nor communicated.
+
+    Checkpoints: ``self.state_dict()`` stays the plain model state; the
+    algorithm's own state (e.g. the Decentralized step counter) is
+    ``self.bagua_ddp.state_dict()``, restored with
+    ``self.bagua_ddp.load_state_dict(...)`` after wrapping."""
     wrap(self, optimizers, algorithm, process_group, module_name=self.bagua_module_name, do_flatten=do_flatten)
     return self
 

@@ -235,6 +235,42 @@ def test_buffer_dlpack_protocol():
     assert v.address == b.address and not v.read_only
 
 
+def _engine_view():
+    from bagua_core._loader import _C
+    bucket = _C.Bucket("b", int(bc.DType.float32), [("x", (2, 2))], 1)
+    return bucket.view("x")
+
+
+PRODUCERS = {"Buffer": lambda: bc.zeros((2, 2), "float32"), "engine MemoryView": _engine_view}
+
+
+@pytest.mark.parametrize("producer", list(PRODUCERS))
+def test_every_producer_answers_the_protocol_alike(producer):
+    """Buffer and engine views share one export path: same capsules, same
+    answers to the consumer's arguments."""
+    x = PRODUCERS[producer]()
+    assert x.__dlpack_device__() == (1, 0)
+    assert "dltensor_versioned" in repr(x.__dlpack__(max_version=(1, 0)))
+    assert "dltensor_versioned" in repr(x.__dlpack__(max_version=[1, 3]))
+    legacy = x.__dlpack__(max_version=(0, 8))
+    assert "dltensor" in repr(legacy) and "versioned" not in repr(legacy)
+    assert "versioned" not in repr(x.__dlpack__())
+    x.__dlpack__(dl_device=(1, 0), copy=False)
+    with pytest.raises(BufferError, match="another device"):
+        x.__dlpack__(dl_device=(2, 0))
+    for bad in ({"max_version": 1}, {"max_version": "1.0"}, {"max_version": (1, 0, 0)},
+                {"dl_device": "cpu"}, {"dl_device": (1.5, 0)}, {"copy": "yes"}):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            x.__dlpack__(**bad)
+    t = torch.from_dlpack(x)
+    t.fill_(3.0)
+    assert np.from_dlpack(x).sum() == 12.0  # both views share the memory
+    del t
+    caps = [x.__dlpack__(max_version=(1, 0)), x.__dlpack__()]
+    del caps  # unconsumed capsules free their exports
+    gc.collect()
+
+
 def test_buffer_misc():
     assert bc.empty((), "int64").shape == () and bc.empty((), "int64").numel == 1
     e = bc.empty((0, 5), "float32")

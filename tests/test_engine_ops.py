@@ -46,6 +46,7 @@ COMMON = [
     "first_bucket_overlaps_backward",
     "never_ready_tensor_names_it",
 ]
+CONCURRENT = ["engines_on_one_group_communicate_concurrently"]  # flat2 and flat3
 EVEN_ONLY = ["decentralized_shift_one_interval_1", "decentralized_shift_one_interval_2"]
 HIER = [
     "hierarchical_centralized_avg",
@@ -64,12 +65,26 @@ def case_names(session: str):
         return ["stuck_peer_times_out_everywhere", "dead_peer_raises_on_survivors"]
     names = list(COMMON)
     names += EVEN_ONLY if world % 2 == 0 else ["shift_one_odd_peers_refused"]
+    if session in ("flat2", "flat3"):
+        names += CONCURRENT
     if local:
         names += HIER
     return names
 
 
 # ---------------------------------------------------------------- worker side
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
+    """Asserts the thread count falls back to ``expected`` (threads end a moment after they are told)."""
+    deadline = time.monotonic() + timeout_s
+    while threads() > expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threads() == expected, f"{threads()} threads, {expected} expected"
 
 STEPS = 5
 LR = 0.1
@@ -269,9 +284,51 @@ class Worker:
         c["hierarchical_decentralized_all"] = lambda: self.run_decentralized("hdall", "all", 1, True)
         c["hierarchical_decentralized_shift_one"] = lambda: self.run_decentralized("hds", "shift_one", 1, True)
         c["flat_and_hierarchical_in_one_engine"] = self.mixed
+        c["engines_on_one_group_communicate_concurrently"] = self.concurrent_engines
         c["stuck_peer_times_out_everywhere"] = self.stuck_peer
         c["dead_peer_raises_on_survivors"] = self.dead_peer
         return [(name, c[name]) for name in case_names(session)]
+
+    def concurrent_engines(self):
+        """Two engines on one group, their buckets ready in opposite orders on
+        neighbouring ranks, while the caller's thread communicates on the group
+        too: every collective meets its own counterpart (each engine runs on a
+        private clone of the group), and closing the engines ends their
+        threads."""
+        import bagua_core
+
+        np = self.np
+        bagua_core.allreduce(np.zeros(1), group=self.pg)  # settle: nobody is still connecting
+        before = threads()
+        engines = [self.engine(timeout_s=10) for _ in range(2)]
+        assert threads() > before
+        shapes = [(5,), (7,)]  # a collective paired with the other engine's could not go unnoticed
+        views = []
+        for i, (eng, shape) in enumerate(zip(engines, shapes)):
+            assert eng.group is not None and eng.group is not self.pg and eng.group.ranks == self.pg.ranks
+            [b] = eng.create_buckets([(f"t{i}", shape, "float32")])
+            b.append_centralized_allreduce(average=False)
+            views.append(np.asarray(b.view(f"t{i}")))
+        order = [0, 1] if self.rank % 2 == 0 else [1, 0]
+        for step in range(3):
+            for i, v in enumerate(views):
+                v[...] = self.data("concurrent", self.rank, shapes[i], step=2 * step + i)
+            for i in order:
+                engines[i].mark_ready(f"t{i}")
+                time.sleep(0.1)  # this rank's first bucket is in flight before its second is ready
+            got = bagua_core.allreduce(np.full(3, self.rank + 1.0), group=self.pg).numpy()
+            for i in order:
+                engines[i].wait()
+            assert (got == self.world * (self.world + 1) / 2).all(), got
+            for i, v in enumerate(views):
+                ref = sum(self.data("concurrent", r, shapes[i], step=2 * step + i) for r in range(self.world))
+                np.testing.assert_allclose(v, ref, rtol=1e-5, atol=1e-5)
+        clones = [e.group for e in engines]
+        for e in engines:
+            e.close()
+            e.close()  # idempotent
+        assert all(c.closed for c in clones) and not self.pg.closed
+        wait_for_threads(before)
 
     def shift_one_odd(self):
         eng = self.engine()
@@ -404,7 +461,7 @@ class Worker:
         import bagua_core
         from bagua_core.errors import BaguaError
 
-        group = bagua_core.new_group()  # the world communicator broke in the previous case
+        group = bagua_core.new_group()
         eng = self.E.Engine.for_group(group)
         [b] = eng.create_buckets([("w", (1 << 16,), "float32")])
         b.append_centralized_allreduce()

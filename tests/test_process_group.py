@@ -1,6 +1,7 @@
 """Process groups: initialisation from the environment, repeated and mismatched
 initialisation, handles, destroy (no threads left) and re-initialisation, debug
-checks; a peer killed with SIGKILL during a collective.
+checks, clones (independent communicators, closed without leaving threads); a
+peer killed with SIGKILL during a collective.
 
 This file is also the worker script (numpy only: fast to start).
 """
@@ -35,6 +36,7 @@ def main_cases():
         ("destroy_and_reinit", case_destroy_and_reinit),
         ("quick_reinit_while_rank0_lags", case_quick_reinit),
         ("debug_checks_catch_mismatch", case_debug_checks),
+        ("clone_is_independent_and_closes", case_clone),
         ("no_threads_left", case_no_threads_left),
     ]
 
@@ -145,6 +147,58 @@ def case_debug_checks():
     expect_raises(bc.MismatchError, "", bc.allreduce, np.ones(3 + (rank == 1), np.float32))
     bc.destroy_process_group()
     bc.init_process_group()
+
+
+def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while threads() > expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threads() == expected, f"{threads()} threads, {expected} expected"
+
+
+def case_clone():
+    import threading
+
+    g = bc.get_default_group()
+    rank, ws = bc.get_rank(), bc.get_world_size()
+    bc.barrier()
+    before = threads()
+    c = g.clone()
+    assert c.name.startswith("world/clone") and c.ranks == g.ranks and c.rank == g.rank
+    assert c.comm is not g.comm and c.name in c.comm.describe()
+    # a thread communicating on the clone never meets the group's collectives,
+    # whatever the interleaving on each rank
+    results = {}
+
+    def on_clone():
+        results["clone"] = [bc.allreduce(np.full(5, rank + 1.0), group=c).numpy() for _ in range(20)]
+
+    t = threading.Thread(target=on_clone)
+    t.start()
+    mine = [bc.allreduce(np.full(3, 10.0 * (rank + 1)), group=g).numpy() for _ in range(20)]
+    t.join(60)
+    total = ws * (ws + 1) / 2
+    assert all((x == 10 * total).all() and x.shape == (3,) for x in mine)
+    assert all((x == total).all() and x.shape == (5,) for x in results["clone"])
+    c.intra_node_group().comm  # closed with the clone
+    raw = c.comm
+    c.close()
+    c.close()  # idempotent
+    assert c.closed and not g.closed
+    expect_raises(RuntimeError, "closed", lambda: c.comm)
+    x = np.ones(2, np.float32)
+    expect_raises(bc.BaguaError, "closed", raw.allreduce, x.ctypes.data, x.ctypes.data, 2, int(bc.DType.float32), 0)
+    wait_for_threads(before)
+    expect_raises(ValueError, "destroy_process_group", g.close)
+    sub = bc.new_group([0, 2])
+    sc = sub.clone()  # every rank may call it; only members connect
+    assert sc.is_member == sub.is_member and (sc.comm is None) == (sub.comm is None)
+    if sc.is_member:
+        assert (bc.allreduce(np.ones(2), group=sc).numpy() == 2).all()
+    sc.close()
+    sub.close()
+    g.clone()  # left open: destroy_process_group() frees it (no_threads_left)
 
 
 def case_no_threads_left():

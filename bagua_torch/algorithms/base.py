@@ -159,3 +159,13 @@ class AlgorithmImpl:
     def after_wait(self, ddp: "BaguaDistributedDataParallel") -> None:
         """After engine.wait(): results into the tensors torch uses."""
         ddp.copy_slots_to_gradients()
+
+    # ---- checkpoints ----
+    def state_dict(self) -> dict:
+        """State a resumed run needs to continue exactly (step counters, ...),
+        as plain Python values. None by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self.algorithm).__name__} keeps no state, got {sorted(state)}")

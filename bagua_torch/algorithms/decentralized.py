@@ -4,6 +4,8 @@ then applies the local gradient: x_{t+1} = avg(x_t) - lr * g(x_t)."""
 
 from __future__ import annotations
 
+import numbers
+
 from bagua_core import algorithms as core
 from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl
 
@@ -55,6 +57,21 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
     def step(self) -> int:
         """Training steps the averaging op has seen (its communication counter)."""
         return self.ops[0].step if self.ops else 0
+
+    # The step counter decides which steps communicate (communication_interval)
+    # and, for shift_one, the partner: a resumed run must continue it.
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        unknown = sorted(set(state) - {"step"})
+        if unknown or "step" not in state:
+            raise ValueError(f"DecentralizedAlgorithm state needs exactly the key 'step', got {sorted(state)}")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"DecentralizedAlgorithm state: 'step' must be an int >= 0, got {step!r}")
+        for op in self.ops:
+            op.step = int(step)
 
 
 class DecentralizedAlgorithm(Algorithm):

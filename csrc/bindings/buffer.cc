@@ -7,9 +7,9 @@
 #include <string>
 
 #include "bindings/bindings.h"
+#include "bindings/dlpack_capsule.h"
 #include "buffer/buffer.h"
 #include "dlpack/dtype.h"
-#include "dlpack/export.h"
 #include "dlpack/view.h"
 
 namespace py = pybind11;
@@ -17,11 +17,6 @@ namespace py = pybind11;
 namespace bagua {
 namespace bindings {
 namespace {
-
-constexpr const char* kLegacyName = "dltensor";
-constexpr const char* kVersionedName = "dltensor_versioned";
-constexpr const char* kUsedLegacyName = "used_dltensor";
-constexpr const char* kUsedVersionedName = "used_dltensor_versioned";
 
 const char* device_name(DeviceType d) { return d == DeviceType::kCPU ? "cpu" : "cuda"; }
 
@@ -37,45 +32,25 @@ py::tuple to_tuple(const std::vector<int64_t>& v) {
   return t;
 }
 
-[[noreturn]] void raise_buffer_error(const std::string& msg) {
-  PyErr_SetString(PyExc_BufferError, msg.c_str());
-  throw py::error_already_set();
-}
-
 // Takes the tensor out of a capsule. The capsule is renamed first ("used_..."),
 // so it never calls the deleter itself: from now on the view owns the tensor.
 std::unique_ptr<DLPackView> adopt_capsule(const py::handle& cap, std::optional<DType> as) {
   PyObject* o = cap.ptr();
-  if (PyCapsule_IsValid(o, kVersionedName)) {
-    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(o, kVersionedName));
-    PyCapsule_SetName(o, kUsedVersionedName);
+  if (PyCapsule_IsValid(o, kDLTensorVersionedName)) {
+    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(o, kDLTensorVersionedName));
+    PyCapsule_SetName(o, kUsedDLTensorVersionedName);
     return DLPackView::adopt(t, as);
   }
-  if (PyCapsule_IsValid(o, kLegacyName)) {
-    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(o, kLegacyName));
-    PyCapsule_SetName(o, kUsedLegacyName);
+  if (PyCapsule_IsValid(o, kDLTensorName)) {
+    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(o, kDLTensorName));
+    PyCapsule_SetName(o, kUsedDLTensorName);
     return DLPackView::adopt(t, as);
   }
-  if (PyCapsule_IsValid(o, kUsedVersionedName) || PyCapsule_IsValid(o, kUsedLegacyName)) {
+  if (PyCapsule_IsValid(o, kUsedDLTensorVersionedName) || PyCapsule_IsValid(o, kUsedDLTensorName)) {
     throw InvalidArgument("this DLPack capsule was already consumed");
   }
   throw py::type_error("expected a DLPack capsule (from __dlpack__()), got " +
                        std::string(py::str(py::type::of(cap).attr("__name__"))));
-}
-
-// Capsules the consumer never took still own their tensor.
-void versioned_capsule_destructor(PyObject* cap) {
-  if (PyCapsule_IsValid(cap, kVersionedName)) {
-    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
-    if (t && t->deleter) t->deleter(t);
-  }
-}
-
-void legacy_capsule_destructor(PyObject* cap) {
-  if (PyCapsule_IsValid(cap, kLegacyName)) {
-    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
-    if (t && t->deleter) t->deleter(t);
-  }
 }
 
 DLDevice dl_device_of(const Buffer& b) {
@@ -88,41 +63,15 @@ py::object export_buffer(const Buffer& self, py::object stream, py::object max_v
   // stream is irrelevant: Bagua finishes writing a buffer before its
   // primitive returns. copy=True exports a fresh copy, otherwise a view.
   DLDevice dev = dl_device_of(self);
-  if (!dl_device.is_none()) {
-    auto want = dl_device.cast<std::pair<int, int>>();
-    if (want.first != dev.device_type || want.second != dev.device_id) {
-      raise_buffer_error("bagua_core.Buffer cannot be exported to another device");
-    }
-  }
-  bool copied = !copy.is_none() && copy.cast<bool>();
+  check_requested_device(dl_device, dev, "bagua_core.Buffer");
+  bool copied = copy_requested(copy);
   Buffer b = self;
   if (copied) {
     b = Buffer(self.shape(), self.dtype(), self.device_type(), self.device_index());
     copy_bytes(b.data(), self.data(), self.nbytes(), self.device_type());
   }
-  ExportSpec spec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false, copied};
-  bool versioned = false;
-  if (!max_version.is_none()) {
-    auto v = max_version.cast<std::pair<int, int>>();
-    versioned = v.first >= DLPACK_MAJOR_VERSION;
-  }
-  PyObject* cap;
-  if (versioned) {
-    DLManagedTensorVersioned* t = export_versioned(std::move(spec));
-    cap = PyCapsule_New(t, kVersionedName, versioned_capsule_destructor);
-    if (cap == nullptr) {
-      t->deleter(t);
-      throw py::error_already_set();
-    }
-  } else {
-    DLManagedTensor* t = export_legacy(std::move(spec));
-    cap = PyCapsule_New(t, kLegacyName, legacy_capsule_destructor);
-    if (cap == nullptr) {
-      t->deleter(t);
-      throw py::error_already_set();
-    }
-  }
-  return py::reinterpret_steal<py::object>(cap);
+  return make_dlpack_capsule(ExportSpec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false, copied},
+                             max_version);
 }
 
 // numpy cannot name bfloat16 in DLPack: view the bits as uint16 and let

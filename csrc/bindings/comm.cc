@@ -73,6 +73,9 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
       .def_property_readonly("device_type",
                              [](const Communicator& c) { return static_cast<int>(c.device_type()); })
       .def("describe", &Communicator::describe)
+      .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>(),
+           "Releases connections and threads now (after the operation in progress); later calls raise. "
+           "Idempotent.")
       .def("__repr__", [](const Communicator& c) { return "<Communicator " + c.describe() + ">"; })
       .def(
           "allreduce",

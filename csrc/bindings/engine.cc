@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "bindings/dlpack_capsule.h"
 #include "bucket/bucket.h"
 #include "bucket/plan.h"
 #include "comm/communicator.h"
-#include "dlpack/export.h"
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
@@ -68,60 +68,14 @@ py::dict array_interface(const MemoryView& v) {
   return d;
 }
 
-// ---- DLPack export (host memory, views only) ----
-constexpr const char* kLegacyName = "dltensor";
-constexpr const char* kVersionedName = "dltensor_versioned";
-
-void versioned_capsule_destructor(PyObject* cap) {
-  if (PyCapsule_IsValid(cap, kVersionedName)) {
-    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
-    if (t && t->deleter) t->deleter(t);
-  }
-}
-
-void legacy_capsule_destructor(PyObject* cap) {
-  if (PyCapsule_IsValid(cap, kLegacyName)) {
-    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
-    if (t && t->deleter) t->deleter(t);
-  }
-}
-
-[[noreturn]] void raise_buffer_error(const std::string& msg) {
-  PyErr_SetString(PyExc_BufferError, msg.c_str());
-  throw py::error_already_set();
-}
-
+// DLPack export: host memory, views only (the point is sharing memory).
 py::object export_view(const MemoryView& v, py::object stream, py::object max_version, py::object dl_device,
                        py::object copy) {
-  // stream is irrelevant on the host. Views only: the point is sharing memory.
-  if (!copy.is_none() && copy.cast<bool>())
-    raise_buffer_error("engine memory is exported as views only (copy=True is not supported)");
+  // stream is irrelevant on the host.
   const DLDevice dev{kDLCPU, 0};
-  if (!dl_device.is_none()) {
-    auto want = dl_device.cast<std::pair<int, int>>();
-    if (want.first != dev.device_type || want.second != dev.device_id)
-      raise_buffer_error("engine memory cannot be exported to another device");
-  }
-  ExportSpec spec{v.owner, v.data, v.shape, v.dtype, dev, false, false};
-  bool versioned = false;
-  if (!max_version.is_none()) versioned = max_version.cast<std::pair<int, int>>().first >= DLPACK_MAJOR_VERSION;
-  PyObject* cap;
-  if (versioned) {
-    DLManagedTensorVersioned* t = export_versioned(std::move(spec));
-    cap = PyCapsule_New(t, kVersionedName, versioned_capsule_destructor);
-    if (cap == nullptr) {
-      t->deleter(t);
-      throw py::error_already_set();
-    }
-  } else {
-    DLManagedTensor* t = export_legacy(std::move(spec));
-    cap = PyCapsule_New(t, kLegacyName, legacy_capsule_destructor);
-    if (cap == nullptr) {
-      t->deleter(t);
-      throw py::error_already_set();
-    }
-  }
-  return py::reinterpret_steal<py::object>(cap);
+  check_requested_device(dl_device, dev, "engine memory");
+  if (copy_requested(copy)) raise_buffer_error("engine memory is exported as views only (copy=True is not supported)");
+  return make_dlpack_capsule(ExportSpec{v.owner, v.data, v.shape, v.dtype, dev, false, false}, max_version);
 }
 
 MemoryView slot_view(const BucketPtr& b, size_t i) {

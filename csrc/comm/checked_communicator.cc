@@ -127,6 +127,7 @@ class CheckedCommunicator : public Communicator {
     check({OpKind::kBarrier}, stream);
     inner_->barrier(stream);
   }
+  void close() override { inner_->close(); }
 
  private:
   std::string who(int r) const { return "rank " + std::to_string(r); }

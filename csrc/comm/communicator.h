@@ -70,6 +70,12 @@ class Communicator {
 
   // Timeout of every blocking call on this communicator.
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Releases connections and threads now, after the operation in progress;
+  // every later call raises bagua::Error. Idempotent. Called when the process
+  // group (or the engine) owning the communicator is closed, so that threads
+  // end even while other objects (ops, views) still hold a reference.
+  virtual void close() {}
 };
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;

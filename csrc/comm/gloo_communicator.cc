@@ -86,6 +86,13 @@ class GlooCommunicator : public Communicator {
     if (size_ > 1) connect();
   }
 
+  void close() override {
+    std::lock_guard<std::mutex> g(mu_);
+    closed_ = true;
+    workers_.clear();  // joins the lane threads before their contexts go away
+    lanes_.clear();    // ends the transport threads
+  }
+
   ~GlooCommunicator() override {
     workers_.clear();  // joins the lane threads before their contexts go away
     lanes_.clear();
@@ -498,6 +505,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void check_not_broken(const OpDesc& d) const {
+    if (closed_) throw Error(describe() + ": " + to_string(d) + ": the communicator was closed");
     if (!broken_.empty())
       throw Error(describe() + ": " + to_string(d) +
                   ": communicator broken by an earlier failure: " + broken_);
@@ -629,6 +637,7 @@ class GlooCommunicator : public Communicator {
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;
   std::string broken_;
+  bool closed_ = false;
 };
 
 }  // namespace
