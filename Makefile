@@ -16,7 +16,7 @@ NPROC  ?= 2
 .PHONY: demo test build deps system clean bench
 
 demo: build
-	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/collectives_demo.py
+	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
 
 test: build
 	$(PY) -m pytest -q -ra

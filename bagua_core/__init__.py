@@ -9,48 +9,44 @@ This package imports neither torch nor jax; the frontends ``bagua_torch`` and
     bc.allreduce_inplace(x, op=bc.ReduceOp.SUM)
 """
 
-from bagua_core._loader import _C  # noqa: F401  (loads the extension safely)
-from bagua_core.buffer import Buffer, empty, from_array, zeros
-from bagua_core.comm import (
-    ReduceOp,
-    allgather,
-    allgather_inplace,
-    allreduce,
-    allreduce_inplace,
-    alltoall,
-    alltoall_inplace,
-    alltoall_v,
-    alltoall_v_inplace,
-    barrier,
-    broadcast,
-    broadcast_object,
-    gather,
-    gather_inplace,
-    recv,
-    reduce,
-    reduce_inplace,
-    reduce_scatter,
-    reduce_scatter_inplace,
-    scatter,
-    scatter_inplace,
-    send,
-)
-from bagua_core.dlpack import DLPackView, import_array
-from bagua_core.dtypes import DType, as_dtype
-from bagua_core.errors import BaguaError, CommTimeoutError, MismatchError, PeerError
-from bagua_core.process_group import (
-    ProcessGroup,
-    destroy_process_group,
-    get_default_group,
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_initialized,
-    new_group,
-)
+import importlib
+
+# Public names and the submodule that defines each. They load on first use, so
+# that light entry points (the launcher `bagua-run`, settings) import neither
+# the extension nor numpy.
+_EXPORTS = {
+    "process_group": [
+        "ProcessGroup", "destroy_process_group", "get_default_group", "get_local_rank",
+        "get_local_world_size", "get_node_rank", "get_rank", "get_world_size",
+        "init_process_group", "is_initialized", "new_group",
+    ],
+    "comm": [
+        "ReduceOp", "allgather", "allgather_inplace", "allreduce", "allreduce_inplace", "alltoall",
+        "alltoall_inplace", "alltoall_v", "alltoall_v_inplace", "barrier", "broadcast",
+        "broadcast_object", "gather", "gather_inplace", "recv", "reduce", "reduce_inplace",
+        "reduce_scatter", "reduce_scatter_inplace", "scatter", "scatter_inplace", "send",
+    ],
+    "buffer": ["Buffer", "empty", "from_array", "zeros"],
+    "dlpack": ["DLPackView", "import_array"],
+    "dtypes": ["DType", "as_dtype"],
+    "errors": ["BaguaError", "CommTimeoutError", "MismatchError", "PeerError"],
+    "_loader": ["_C"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bagua_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"bagua_core.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_MODULE_OF))
+
 
 __version__ = "0.1.0"
 

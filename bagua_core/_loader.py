@@ -5,12 +5,13 @@ resolve to that library, even when torch has been loaded with RTLD_GLOBAL and
 exports its own, incompatible copy of Gloo's symbols.
 """
 
+import importlib
 import os
 import sys
 
 _flags = sys.getdlopenflags()
 try:
     sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0))
-    from bagua_core import _C  # noqa: E402
+    _C = importlib.import_module("bagua_core._C")
 finally:
     sys.setdlopenflags(_flags)

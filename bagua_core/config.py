@@ -21,6 +21,10 @@ Settings (all optional):
                        allgather per collective)
 ``BAGUA_NCCL_LIBRARY`` full path of ``libnccl.so.2`` (default: the
                        ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_BUCKET_SIZE``  bytes of gradients (or weights) per bucket of the
+                       default bucket plan (default 10 MiB = 10485760);
+                       smaller buckets start communicating earlier in
+                       backward, larger ones make fewer, bigger calls
 =====================  =======================================================
 
 Booleans accept 1/0, true/false, yes/no, on/off (any case).
@@ -39,6 +43,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_BUCKET_SIZE = 10 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -102,6 +107,7 @@ class Settings:
     hostname: Optional[str]
     debug_checks: bool
     nccl_library: Optional[str]
+    bucket_size: int = DEFAULT_BUCKET_SIZE
 
     @property
     def num_nodes(self) -> int:
@@ -158,4 +164,5 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         hostname=g("BAGUA_HOSTNAME") or None,
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
+        bucket_size=parse_int("BAGUA_BUCKET_SIZE", g("BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
     )

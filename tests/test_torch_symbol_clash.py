@@ -30,8 +30,11 @@ def load_without_deepbind():
     import importlib.machinery
     import importlib.util
 
-    package = os.path.dirname(importlib.util.find_spec("bagua_core").origin)  # does not import it
-    path = glob.glob(os.path.join(package, "_C*.so"))[0]
+    # Look on sys.path without importing the package: an editable install keeps
+    # the module in site-packages, a development build next to the sources.
+    found = [p for d in sys.path for p in glob.glob(os.path.join(d or ".", "bagua_core", "_C*.so"))]
+    assert found, f"bagua_core._C not found on {sys.path}"
+    path = found[0]
     flags = sys.getdlopenflags()
     sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL)
     try:

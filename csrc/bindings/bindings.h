@@ -13,6 +13,7 @@ void bind_buffer(pybind11::module_& m);
 void bind_ffi(pybind11::module_& m);   // no-op when built without jax
 void bind_cuda(pybind11::module_& m);  // reports availability; no-op without CUDA
 void bind_compression(pybind11::module_& m);  // MinMaxUInt8 on raw addresses
+void bind_engine(pybind11::module_& m);  // buckets, scheduler, algorithm ops
 
 }  // namespace bindings
 }  // namespace bagua

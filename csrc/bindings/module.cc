@@ -10,4 +10,5 @@ PYBIND11_MODULE(_C, m) {
   bagua::bindings::bind_ffi(m);
   bagua::bindings::bind_cuda(m);
   bagua::bindings::bind_compression(m);
+  bagua::bindings::bind_engine(m);
 }

@@ -1,0 +1,302 @@
+"""The overlap engine, framework-free: buckets over core memory, readiness, ops.
+
+A frontend uses it in three moves:
+
+1. **Buckets over core memory.** ``engine.create_buckets(tensors)`` plans
+   buckets from ``(name, shape, dtype)`` declarations in registration order
+   (pass reverse parameter order) and allocates them; ``bucket.view(name)`` is a
+   zero-copy view of one tensor's slot (``numpy.asarray(view)``), so parameters
+   or gradients can live in the bucket. Then append the algorithm's ops to each
+   bucket (``append_centralized_allreduce``, ``append_bytegrad``,
+   ``append_decentralized``).
+2. **Readiness.** ``engine.mark_ready(name)`` from a gradient hook (any
+   thread). A bucket launches on the engine's comm thread once all its tensors
+   are ready and every earlier bucket has launched, so all ranks issue the same
+   collectives in the same order while backward still runs.
+3. **wait()** before ``optimizer.step()``: blocks (without the GIL) until every
+   bucket has finished, resets readiness for the next step, and raises the
+   first failure, naming the bucket and its tensors (``CommTimeoutError`` for a
+   tensor never marked ready or a stuck peer, ``PeerError`` for a dead one).
+
+Decentralized averaging communicates weights (buckets over the parameters):
+at the start of EVERY training forward call ``engine.mark_all_ready()`` (the
+op counts steps and communicates on steps 0, k, 2k, ...; on the others it does
+nothing), ``wait()`` after backward, then ``op.copy_back()`` for each bucket's
+:class:`DecentralizedOp` (weights <- peer average; a no-op on steps that did not
+communicate) before ``optimizer.step()``. Forward and backward only read the
+weights while the comm thread averages them into the op's own peer buffer.
+
+Example (numpy)::
+
+    engine = Engine.for_group(bagua_core.init_process_group())
+    [bucket] = engine.create_buckets([("w", (4, 3), "float32")])
+    bucket.append_centralized_allreduce(average=True)
+    w = np.asarray(bucket.view("w"))
+    w[...] = local_gradient
+    engine.mark_ready("w")
+    engine.wait()          # w now holds the mean over the group
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from bagua_core import config
+from bagua_core._loader import _C
+from bagua_core.dtypes import DType, as_dtype
+
+MemoryView = _C.MemoryView
+DecentralizedOp = _C.DecentralizedOp
+Op = _C.Op
+
+Shape = Sequence[int]
+
+
+class BucketTiming(NamedTuple):
+    """Times of one bucket in the current or last step, in ns of
+    ``time.monotonic_ns()``'s clock; -1 when it has not happened (yet)."""
+
+    launch_ns: int  # all its tensors ready and every earlier bucket launched
+    start_ns: int  # the comm thread began its ops
+    end_ns: int  # its ops finished (or failed)
+
+
+def _numel(shape: Shape) -> int:
+    return int(math.prod(int(d) for d in shape))
+
+
+def _shape(shape) -> Tuple[int, ...]:
+    if isinstance(shape, int):
+        return (shape,)
+    return tuple(int(d) for d in shape)
+
+
+def default_bucket_bytes() -> int:
+    """``BAGUA_BUCKET_SIZE`` (bytes; default 10 MiB)."""
+    return config.load().bucket_size
+
+
+def plan_buckets(tensors: Sequence[Tuple[str, int, object]], bucket_bytes: Optional[int] = None) -> List[List[str]]:
+    """Groups ``(name, numel, dtype)`` declarations (registration order) into
+    buckets of at most ``bucket_bytes`` (default ``BAGUA_BUCKET_SIZE``), one
+    dtype per bucket; a bucket is larger only when it holds one larger tensor.
+    Returns the tensor names of each bucket, buckets in launch order (by the
+    position of their last tensor)."""
+    bucket_bytes = default_bucket_bytes() if bucket_bytes is None else int(bucket_bytes)
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    decls = [(str(n), int(k), int(as_dtype(d))) for n, k, d in tensors]
+    return [[decls[i][0] for i in group] for group in _C.plan_buckets(decls, bucket_bytes)]
+
+
+class Bucket:
+    """One bucket of an :class:`Engine`: a flat buffer of one dtype holding named
+    tensors back to back (zero padding at the end up to ``alignment``)."""
+
+    def __init__(self, engine: "Engine", index: int, core):
+        self.engine = engine
+        self.index = index
+        self._core = core
+
+    # ---- layout and memory ----
+    @property
+    def name(self) -> str:
+        return self._core.name
+
+    @property
+    def dtype(self) -> DType:
+        return DType(self._core.dtype)
+
+    @property
+    def numel(self) -> int:
+        """Elements, padding included."""
+        return self._core.numel
+
+    @property
+    def payload_numel(self) -> int:
+        return self._core.payload_numel
+
+    @property
+    def nbytes(self) -> int:
+        return self._core.nbytes
+
+    @property
+    def tensor_names(self) -> List[str]:
+        """Names of its tensors, padding excluded, in layout order."""
+        return [n for i, n in enumerate(self._core.slot_names) if not self._core.slot(i)["is_padding"]]
+
+    def slot(self, key: Union[int, str]) -> dict:
+        """Layout of one slot: name, offset (elements), numel, shape, is_padding."""
+        return self._core.slot(key)
+
+    def view(self, key: Union[int, str]) -> MemoryView:
+        """Zero-copy view of one tensor's slot (by name or index), in its shape."""
+        return self._core.view(key)
+
+    def flat_view(self) -> MemoryView:
+        """Zero-copy 1-D view of the whole bucket, padding included."""
+        return self._core.flat_view()
+
+    # ---- the op chain (between steps) ----
+    def append_centralized_allreduce(self, hierarchical: bool = False, average: bool = True) -> Op:
+        """Allreduce (mean or sum) of the bucket; hierarchical: intra-node reduce
+        to the leader, allreduce among leaders, intra-node broadcast."""
+        return self.engine._core.append_centralized_allreduce(self.index, bool(hierarchical), bool(average))
+
+    def append_bytegrad(self, hierarchical: bool = False, average: bool = True) -> Op:
+        """MinMaxUInt8 scatter-reduce-gather (ByteGrad). The bucket's numel must be
+        a multiple of the group size (create it with ``alignment=group size``)."""
+        return self.engine._core.append_bytegrad(self.index, bool(hierarchical), bool(average))
+
+    def append_decentralized(self, peer_selection_mode: str = "all", communication_interval: int = 1,
+                             hierarchical: bool = False) -> DecentralizedOp:
+        """Decentralized weight averaging ("all" or "shift_one") into the op's peer
+        buffer; ``op.copy_back()`` after ``wait()`` writes it into the bucket."""
+        return self.engine._core.append_decentralized(self.index, str(peer_selection_mode),
+                                                      int(communication_interval), bool(hierarchical))
+
+    def ops(self) -> List[Op]:
+        return self.engine._core.ops(self.index)
+
+    def clear_ops(self) -> None:
+        self.engine._core.clear_ops(self.index)
+
+    # ---- readiness ----
+    def mark_ready(self, key: Union[int, str]) -> None:
+        slot = key if isinstance(key, int) else self._core.slot_index(key)
+        if slot < 0:
+            raise ValueError(f"bucket '{self.name}' has no tensor named {key!r}")
+        self.engine._core.mark_ready(self.index, slot)
+
+    def mark_all_ready(self) -> None:
+        self.engine._core.mark_bucket_ready(self.index)
+
+    def __repr__(self) -> str:
+        return f"<Bucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} tensors={len(self.tensor_names)}>"
+
+
+class Engine:
+    """The overlap engine of one process group (one comm thread).
+
+    ``comm`` is the group's ``_C.Communicator``; hierarchical ops also need
+    ``intra`` (this node's processes) and, on node leaders (intra rank 0),
+    ``inter`` (one process per node). ``timeout_s`` bounds ``wait()`` (default:
+    the communicator's timeout, ``BAGUA_TIMEOUT``).
+    """
+
+    def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None):
+        self._core = _C.Engine(comm, intra, inter, timeout_s)
+        self._buckets: List[Bucket] = []
+
+    @classmethod
+    def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None) -> "Engine":
+        """An engine over a ``bagua_core`` process group. With ``hierarchical``
+        the group's intra- and inter-node groups are created (every rank of the
+        group must then call this, in the same order)."""
+        if not group.is_member:
+            raise ValueError(f"this process is not a member of {group!r}")
+        intra = inter = None
+        if hierarchical:
+            intra = group.intra_node_group().comm
+            inter = group.inter_node_group().comm
+        return cls(group.comm, intra, inter, timeout_s)
+
+    # ---- buckets ----
+    def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype, alignment: int = 1) -> Bucket:
+        """Allocates a bucket holding ``(name, shape)`` tensors of one dtype and
+        appends it to the launch order."""
+        if alignment < 1:
+            raise ValueError(f"alignment must be >= 1, got {alignment}")
+        core = _C.Bucket(str(name), int(as_dtype(dtype)), [(str(n), _shape(s)) for n, s in tensors], int(alignment))
+        index = self._core.add_bucket(core)
+        bucket = Bucket(self, index, core)
+        self._buckets.append(bucket)
+        return bucket
+
+    def create_buckets(self, tensors: Sequence[Tuple[str, Shape, object]], bucket_bytes: Optional[int] = None,
+                       alignment: int = 1) -> List[Bucket]:
+        """Plans (see :func:`plan_buckets`) and allocates buckets for ``(name,
+        shape, dtype)`` declarations in registration order. Buckets are named
+        by their index among this engine's buckets ("0", "1", ...)."""
+        decls = [(str(n), _shape(s), as_dtype(d)) for n, s, d in tensors]
+        by_name = {n: (s, d) for n, s, d in decls}
+        if len(by_name) != len(decls):
+            raise ValueError("tensor names must be unique")
+        plan = plan_buckets([(n, _numel(s), d) for n, s, d in decls], bucket_bytes)
+        out = []
+        for names in plan:
+            dtype = by_name[names[0]][1]
+            out.append(self.add_bucket(str(len(self._buckets)), [(n, by_name[n][0]) for n in names], dtype, alignment))
+        return out
+
+    @property
+    def buckets(self) -> List[Bucket]:
+        return list(self._buckets)
+
+    def clear_buckets(self) -> None:
+        """Removes every bucket (between steps), e.g. to switch algorithms."""
+        self._core.clear_buckets()
+        self._buckets.clear()
+
+    # ---- readiness and steps ----
+    def mark_ready(self, name: str) -> None:
+        """Marks the tensor called ``name`` ready for this step (any thread)."""
+        self._core.mark_ready(name)
+
+    def mark_all_ready(self) -> None:
+        self._core.mark_all_ready()
+
+    def wait(self) -> None:
+        """Ends the step: blocks until every bucket has launched and finished,
+        then resets readiness. Returns at once when no tensor was marked ready
+        since the last wait()."""
+        self._core.wait()
+
+    @property
+    def steps(self) -> int:
+        """Steps completed by wait()."""
+        return self._core.steps
+
+    @property
+    def launches(self) -> int:
+        """Buckets launched since the engine was created."""
+        return self._core.launches
+
+    @property
+    def in_step(self) -> bool:
+        return self._core.in_step
+
+    @property
+    def broken(self) -> bool:
+        """True after a failure: every later wait() raises."""
+        return self._core.broken
+
+    @property
+    def timeout_s(self) -> float:
+        return self._core.timeout_s
+
+    def timings(self) -> List[BucketTiming]:
+        """Per bucket launch/start/end times of the current or last step."""
+        return [BucketTiming(*t) for t in self._core.timings()]
+
+    def close(self) -> None:
+        """Stops and joins the comm thread (after the bucket it runs)."""
+        self._core.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def monotonic_ns() -> int:
+    """The engine's clock; equal to ``time.monotonic_ns()`` on Linux."""
+    return _C.monotonic_ns()
+
+
+def shift_one_peer(rank: int, n: int, comm_step: int) -> int:
+    """The decentralized ``shift_one`` partner of ``rank`` among ``n`` (even)
+    peers at communication number ``comm_step``."""
+    return _C.shift_one_peer(rank, n, comm_step)

@@ -1,0 +1,138 @@
+"""The one place where bagua_jax touches JAX's private or semi-private API.
+
+Everything JAX may move between releases is imported or wrapped here, so a JAX
+upgrade means editing this file only. Checked against jax 0.10.
+
+Why private API at all: ``jax.ffi.ffi_call(..., has_side_effect=True)`` only
+attaches an *unordered* effect, which stops XLA from deleting the call but not
+from reordering it. Collectives must run in the same order on every rank even
+when they are data-independent (two allreduces of unrelated gradients), or the
+ranks pair up different operations. JAX has no public way to give an FFI call
+an ordered effect, so - as mpi4jax does - we define a primitive with an
+*ordered* effect: JAX then threads one XLA token through every such primitive
+of a program (and across jitted calls at run time), and the lowering passes
+that token in and out of the FFI call, which fixes the order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend.core import Primitive  # noqa: F401  (re-exported)
+from jax.interpreters import ad, batching, mlir
+
+from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import effects as _effects
+
+ShapedArray = _core.ShapedArray
+abstract_token = _core.abstract_token
+
+# Autodiff pieces used by the JVP and transpose rules.
+Zero = ad.Zero
+instantiate_zeros = ad.instantiate_zeros
+
+
+def is_zero(t: Any) -> bool:
+    """A symbolic zero tangent/cotangent (no value, nothing to communicate)."""
+    return type(t) is ad.Zero
+
+
+def zero_tangent_like(value: Any) -> Any:
+    """The symbolic zero tangent of ``value``."""
+    if hasattr(ad.Zero, "from_primal_value"):  # older jax
+        return ad.Zero.from_primal_value(value)
+    return ad.Zero(_core.typeof(value).to_tangent_aval())
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveEffect(_effects.Effect):
+    """Ordered effect shared by every bagua collective in a process.
+
+    One effect (hence one token chain) for all process groups: collectives keep
+    program order across groups as well, which is what each rank's peers expect.
+    """
+
+    def __str__(self) -> str:
+        return "BaguaCollective"
+
+
+def _register_ordered_effect(effect_type: type) -> Any:
+    _effects.lowerable_effects.add_type(effect_type)
+    _effects.ordered_effects.add_type(effect_type)
+    # Allowed inside lax.cond/while/scan bodies, custom_jvp/vjp and remat.
+    _effects.control_flow_allowed_effects.add_type(effect_type)
+    _effects.custom_derivatives_allowed_effects.add_type(effect_type)
+    _effects.remat_allowed_effects.add_type(effect_type)
+    return effect_type()
+
+
+collective_effect = _register_ordered_effect(CollectiveEffect)
+
+
+def define_primitive(name: str) -> Primitive:
+    """A primitive evaluated eagerly by compiling it alone (like jax.lax ops)."""
+    prim = Primitive(name)
+    prim.def_impl(functools.partial(_dispatch.apply_primitive, prim))
+    return prim
+
+
+def def_effectful_abstract_eval(prim: Primitive, rule: Callable[..., Any]) -> None:
+    """``rule`` returns the output aval; the collective effect is added here."""
+
+    def with_effect(*avals, **params):
+        return rule(*avals, **params), {collective_effect}
+
+    prim.def_effectful_abstract_eval(with_effect)
+
+
+def def_jvp(prim: Primitive, rule: Callable[..., Any]) -> None:
+    ad.primitive_jvps[prim] = rule
+
+
+def def_transpose(prim: Primitive, rule: Callable[..., Any]) -> None:
+    ad.primitive_transposes[prim] = rule
+
+
+def def_batching(prim: Primitive, rule: Callable[..., Any]) -> None:
+    batching.primitive_batchers[prim] = rule
+
+
+def register_lowering(prim: Primitive, rule: Callable[..., Any]) -> None:
+    """One rule for every platform; the rule checks the platform itself, so an
+    array on the wrong device gets our error rather than 'no lowering rule'."""
+    mlir.register_lowering(prim, rule)
+
+
+def lowering_platforms(ctx: Any) -> Sequence[str]:
+    """Platforms being lowered for, e.g. ('cpu',) or ('cuda',)."""
+    return tuple(ctx.platforms or ctx.module_context.platforms)
+
+
+def lower_ffi_with_token(ctx: Any, target: str, operand: Any, *,
+                         alias: bool, **attributes: Any) -> Any:
+    """Emits the FFI call ``target(operand, token) -> (result, token)``.
+
+    The token comes from the lowering context (the previous collective's) and
+    the new one is handed back to JAX, which chains it into the next collective.
+    With ``alias`` the result reuses the operand's buffer (no copy when the
+    operand is donated; XLA inserts one otherwise).
+    """
+    token = ctx.tokens_in.get(collective_effect)
+    token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
+                            avals_out=[*ctx.avals_out, abstract_token])
+    rule = jax.ffi.ffi_lowering(
+        target,
+        has_side_effect=True,
+        operand_output_aliases={0: 0} if alias else None,
+    )
+    result, token_out = rule(token_ctx, operand, token, **attributes)
+    ctx.set_tokens_out(mlir.TokenSet({collective_effect: token_out}))
+    return [result]
+
+
+def register_ffi_target(name: str, capsule: Any, platform: str) -> None:
+    jax.ffi.register_ffi_target(name, capsule, platform=platform, api_version=1)

@@ -1,0 +1,50 @@
+"""Registers the engine's XLA FFI handlers with JAX, once per process.
+
+The handlers live in the extension module (csrc/ffi/); ``_C.ffi_targets()``
+returns them as capsules grouped by platform. Every platform registers the same
+target names, so a collective's lowering does not depend on the platform.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from bagua_core import _C
+
+from bagua_jax import _compat
+
+ALLREDUCE = "bagua_allreduce"
+BROADCAST = "bagua_broadcast"
+ALLGATHER = "bagua_allgather"
+
+# jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
+_JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}
+
+_lock = threading.Lock()
+_registered: dict = {}
+
+
+def register_targets() -> dict:
+    """{lowering platform: set of target names}; idempotent."""
+    with _lock:
+        if _registered:
+            return _registered
+        if not getattr(_C, "has_xla_ffi", False):
+            raise ImportError(
+                "bagua_core was built without XLA FFI handlers (jax was not importable "
+                "when it was built); reinstall bagua with jax installed")
+        for platform, targets in _C.ffi_targets().items():
+            for name, capsule in targets.items():
+                _compat.register_ffi_target(name, capsule, platform=platform)
+                _registered.setdefault(_JAX_PLATFORM[platform], set()).add(name)
+        return _registered
+
+
+def check_lowerable(name: str, target: str, platforms) -> None:
+    """Raises a clear error when no handler exists for a lowering platform."""
+    have = register_targets()
+    for p in platforms:
+        if target not in have.get(p, ()):
+            raise NotImplementedError(
+                f"bagua_jax.{name}: no {p} implementation in this build "
+                f"(available on: {', '.join(sorted(have))})")

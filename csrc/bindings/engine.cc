@@ -1,0 +1,342 @@
+// The overlap engine: bucket plans, buckets with zero-copy slot views, the
+// engine (scheduler + comm thread) and its ops. Blocking calls release the GIL;
+// the comm thread never takes it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "bucket/bucket.h"
+#include "bucket/plan.h"
+#include "comm/communicator.h"
+#include "dlpack/export.h"
+#include "ops/bytegrad.h"
+#include "ops/centralized_allreduce.h"
+#include "ops/decentralized.h"
+#include "sched/engine.h"
+
+namespace py = pybind11;
+
+namespace bagua {
+namespace bindings {
+namespace {
+
+// A typed window on engine memory (a bucket, one of its slots, or a peer
+// buffer), exported zero-copy through DLPack (and __array_interface__ for
+// numpy). Views and their exports keep the memory alive.
+struct MemoryView {
+  std::shared_ptr<void> owner;
+  void* data;
+  std::vector<int64_t> shape;
+  DType dtype;
+
+  size_t numel() const {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    return n;
+  }
+};
+
+const char* typestr(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "<f4";
+    case DType::kFloat64: return "<f8";
+    case DType::kFloat16: return "<f2";
+    case DType::kBFloat16: return "<u2";  // numpy has no bfloat16: the raw bits
+    case DType::kInt32: return "<i4";
+    case DType::kInt64: return "<i8";
+    case DType::kUInt8: return "|u1";
+  }
+  return "|V1";
+}
+
+py::dict array_interface(const MemoryView& v) {
+  py::dict d;
+  py::tuple shape(v.shape.size());
+  for (size_t i = 0; i < v.shape.size(); ++i) shape[i] = py::int_(v.shape[i]);
+  d["shape"] = shape;
+  d["typestr"] = typestr(v.dtype);
+  d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(v.data), false);
+  d["version"] = 3;
+  return d;
+}
+
+// ---- DLPack export (host memory, views only) ----
+constexpr const char* kLegacyName = "dltensor";
+constexpr const char* kVersionedName = "dltensor_versioned";
+
+void versioned_capsule_destructor(PyObject* cap) {
+  if (PyCapsule_IsValid(cap, kVersionedName)) {
+    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
+    if (t && t->deleter) t->deleter(t);
+  }
+}
+
+void legacy_capsule_destructor(PyObject* cap) {
+  if (PyCapsule_IsValid(cap, kLegacyName)) {
+    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
+    if (t && t->deleter) t->deleter(t);
+  }
+}
+
+[[noreturn]] void raise_buffer_error(const std::string& msg) {
+  PyErr_SetString(PyExc_BufferError, msg.c_str());
+  throw py::error_already_set();
+}
+
+py::object export_view(const MemoryView& v, py::object stream, py::object max_version, py::object dl_device,
+                       py::object copy) {
+  // stream is irrelevant on the host. Views only: the point is sharing memory.
+  if (!copy.is_none() && copy.cast<bool>())
+    raise_buffer_error("engine memory is exported as views only (copy=True is not supported)");
+  const DLDevice dev{kDLCPU, 0};
+  if (!dl_device.is_none()) {
+    auto want = dl_device.cast<std::pair<int, int>>();
+    if (want.first != dev.device_type || want.second != dev.device_id)
+      raise_buffer_error("engine memory cannot be exported to another device");
+  }
+  ExportSpec spec{v.owner, v.data, v.shape, v.dtype, dev, false, false};
+  bool versioned = false;
+  if (!max_version.is_none()) versioned = max_version.cast<std::pair<int, int>>().first >= DLPACK_MAJOR_VERSION;
+  PyObject* cap;
+  if (versioned) {
+    DLManagedTensorVersioned* t = export_versioned(std::move(spec));
+    cap = PyCapsule_New(t, kVersionedName, versioned_capsule_destructor);
+    if (cap == nullptr) {
+      t->deleter(t);
+      throw py::error_already_set();
+    }
+  } else {
+    DLManagedTensor* t = export_legacy(std::move(spec));
+    cap = PyCapsule_New(t, kLegacyName, legacy_capsule_destructor);
+    if (cap == nullptr) {
+      t->deleter(t);
+      throw py::error_already_set();
+    }
+  }
+  return py::reinterpret_steal<py::object>(cap);
+}
+
+MemoryView slot_view(const BucketPtr& b, size_t i) {
+  const Slot& s = b->slot(i);
+  return MemoryView{b->memory(), b->slot_data(i), s.shape, b->dtype()};
+}
+
+MemoryView bucket_view(const BucketPtr& b) {
+  return MemoryView{b->memory(), b->data(), {static_cast<int64_t>(b->numel())}, b->dtype()};
+}
+
+size_t slot_index(const Bucket& b, const py::handle& key) {
+  if (py::isinstance<py::str>(key)) {
+    const std::string name = key.cast<std::string>();
+    int64_t i = b.find_slot(name);
+    if (i < 0) throw InvalidArgument("bucket '" + b.name() + "' has no tensor named '" + name + "'");
+    return static_cast<size_t>(i);
+  }
+  int64_t i = key.cast<int64_t>();
+  if (i < 0 || static_cast<size_t>(i) >= b.num_slots())
+    throw InvalidArgument("bucket '" + b.name() + "' has " + std::to_string(b.num_slots()) + " slots, no slot " +
+                          std::to_string(i));
+  return static_cast<size_t>(i);
+}
+
+DType to_dtype(int v) {
+  if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
+  return static_cast<DType>(v);
+}
+
+int dtype_code(DType t) { return static_cast<int>(t); }
+
+py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.launch_ns, t.start_ns, t.end_ns); }
+
+CommSet make_comms(CommunicatorPtr global, CommunicatorPtr intra, CommunicatorPtr inter) {
+  if (!global) throw InvalidArgument("Engine: comm is required");
+  return CommSet{std::move(global), std::move(intra), std::move(inter)};
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  m.def("monotonic_ns", &monotonic_ns, "The engine's clock (CLOCK_MONOTONIC, as time.monotonic_ns()).");
+
+  m.def(
+      "plan_buckets",
+      [](const std::vector<std::tuple<std::string, size_t, int>>& tensors, size_t bucket_bytes) {
+        std::vector<TensorDecl> decls;
+        decls.reserve(tensors.size());
+        for (const auto& t : tensors)
+          decls.push_back(TensorDecl{std::get<0>(t), std::get<1>(t), to_dtype(std::get<2>(t))});
+        return plan_buckets(decls, bucket_bytes);
+      },
+      py::arg("tensors"), py::arg("bucket_bytes"),
+      "Groups (name, numel, dtype code) declarations, in registration order, into buckets of at most "
+      "bucket_bytes (one dtype each); returns lists of indices into tensors, in launch order.");
+
+  m.def("shift_one_peer", &shift_one_peer, py::arg("rank"), py::arg("n"), py::arg("comm_step"),
+        "The decentralized shift_one partner of rank among n (even) peers at communication comm_step.");
+
+  py::class_<MemoryView>(m, "MemoryView", R"doc(
+Engine memory (a bucket, one of its tensors, or a peer buffer), viewed zero-copy
+through DLPack (``torch.from_dlpack(view)``, ``jax.numpy.from_dlpack(view)``,
+``numpy.from_dlpack(view)``), ``numpy.asarray(view)`` (``__array_interface__``;
+bfloat16 shows as uint16 bits) or by address. Views and their exports keep the
+memory alive.)doc")
+      .def("__dlpack__", &export_view, py::kw_only(), py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__", [](const MemoryView&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
+      .def_property_readonly("address", [](const MemoryView& v) { return reinterpret_cast<uintptr_t>(v.data); })
+      .def_property_readonly("shape", [](const MemoryView& v) { return v.shape; })
+      .def_property_readonly("dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")
+      .def_property_readonly("numel", &MemoryView::numel)
+      .def_property_readonly("nbytes", [](const MemoryView& v) { return v.numel() * dtype_size(v.dtype); })
+      .def_property_readonly("__array_interface__", &array_interface)
+      .def("__repr__", [](const MemoryView& v) {
+        std::string s = "MemoryView(shape=(";
+        for (size_t i = 0; i < v.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(v.shape[i]);
+        if (v.shape.size() == 1) s += ",";
+        return s + "), dtype=" + dtype_name(v.dtype) + ")";
+      });
+
+  py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket", R"doc(
+A flat, 64-byte aligned, zero-initialised host buffer of one dtype holding named
+tensors (slots) back to back, padded with zeros to a multiple of ``alignment``.)doc")
+      .def(py::init([](std::string name, int dtype,
+                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors, size_t alignment) {
+             std::vector<SlotSpec> specs;
+             specs.reserve(tensors.size());
+             for (const auto& t : tensors) specs.push_back(SlotSpec{t.first, t.second});
+             return std::make_shared<Bucket>(std::move(name), to_dtype(dtype), std::move(specs), alignment);
+           }),
+           py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1)
+      .def_property_readonly("name", &Bucket::name)
+      .def_property_readonly("dtype", [](const Bucket& b) { return dtype_code(b.dtype()); }, "DType code.")
+      .def_property_readonly("alignment", &Bucket::alignment)
+      .def_property_readonly("numel", &Bucket::numel)
+      .def_property_readonly("payload_numel", &Bucket::payload_numel)
+      .def_property_readonly("nbytes", &Bucket::nbytes)
+      .def_property_readonly("address", [](const Bucket& b) { return reinterpret_cast<uintptr_t>(b.data()); })
+      .def_property_readonly("num_slots", &Bucket::num_slots)
+      .def_property_readonly("slot_names",
+                             [](const Bucket& b) {
+                               std::vector<std::string> out;
+                               for (const auto& s : b.slots()) out.push_back(s.name);
+                               return out;
+                             })
+      .def(
+          "slot",
+          [](const Bucket& b, const py::handle& key) {
+            const Slot& s = b.slot(slot_index(b, key));
+            py::dict d;
+            d["name"] = s.name;
+            d["offset"] = s.offset;
+            d["numel"] = s.numel;
+            d["shape"] = s.shape;
+            d["is_padding"] = s.is_padding;
+            return d;
+          },
+          py::arg("key"), "Layout of a slot (by index or name): name, offset, numel, shape, is_padding.")
+      .def(
+          "slot_index", [](const Bucket& b, const std::string& name) { return b.find_slot(name); },
+          py::arg("name"), "Index of the named slot, or -1.")
+      .def(
+          "view", [](const BucketPtr& b, const py::handle& key) { return slot_view(b, slot_index(*b, key)); },
+          py::arg("key"), "Zero-copy view of one slot (by index or name), in its shape.")
+      .def("flat_view", &bucket_view, "Zero-copy 1-D view of the whole bucket, padding included.")
+      .def("__repr__", [](const Bucket& b) { return "<" + b.describe() + ", numel=" + std::to_string(b.numel()) + ">"; });
+
+  py::class_<Op, std::shared_ptr<Op>>(m, "Op", "An algorithm step bound to one bucket.")
+      .def_property_readonly("description", &Op::describe)
+      .def("__repr__", [](const Op& o) { return "<Op " + o.describe() + ">"; });
+
+  py::class_<DecentralizedOp, Op, std::shared_ptr<DecentralizedOp>>(m, "DecentralizedOp", R"doc(
+Decentralized weight averaging on one bucket. Its peer buffer receives the
+averaged weights; copy_back() writes them into the bucket (after Engine.wait()).)doc")
+      .def_property("step", &DecentralizedOp::step, &DecentralizedOp::set_step,
+                    "Executions so far (one per training step); settable to restore a checkpoint.")
+      .def_property_readonly("communicates_next", &DecentralizedOp::communicates_next)
+      .def_property_readonly("last_communicated", &DecentralizedOp::last_communicated)
+      .def("copy_back", &DecentralizedOp::copy_back, py::call_guard<py::gil_scoped_release>(),
+           "bucket <- peer-averaged weights if the last step communicated; returns whether it copied.")
+      .def("peer_view", [](const DecentralizedOp& o) {
+        const BucketPtr& b = o.bucket();
+        if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
+        return MemoryView{o.peer_memory(), o.peer_data(), {static_cast<int64_t>(b->numel())}, b->dtype()};
+      }, "Zero-copy 1-D view of the peer buffer (the bucket's layout).");
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
+The overlap engine of one process group: ordered buckets, per-tensor readiness
+and one comm thread. A bucket launches when all its tensors are marked ready
+and every earlier bucket has launched; wait() ends the step and re-raises the
+first failure. See csrc/sched/engine.h.)doc")
+      .def(py::init([](CommunicatorPtr comm, CommunicatorPtr intra, CommunicatorPtr inter,
+                       std::optional<double> timeout_s) {
+             CommSet comms = make_comms(std::move(comm), std::move(intra), std::move(inter));
+             std::chrono::milliseconds timeout = comms.global->timeout();
+             if (timeout_s) {
+               if (!(*timeout_s > 0) || !std::isfinite(*timeout_s))
+                 throw InvalidArgument("Engine: timeout_s must be a positive number");
+               timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*timeout_s * 1000.0)));
+             }
+             return std::make_shared<Engine>(std::move(comms), timeout);
+           }),
+           py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr, py::arg("timeout_s") = py::none())
+      .def_property_readonly("timeout_s", [](const Engine& e) { return e.timeout().count() / 1000.0; })
+      .def("add_bucket", &Engine::add_bucket, py::arg("bucket"), "Appends a bucket (launch order); returns its index.")
+      .def("clear_buckets", &Engine::clear_buckets, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_buckets", &Engine::num_buckets)
+      .def("bucket", &Engine::bucket, py::arg("index"))
+      .def(
+          "append_centralized_allreduce",
+          [](Engine& e, size_t bucket, bool hierarchical, bool average) {
+            auto op = std::make_shared<CentralizedAllreduceOp>(e.comms(), hierarchical, average);
+            e.append_op(bucket, op);
+            return std::static_pointer_cast<Op>(op);
+          },
+          py::arg("bucket"), py::arg("hierarchical") = false, py::arg("average") = true)
+      .def(
+          "append_bytegrad",
+          [](Engine& e, size_t bucket, bool hierarchical, bool average) {
+            auto op = std::make_shared<ByteGradOp>(e.comms(), hierarchical, average);
+            e.append_op(bucket, op);
+            return std::static_pointer_cast<Op>(op);
+          },
+          py::arg("bucket"), py::arg("hierarchical") = false, py::arg("average") = true)
+      .def(
+          "append_decentralized",
+          [](Engine& e, size_t bucket, const std::string& mode, int64_t interval, bool hierarchical) {
+            auto op = std::make_shared<DecentralizedOp>(e.comms(), parse_peer_mode(mode), interval, hierarchical);
+            e.append_op(bucket, op);
+            return op;
+          },
+          py::arg("bucket"), py::arg("peer_selection_mode") = "all", py::arg("communication_interval") = 1,
+          py::arg("hierarchical") = false)
+      .def("clear_ops", &Engine::clear_ops, py::arg("bucket"))
+      .def("ops", &Engine::ops, py::arg("bucket"))
+      .def("mark_ready", py::overload_cast<size_t, size_t>(&Engine::mark_ready), py::arg("bucket"), py::arg("slot"))
+      .def("mark_ready", py::overload_cast<const std::string&>(&Engine::mark_ready), py::arg("name"))
+      .def("mark_bucket_ready", &Engine::mark_bucket_ready, py::arg("bucket"))
+      .def("mark_all_ready", &Engine::mark_all_ready)
+      .def("wait", &Engine::wait, py::call_guard<py::gil_scoped_release>())
+      .def("timings",
+           [](const Engine& e) {
+             py::list out;
+             for (const auto& t : e.timings()) out.append(timing_tuple(t));
+             return out;
+           },
+           "Per bucket (launch_ns, start_ns, end_ns) of the current or last step (monotonic_ns clock; -1: not yet).")
+      .def_property_readonly("launches", &Engine::launches)
+      .def_property_readonly("steps", &Engine::steps)
+      .def_property_readonly("in_step", &Engine::in_step)
+      .def_property_readonly("broken", &Engine::broken)
+      .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace bindings
+}  // namespace bagua

@@ -1,0 +1,20 @@
+// The table of FFI targets the module exports, for jax.ffi.register_ffi_target.
+// One name per collective; each platform registers its own handler under that
+// name, so the Python lowering is the same on every platform.
+#pragma once
+
+#include <vector>
+
+namespace bagua {
+namespace ffi {
+
+struct Target {
+  const char* name;      // e.g. "bagua_allreduce"
+  const char* platform;  // "cpu" or "CUDA", as jax.ffi.register_ffi_target spells it
+  void* handler;         // an XLA_FFI_DEFINE_HANDLER_SYMBOL function
+};
+
+const std::vector<Target>& targets();
+
+}  // namespace ffi
+}  // namespace bagua

@@ -1,0 +1,27 @@
+// An algorithm step on a bucket, run by the engine's comm thread.
+//
+// An op is bound to one bucket when appended (bind() validates and allocates
+// what it needs; errors surface there, in the caller). execute() runs on the
+// comm thread without the GIL and throws bagua::Error subclasses on failure.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "bucket/bucket.h"
+
+namespace bagua {
+
+class Op {
+ public:
+  virtual ~Op() = default;
+  // e.g. "centralized_allreduce(hierarchical=false, average=true)"
+  virtual std::string describe() const = 0;
+  // Called once, when the op is appended to `bucket`'s chain.
+  virtual void bind(const BucketPtr& bucket) = 0;
+  virtual void execute(Bucket& bucket) = 0;
+};
+
+using OpPtr = std::shared_ptr<Op>;
+
+}  // namespace bagua

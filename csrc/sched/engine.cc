@@ -1,0 +1,388 @@
+#include "sched/engine.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace bagua {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point from_ns(int64_t ns) { return Clock::time_point(std::chrono::nanoseconds(ns)); }
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::string s = std::to_string(ms.count() / 1000.0);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s + " s";
+}
+
+// The same error type with `prefix` in front of its message.
+std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const TimeoutError& x) {
+    return std::make_exception_ptr(TimeoutError(prefix + x.what()));
+  } catch (const PeerError& x) {
+    return std::make_exception_ptr(PeerError(prefix + x.what(), x.peer()));
+  } catch (const MismatchError& x) {
+    return std::make_exception_ptr(MismatchError(prefix + x.what()));
+  } catch (const Error& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (const InvalidArgument& x) {
+    return std::make_exception_ptr(InvalidArgument(prefix + x.what()));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(prefix + "unknown error"));
+  }
+}
+
+}  // namespace
+
+int64_t monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+Engine::Engine(CommSet comms, std::chrono::milliseconds timeout) : comms_(std::move(comms)), timeout_(timeout) {
+  if (!comms_.global) throw InvalidArgument("engine: a global communicator is required");
+  if (timeout_.count() <= 0) throw InvalidArgument("engine: timeout must be positive");
+  thread_ = std::thread([this] { comm_loop(); });
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::close() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return;
+    closed_ = true;
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---- registration ---------------------------------------------------------------
+
+void Engine::check_usable_locked() const {
+  if (closed_) throw Error("engine is closed");
+}
+
+void Engine::check_idle_locked(const char* what) const {
+  check_usable_locked();
+  if (in_step_)
+    throw InvalidArgument(std::string(what) + " during a step: call wait() first");
+}
+
+size_t Engine::add_bucket(BucketPtr bucket) {
+  if (!bucket) throw InvalidArgument("add_bucket: bucket is null");
+  std::lock_guard<std::mutex> g(mu_);
+  check_idle_locked("add_bucket");
+  const size_t index = entries_.size();
+  for (const auto& e : entries_)
+    if (e.bucket == bucket || e.bucket->name() == bucket->name())
+      throw InvalidArgument("add_bucket: a bucket named '" + bucket->name() + "' is already registered");
+  for (const auto& s : bucket->slots()) {
+    auto it = by_name_.find(s.name);
+    if (it != by_name_.end())
+      throw InvalidArgument("add_bucket: tensor '" + s.name + "' of bucket '" + bucket->name() +
+                            "' is already in bucket '" + entries_[it->second.first].bucket->name() + "'");
+  }
+  Entry e;
+  e.bucket = bucket;
+  e.ready.assign(bucket->num_slots(), 0);
+  for (size_t i = 0; i < bucket->num_slots(); ++i) {
+    by_name_[bucket->slot(i).name] = {index, i};
+    if (bucket->slot(i).is_padding) {
+      e.ready[i] = 1;
+      ++e.padding_count;
+    }
+  }
+  e.ready_count = e.padding_count;
+  entries_.push_back(std::move(e));
+  return index;
+}
+
+void Engine::clear_buckets() {
+  std::lock_guard<std::mutex> g(mu_);
+  check_idle_locked("clear_buckets");
+  entries_.clear();
+  by_name_.clear();
+}
+
+size_t Engine::num_buckets() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return entries_.size();
+}
+
+BucketPtr Engine::bucket(size_t index) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (index >= entries_.size())
+    throw InvalidArgument("no bucket " + std::to_string(index) + " (the engine has " +
+                          std::to_string(entries_.size()) + ")");
+  return entries_[index].bucket;
+}
+
+void Engine::append_op(size_t bucket, OpPtr op) {
+  if (!op) throw InvalidArgument("append_op: op is null");
+  std::lock_guard<std::mutex> g(mu_);
+  check_idle_locked("append_op");
+  if (bucket >= entries_.size()) throw InvalidArgument("append_op: no bucket " + std::to_string(bucket));
+  op->bind(entries_[bucket].bucket);
+  entries_[bucket].ops.push_back(std::move(op));
+}
+
+void Engine::clear_ops(size_t bucket) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_idle_locked("clear_ops");
+  if (bucket >= entries_.size()) throw InvalidArgument("clear_ops: no bucket " + std::to_string(bucket));
+  entries_[bucket].ops.clear();
+}
+
+std::vector<OpPtr> Engine::ops(size_t bucket) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (bucket >= entries_.size()) throw InvalidArgument("ops: no bucket " + std::to_string(bucket));
+  return entries_[bucket].ops;
+}
+
+// ---- readiness --------------------------------------------------------------------
+
+void Engine::begin_step_locked() {
+  in_step_ = true;
+  for (auto& e : entries_) e.timing = BucketTiming{};
+}
+
+void Engine::mark_locked(size_t bucket, size_t slot) {
+  if (bucket >= entries_.size())
+    throw InvalidArgument("mark_ready: no bucket " + std::to_string(bucket) + " (the engine has " +
+                          std::to_string(entries_.size()) + ")");
+  Entry& e = entries_[bucket];
+  if (slot >= e.ready.size())
+    throw InvalidArgument("mark_ready: bucket '" + e.bucket->name() + "' has no slot " + std::to_string(slot));
+  if (e.bucket->slot(slot).is_padding) return;  // always ready
+  if (!broken_.empty()) return;                 // wait() reports the failure
+  if (!in_step_) begin_step_locked();
+  if (e.ready[slot])
+    throw InvalidArgument("tensor '" + e.bucket->slot(slot).name + "' of bucket '" + e.bucket->name() +
+                          "' was marked ready twice in one step (call wait() to end a step)");
+  e.ready[slot] = 1;
+  ++e.ready_count;
+}
+
+void Engine::launch_ready_locked() {
+  bool launched = false;
+  while (next_launch_ < entries_.size() && entries_[next_launch_].ready_count == entries_[next_launch_].ready.size()) {
+    entries_[next_launch_].timing.launch_ns = monotonic_ns();
+    queue_.push_back(next_launch_);
+    ++next_launch_;
+    ++launches_;
+    launched = true;
+  }
+  if (launched) work_cv_.notify_one();
+}
+
+void Engine::mark_ready(size_t bucket, size_t slot) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_usable_locked();
+  mark_locked(bucket, slot);
+  launch_ready_locked();
+}
+
+void Engine::mark_ready(const std::string& slot_name) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_usable_locked();
+  auto it = by_name_.find(slot_name);
+  if (it == by_name_.end()) throw InvalidArgument("mark_ready: no tensor named '" + slot_name + "' in any bucket");
+  mark_locked(it->second.first, it->second.second);
+  launch_ready_locked();
+}
+
+void Engine::mark_bucket_ready(size_t bucket) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_usable_locked();
+  if (bucket >= entries_.size()) throw InvalidArgument("mark_bucket_ready: no bucket " + std::to_string(bucket));
+  for (size_t s = 0; s < entries_[bucket].ready.size(); ++s)
+    if (!entries_[bucket].ready[s]) mark_locked(bucket, s);
+  launch_ready_locked();
+}
+
+void Engine::mark_all_ready() {
+  std::lock_guard<std::mutex> g(mu_);
+  check_usable_locked();
+  for (size_t b = 0; b < entries_.size(); ++b)
+    for (size_t s = 0; s < entries_[b].ready.size(); ++s)
+      if (!entries_[b].ready[s]) mark_locked(b, s);
+  launch_ready_locked();
+}
+
+// ---- the comm thread ----------------------------------------------------------------
+
+void Engine::comm_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    work_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) {
+      queue_.clear();
+      return;
+    }
+    const size_t index = queue_.front();
+    queue_.pop_front();
+    BucketPtr bucket = entries_[index].bucket;
+    std::vector<OpPtr> ops = entries_[index].ops;
+    entries_[index].timing.start_ns = monotonic_ns();
+    running_ = static_cast<int64_t>(index);
+    const bool skip = !broken_.empty();
+    lk.unlock();
+
+    std::exception_ptr error;
+    std::string failed_op;
+    if (!skip) {
+      for (auto& op : ops) {
+        try {
+          op->execute(*bucket);
+        } catch (...) {
+          error = std::current_exception();
+          failed_op = op->describe();
+          break;
+        }
+      }
+    }
+
+    lk.lock();
+    running_ = -1;
+    entries_[index].timing.end_ns = monotonic_ns();
+    finished_ = index + 1;
+    if (error) {
+      const std::string prefix = bucket->describe(position(index)) + " failed in " + failed_op + ": ";
+      fail_locked(with_prefix(error, prefix));
+    }
+    done_cv_.notify_all();
+  }
+}
+
+// ---- ending a step ----------------------------------------------------------------
+
+void Engine::fail_locked(std::exception_ptr error) {
+  if (!error_) error_ = error;
+  if (broken_.empty()) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+    }
+  }
+  done_cv_.notify_all();
+}
+
+void Engine::reset_step_locked() {
+  for (auto& e : entries_) {
+    for (size_t s = 0; s < e.ready.size(); ++s) e.ready[s] = e.bucket->slot(s).is_padding ? 1 : 0;
+    e.ready_count = e.padding_count;
+  }
+  next_launch_ = 0;
+  finished_ = 0;
+  in_step_ = false;
+}
+
+std::string Engine::position(size_t index) const {
+  return "#" + std::to_string(index) + " of " + std::to_string(entries_.size());
+}
+
+std::string Engine::unready_report_locked() const {
+  const Entry& first = entries_[next_launch_];
+  std::vector<size_t> missing;
+  for (size_t s = 0; s < first.ready.size(); ++s)
+    if (!first.ready[s]) missing.push_back(s);
+  std::string msg = first.bucket->describe(position(next_launch_)) + " did not launch within " + seconds(timeout_) +
+                    " of wait(): tensors never marked ready: " + first.bucket->list_slots(missing) + " (" +
+                    std::to_string(first.ready_count - first.padding_count) + " of " +
+                    std::to_string(first.ready.size() - first.padding_count) + " ready)";
+  size_t later = 0;
+  for (size_t b = next_launch_ + 1; b < entries_.size(); ++b)
+    later += entries_[b].ready.size() - entries_[b].ready_count;
+  if (later) msg += "; later buckets miss " + std::to_string(later) + " more";
+  if (finished_ < next_launch_)
+    msg += "; bucket #" + std::to_string(finished_) + " is still communicating";
+  return msg;
+}
+
+void Engine::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable_locked();
+  auto raise_failure = [&]() {
+    if (!error_raised_) {
+      error_raised_ = true;
+      std::rethrow_exception(error_);
+    }
+    throw Error("the engine is unusable after an earlier failure: " + broken_);
+  };
+  if (error_) raise_failure();
+  if (!in_step_) return;
+
+  const auto begun = Clock::now();
+  const auto unready_deadline = begun + timeout_;
+  const auto watchdog = timeout_ + timeout_ / 2;
+  for (;;) {
+    if (error_) raise_failure();
+    if (closed_) throw Error("engine closed during wait()");
+    const size_t n = entries_.size();
+    if (next_launch_ == n && finished_ == n) {
+      reset_step_locked();
+      ++steps_;
+      return;
+    }
+    auto deadline = Clock::time_point::max();
+    if (next_launch_ < n) deadline = unready_deadline;
+    if (finished_ < next_launch_) {
+      const BucketTiming& t = entries_[finished_].timing;
+      const auto since = std::max(begun, from_ns(t.start_ns >= 0 ? t.start_ns : t.launch_ns));
+      deadline = std::min(deadline, since + watchdog);
+    }
+    if (done_cv_.wait_until(lk, deadline) == std::cv_status::no_timeout) continue;
+    if (Clock::now() < deadline) continue;
+    if (error_ || (next_launch_ == n && finished_ == n)) continue;
+    if (next_launch_ < n && Clock::now() >= unready_deadline) {
+      fail_locked(std::make_exception_ptr(TimeoutError(unready_report_locked())));
+    } else {
+      const Entry& e = entries_[finished_];
+      fail_locked(std::make_exception_ptr(TimeoutError(
+                      e.bucket->describe(position(finished_)) + " did not finish within " +
+                      seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
+                      " of its start (a peer may be stuck)")));
+    }
+  }
+}
+
+// ---- observation --------------------------------------------------------------------
+
+std::vector<BucketTiming> Engine::timings() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<BucketTiming> out;
+  for (const auto& e : entries_) out.push_back(e.timing);
+  return out;
+}
+
+uint64_t Engine::launches() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return launches_;
+}
+
+uint64_t Engine::steps() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return steps_;
+}
+
+bool Engine::in_step() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return in_step_;
+}
+
+bool Engine::broken() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return !broken_.empty();
+}
+
+}  // namespace bagua

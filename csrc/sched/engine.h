@@ -1,0 +1,140 @@
+// The overlap engine of one process group: ordered buckets, readiness, and
+// one comm thread that runs each bucket's op chain.
+//
+// Launch rule: a bucket launches when all its slots are marked ready AND every
+// earlier bucket (registration order) has launched. Every rank therefore
+// issues the same collectives in the same order, without negotiation.
+//
+// A step begins with the first mark_ready after wait() (or construction) and
+// ends with wait(), which blocks until every bucket has launched and finished,
+// then resets readiness. wait() raises, in the caller:
+//   * the first error of the comm thread, with the same type (TimeoutError,
+//     PeerError, ...), its message prefixed by the bucket, its tensors and the op;
+//   * TimeoutError naming the tensors never marked ready, when some bucket has
+//     not launched `timeout` after wait() began;
+//   * TimeoutError when a launched bucket runs longer than 1.5 x timeout
+//     (a watchdog; communicators normally fail sooner with their own timeout).
+// After any such error the engine is broken: mark_ready is ignored and every
+// later wait() raises, since ranks can no longer agree on what was sent.
+//
+// Thread safety: mark_ready may be called from any thread; registration
+// (add_bucket, append_op, ...) only between steps. Nothing here touches the
+// GIL; the bindings release it around blocking calls.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bucket/bucket.h"
+#include "ops/comm_set.h"
+#include "ops/op.h"
+
+namespace bagua {
+
+// Per-bucket times of the current (or last) step, in nanoseconds of the
+// monotonic clock (std::chrono::steady_clock = CLOCK_MONOTONIC on Linux, the
+// clock of Python's time.monotonic_ns()). -1 when it has not happened.
+struct BucketTiming {
+  int64_t launch_ns = -1;  // all slots ready and earlier buckets launched
+  int64_t start_ns = -1;   // the comm thread began its op chain
+  int64_t end_ns = -1;     // the op chain finished (or failed)
+};
+
+int64_t monotonic_ns();
+
+class Engine {
+ public:
+  // timeout: see wait(). Starts the comm thread.
+  Engine(CommSet comms, std::chrono::milliseconds timeout);
+  ~Engine();  // close()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const CommSet& comms() const { return comms_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // ---- registration (between steps) ----
+  // Appends a bucket; returns its index. Slot names must be unique across buckets.
+  size_t add_bucket(BucketPtr bucket);
+  // Removes every bucket (after the current step, if any, was waited for).
+  void clear_buckets();
+  size_t num_buckets() const;
+  BucketPtr bucket(size_t index) const;
+  // Binds `op` to the bucket and appends it to its chain.
+  void append_op(size_t bucket, OpPtr op);
+  void clear_ops(size_t bucket);
+  std::vector<OpPtr> ops(size_t bucket) const;
+
+  // ---- readiness (any thread) ----
+  void mark_ready(size_t bucket, size_t slot);
+  void mark_ready(const std::string& slot_name);
+  void mark_bucket_ready(size_t bucket);
+  void mark_all_ready();
+
+  // Ends the step (see above). Returns at once when no step is in progress.
+  void wait();
+
+  // ---- observation ----
+  std::vector<BucketTiming> timings() const;  // current or last step
+  uint64_t launches() const;  // buckets launched since construction
+  uint64_t steps() const;     // steps completed by wait()
+  bool in_step() const;
+  bool broken() const;
+
+  // Stops the comm thread after the bucket it runs, if any (queued buckets are
+  // dropped) and joins it. Idempotent; later calls raise Error.
+  void close();
+
+ private:
+  struct Entry {
+    BucketPtr bucket;
+    std::vector<OpPtr> ops;
+    std::vector<uint8_t> ready;
+    size_t ready_count = 0;
+    size_t padding_count = 0;
+    BucketTiming timing;
+  };
+
+  void check_usable_locked() const;
+  void check_idle_locked(const char* what) const;
+  void begin_step_locked();
+  void mark_locked(size_t bucket, size_t slot);
+  void launch_ready_locked();
+  void reset_step_locked();
+  void fail_locked(std::exception_ptr error);
+  std::string unready_report_locked() const;
+  std::string position(size_t index) const;  // "#i of n"
+  void comm_loop();
+
+  CommSet comms_;
+  const std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // comm thread: queue or stop
+  std::condition_variable done_cv_;  // wait(): progress or failure
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, std::pair<size_t, size_t>> by_name_;
+  std::deque<size_t> queue_;
+  bool in_step_ = false;
+  size_t next_launch_ = 0;  // buckets [0, next_launch_) launched this step
+  size_t finished_ = 0;     // buckets [0, finished_) finished this step
+  int64_t running_ = -1;    // bucket on the comm thread, or -1
+  uint64_t launches_ = 0;
+  uint64_t steps_ = 0;
+  std::exception_ptr error_;    // first failure, raised once by wait()
+  bool error_raised_ = false;
+  std::string broken_;          // non-empty once broken
+  bool stop_ = false;
+  bool closed_ = false;
+  std::thread thread_;
+};
+
+}  // namespace bagua
