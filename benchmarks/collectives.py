@@ -475,7 +475,11 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     rows, unavailable, peak_rss = [], {}, {}
     for world in args.world_size:
-        out = run_world(args, world)
+        try:
+            out = run_world(args, world)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         rows += out["results"]
         unavailable.update(out["unavailable"])
         versions = out["versions"]
@@ -488,8 +492,9 @@ def main(argv=None) -> int:
     print(markdown_table(rows))
     print()
     print(f"float32, median of {args.iters} samples after {args.warmup} warm-up calls; "
-          f"GB/s = size / time (10^9 bytes/s); {os.cpu_count()} CPUs, load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; {elapsed:.0f} s; peak RSS per process "
+          f"GB/s = size / time (10^9 bytes/s); {os.cpu_count()} CPUs, 1-minute load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (with this run's own processes); "
+          f"{elapsed:.0f} s; peak RSS per process "
           + ", ".join(f"{peak_rss[w] / 2**20:.0f} MiB at {w} procs" for w in args.world_size) + ".")
     for s, why in unavailable.items():
         print(f"{s}: n/a: {why}")
