@@ -1,0 +1,15 @@
+"""Bagua's algorithms for PyTorch, under the original names and defaults.
+
+Each is built from (and converts to, with ``.to_core()``) a framework-neutral
+description in :mod:`bagua_core.algorithms`; ``with_bagua`` accepts either.
+"""
+
+from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm, registered
+from bagua_torch.algorithms.bytegrad import ByteGradAlgorithm
+from bagua_torch.algorithms.decentralized import DecentralizedAlgorithm
+from bagua_torch.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+
+__all__ = [
+    "Algorithm", "AlgorithmImpl", "as_algorithm", "registered",
+    "GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
+]

@@ -1,0 +1,167 @@
+"""Bagua's communication primitives on torch tensors.
+
+Thin wrappers over :mod:`bagua_core.comm` (which takes any DLPack array), with
+the original Bagua's names and argument order. ``comm`` is the
+:class:`~bagua_core.ProcessGroup` to use (default: the world group; ``group=``
+is accepted too). Tensors must be contiguous CPU tensors (CUDA tensors on a
+NCCL group); tensors that require grad are used through ``.detach()`` (same
+memory). Out-of-place operations write into ``recv_tensor`` and return it;
+with ``recv_tensor=None`` they return a new tensor holding the result.
+Ranks (``src``, ``dst``) are ranks within the group. Every call blocks until
+done; a dead or stuck peer raises (``PeerError`` / ``CommTimeoutError``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+import bagua_core
+from bagua_core import comm as _core
+from bagua_core.comm import ReduceOp
+from bagua_core.process_group import ProcessGroup
+
+__all__ = [
+    "ReduceOp", "init_process_group", "is_initialized", "new_group", "get_default_group",
+    "get_rank", "get_world_size", "get_local_rank", "get_local_size", "get_node_rank",
+    "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
+    "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
+    "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall", "alltoall_inplace",
+    "alltoall_v", "alltoall_v_inplace", "barrier",
+]
+
+
+def init_process_group() -> ProcessGroup:
+    """Joins the job described by the environment (torchrun's contract, as set
+    by ``bagua-run``) and returns the world group. Safe to call twice."""
+    return bagua_core.init_process_group()
+
+
+is_initialized = bagua_core.is_initialized
+new_group = bagua_core.new_group
+get_default_group = bagua_core.get_default_group
+get_rank = bagua_core.get_rank
+get_world_size = bagua_core.get_world_size
+get_local_rank = bagua_core.get_local_rank
+get_local_size = bagua_core.get_local_world_size
+get_node_rank = bagua_core.get_node_rank
+
+
+def _g(comm, group):
+    if comm is not None and group is not None and comm is not group:
+        raise TypeError("pass the process group as comm= or group=, not both")
+    return comm if comm is not None else group
+
+
+def _t(x):
+    """The tensor as bagua_core sees it: detached (DLPack refuses tensors that
+    require grad), same memory."""
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    return x
+
+
+def _out(result, recv_tensor):
+    """``recv_tensor`` when given, else the new core Buffer as a torch tensor."""
+    if recv_tensor is not None or result is None:
+        return recv_tensor
+    return torch.from_dlpack(result)
+
+
+def send(tensor: torch.Tensor, dst: int, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    _core.send(_t(tensor), dst, _g(comm, group))
+
+
+def recv(tensor: torch.Tensor, src: int, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    _core.recv(_t(tensor), src, _g(comm, group))
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    _core.broadcast(_t(tensor), src, _g(comm, group))
+
+
+def broadcast_object(obj, src: int = 0, comm: Optional[ProcessGroup] = None, *, group=None):
+    """Rank ``src``'s picklable ``obj`` on every rank."""
+    return _core.broadcast_object(obj, src, _g(comm, group))
+
+
+def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM, comm=None, *, group=None):
+    out = _core.reduce(_t(send_tensor), _t(recv_tensor), dst, op, _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    _core.reduce_inplace(_t(tensor), dst, op, _g(comm, group))
+
+
+def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, comm=None, *, group=None):
+    out = _core.allreduce(_t(send_tensor), _t(recv_tensor), op, _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    _core.allreduce_inplace(_t(tensor), op, _g(comm, group))
+
+
+def allgather(send_tensor, recv_tensor=None, comm=None, *, group=None):
+    """Every rank's ``send_tensor`` in rank order (new tensor: shape ``(size, *send.shape)``)."""
+    out = _core.allgather(_t(send_tensor), _t(recv_tensor), _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def allgather_inplace(tensor, comm=None, *, group=None) -> None:
+    _core.allgather_inplace(_t(tensor), _g(comm, group))
+
+
+def gather(send_tensor, recv_tensor=None, dst: int = 0, comm=None, *, group=None):
+    out = _core.gather(_t(send_tensor), _t(recv_tensor), dst, _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def gather_inplace(tensor, count: int, dst: int = 0, comm=None, *, group=None) -> None:
+    _core.gather_inplace(_t(tensor), count, dst, _g(comm, group))
+
+
+def scatter(send_tensor, recv_tensor, src: int = 0, comm=None, *, group=None):
+    """``recv_tensor`` is required (non-src ranks could not know its shape);
+    ``send_tensor`` is only read on ``src``."""
+    _core.scatter(_t(send_tensor), _t(recv_tensor), src, _g(comm, group))
+    return recv_tensor
+
+
+def scatter_inplace(tensor, count: int, src: int = 0, comm=None, *, group=None) -> None:
+    _core.scatter_inplace(_t(tensor), count, src, _g(comm, group))
+
+
+def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, comm=None, *, group=None):
+    out = _core.reduce_scatter(_t(send_tensor), _t(recv_tensor), op, _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    _core.reduce_scatter_inplace(_t(tensor), op, _g(comm, group))
+
+
+def alltoall(send_tensor, recv_tensor=None, comm=None, *, group=None):
+    out = _core.alltoall(_t(send_tensor), _t(recv_tensor), _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def alltoall_inplace(tensor, comm=None, *, group=None) -> None:
+    _core.alltoall_inplace(_t(tensor), _g(comm, group))
+
+
+def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
+               recv_counts: Sequence[int], recv_displs: Sequence[int], comm=None, *, group=None):
+    out = _core.alltoall_v(_t(send_tensor), send_counts, send_displs, _t(recv_tensor), recv_counts,
+                           recv_displs, _g(comm, group))
+    return _out(out, recv_tensor)
+
+
+def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int], comm=None, *, group=None) -> None:
+    _core.alltoall_v_inplace(_t(tensor), counts, displs, _g(comm, group))
+
+
+def barrier(comm=None, *, group=None) -> None:
+    _core.barrier(_g(comm, group))

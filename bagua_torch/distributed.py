@@ -1,0 +1,456 @@
+"""``model.with_bagua(optimizers, algorithm)``: the glue between a torch model
+and the engine.
+
+At wrap time (every rank, same order):
+
+1. the algorithm is checked against the group (e.g. ``shift_one`` with an odd
+   number of peers raises here, on every rank);
+2. the ranks agree that they hold the same model (parameter and buffer names,
+   shapes, dtypes, optimizer layout, algorithm); otherwise every rank raises
+   ``ValueError`` naming the first difference;
+3. rank 0's parameters, buffers and optimizer state are broadcast;
+4. the engine gets buckets (reverse parameter order) for what the algorithm
+   communicates: gradients (GradientAllReduce, ByteGrad) or weights
+   (Decentralized). With ``do_flatten`` the tensors torch uses *are* the
+   bucket slots: ``p.grad`` (or ``p.data``) is a zero-copy view of engine
+   memory, so nothing is copied per step;
+5. hooks: a forward pre-hook (buffers broadcast, gradient views re-attached
+   after ``zero_grad(set_to_none=True)``, weights handed to the engine for
+   Decentralized), a post-accumulate-grad hook per parameter (marks its
+   gradient ready, so buckets communicate while backward still runs), a
+   callback queued on the autograd engine that ends the step when backward
+   ends (``engine.wait()``, then e.g. the decentralized copy-back), and each
+   optimizer's ``step`` wrapped to end a step left open.
+
+Errors of the communication (a dead or stuck peer) surface as Python
+exceptions from ``loss.backward()`` (or ``optimizer.step()``), on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+import weakref
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+import bagua_core
+from bagua_core.dtypes import as_dtype
+from bagua_core.errors import BaguaError
+from bagua_core.process_group import ProcessGroup
+from bagua_torch import _sync
+from bagua_torch.algorithms.base import Algorithm, as_algorithm
+
+__all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
+
+
+def _torch_view(view, dtype: torch.dtype) -> torch.Tensor:
+    """A torch tensor over engine memory (zero-copy; keeps the memory alive)."""
+    if hasattr(view, "__dlpack__"):
+        return torch.from_dlpack(view)
+    t = torch.from_numpy(np.asarray(view))  # numpy holds the view, torch the array
+    if dtype == torch.bfloat16:
+        t = t.view(torch.bfloat16)  # the engine shows bfloat16 to numpy as uint16 bits
+    return t
+
+
+def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
+    return a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+
+
+def _ignored_names(module: torch.nn.Module) -> set:
+    names = set()
+    for attr in ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore"):
+        names.update(getattr(module, attr, ()) or ())
+    return names
+
+
+class _StepGuard:
+    """Wraps an optimizer's ``step`` once, so it first ends the open step of
+    every wrapped model it updates (a safety net: the post-backward callback
+    normally did). Stays a bound method, as LR schedulers expect."""
+
+    @staticmethod
+    def attach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
+        if "_bagua_ddps" not in optimizer.__dict__:
+            optimizer._bagua_ddps = weakref.WeakSet()
+            optimizer._bagua_original_step = optimizer.step
+
+            def step(self, *args, **kwargs):
+                for owner in list(self._bagua_ddps):
+                    owner.finish_step()
+                return self._bagua_original_step(*args, **kwargs)
+
+            optimizer.step = types.MethodType(step, optimizer)
+        optimizer._bagua_ddps.add(ddp)
+
+    @staticmethod
+    def detach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
+        ddps = optimizer.__dict__.get("_bagua_ddps")
+        if ddps is not None:
+            ddps.discard(ddp)
+
+
+class BaguaDistributedDataParallel:
+    """The state of one wrapped model (``module.bagua_ddp``). Built by
+    :func:`with_bagua` and :class:`bagua_torch.DistributedDataParallel`."""
+
+    def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group: Optional[ProcessGroup] = None,
+                 module_name: Optional[str] = None, do_flatten: bool = True, find_unused_parameters: bool = False,
+                 broadcast_buffers: bool = True, bucket_bytes: Optional[int] = None):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = [optimizers]
+        optimizers = list(optimizers or [])
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(opt).__name__}")
+        group = bagua_core.get_default_group() if process_group is None else process_group
+        if not isinstance(group, ProcessGroup):
+            raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
+        if not group.is_member:
+            raise ValueError(f"this process (rank {bagua_core.get_rank()}) is not a member of {group!r}")
+
+        self.module = module
+        self.optimizers: List[torch.optim.Optimizer] = optimizers
+        self.algorithm: Algorithm = as_algorithm(algorithm)
+        self.process_group = group
+        self.module_name = module_name or f"{type(module).__name__}_{id(module)}"
+        self.do_flatten = bool(do_flatten)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.require_backward_grad_sync = True  # False inside no_sync()
+        self.step_pending = False  # the engine has a step this wrapper must end
+        self.engine = None
+        self._hooks: list = []
+        self._marked: set = set()
+        self._callback_queued = False
+        self._closed = False
+
+        self.ignored = _ignored_names(module)
+        self.params = self._build_params()
+        self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
+        self.impl = self.algorithm.reify(group)
+        self.impl.check()
+
+        _sync.check_same_everywhere(self._signature(), group, "the wrapped model")
+        self._broadcast_initial_state()
+        try:
+            self.engine = self.impl.make_engine()
+            self._build_buckets(bucket_bytes)
+            self._register_hooks()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ set-up
+
+    def _build_params(self):
+        for mod_name, m in self.module.named_modules():
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+                raise ValueError(
+                    f"module '{mod_name}' ({type(m).__name__}): sparse gradients ({type(m).__name__}(sparse=True)) are not "
+                    "supported by Bagua; use sparse=False"
+                )
+        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and n not in self.ignored]
+        if not params:
+            raise ValueError("the model has no parameter that requires grad (and is not ignored): nothing to train")
+        for n, p in params:
+            if p.device.type != self.process_group.device_type:
+                raise ValueError(f"parameter '{n}' is on {p.device} but the process group communicates on "
+                                 f"{self.process_group.device_type}")
+            as_dtype(p.dtype)  # TypeError for dtypes the engine cannot carry
+        return params
+
+    def _buffers(self) -> List[torch.Tensor]:
+        return [b for n, b in self.module.named_buffers() if n not in self.ignored]
+
+    def _signature(self) -> List[tuple]:
+        sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core()))]
+        for n, p in self.module.named_parameters():
+            if n not in self.ignored:
+                sig.append(("parameter", n, tuple(p.shape), str(p.dtype), "requires_grad" if p.requires_grad else ""))
+        for n, b in self.module.named_buffers():
+            if n not in self.ignored:
+                sig.append(("buffer", n, tuple(b.shape), str(b.dtype)))
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        for opt in self.optimizers:
+            sig.extend(_sync.optimizer_signature(opt, names))
+        return sig
+
+    def _broadcast_initial_state(self) -> None:
+        g = self.process_group
+        with torch.no_grad():
+            tensors = [p for n, p in self.module.named_parameters() if n not in self.ignored]
+            _sync.broadcast_tensors(tensors + self._buffers(), 0, g)
+        for opt in self.optimizers:
+            _sync.broadcast_optimizer_state(opt, 0, g)
+
+    def _build_buckets(self, bucket_bytes: Optional[int]) -> None:
+        order = list(reversed(self.params))  # backward produces gradients roughly in this order
+        decls = [(n, tuple(p.shape), as_dtype(p.dtype)) for n, p in order]
+        alignment = self.impl.bucket_alignment()
+        if self.impl.one_bucket_per_dtype():
+            by_dtype: Dict[object, list] = {}
+            for n, shape, dt in decls:
+                by_dtype.setdefault(dt, []).append((n, shape))
+            buckets = [self.engine.add_bucket(str(i), tensors, dt, alignment)
+                       for i, (dt, tensors) in enumerate(by_dtype.items())]
+        else:
+            buckets = self.engine.create_buckets(decls, bucket_bytes, alignment)
+        self.buckets = buckets
+        self.slots: Dict[str, torch.Tensor] = {}
+        for b in buckets:
+            for n in b.tensor_names:
+                self.slots[n] = _torch_view(b.view(n), self._by_name[n].dtype)
+
+        with torch.no_grad():
+            for n, p in self.params:
+                slot = self.slots[n]
+                if self.impl.communicates == "weights":
+                    slot.copy_(p.detach())
+                    if self.do_flatten:
+                        p.data = slot
+                else:
+                    if p.grad is not None:
+                        slot.copy_(p.grad)
+                    if self.do_flatten:
+                        p.grad = slot
+        # after the weights sit in the buckets: decentralized ops copy them at bind time
+        for b in buckets:
+            self.impl.append_ops(b)
+
+    def _register_hooks(self) -> None:
+        self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
+        for n, p in self.params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, n)))
+        for opt in self.optimizers:
+            _StepGuard.attach(opt, self)
+
+    # ------------------------------------------------------------ hooks
+
+    def _forward_pre_hook(self, module, inputs) -> None:
+        if self._closed or not (module.training and torch.is_grad_enabled()):
+            return
+        if not self.require_backward_grad_sync:  # no_sync(): accumulate locally
+            self.attach_gradients()
+            return
+        self.finish_step()  # a step left open (backward never ran)
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
+        self.attach_gradients()
+        self.impl.on_forward_start(self)
+
+    def _grad_hook(self, name: str, param: torch.nn.Parameter) -> None:
+        if self._closed or not self.require_backward_grad_sync:
+            return
+        if param.grad is not None and param.grad.layout != torch.strided:
+            raise ValueError(f"parameter '{name}' got a sparse gradient; Bagua supports dense gradients only")
+        self.impl.on_gradient_ready(self, name)
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
+
+    def _post_backward(self) -> None:
+        self._callback_queued = False
+        if not self._closed:
+            self.impl.on_backward_end(self)
+
+    # ------------------------------------------------------------ helpers for the algorithms
+
+    def attach_gradients(self) -> None:
+        """With do_flatten, makes every gradient the view of its bucket slot
+        again (zeroed) where ``zero_grad(set_to_none=True)`` dropped it."""
+        if not (self.do_flatten and self.impl.communicates == "gradients"):
+            return
+        with torch.no_grad():
+            for n, p in self.params:
+                if p.grad is None:
+                    slot = self.slots[n]
+                    slot.zero_()
+                    p.grad = slot
+
+    def mark_gradient_ready(self, name: str) -> None:
+        """The gradient of ``name`` is final for this step: into its slot (a
+        copy only when torch replaced the view), then ready."""
+        p = self._by_name[name]
+        slot = self.slots[name]
+        g = p.grad
+        with torch.no_grad():
+            if g is None:
+                slot.zero_()
+            elif not _same_memory(g, slot):
+                slot.copy_(g)
+            if self.do_flatten and not _same_memory(g, slot):
+                p.grad = slot
+        self._marked.add(name)
+        self.step_pending = True
+        self.engine.mark_ready(name)
+
+    def mark_unused_gradients_ready(self) -> List[str]:
+        """End of backward: marks ready the gradients of parameters that got
+        none (their slots hold zeros, or what no_sync() accumulated), so the
+        step completes on every rank. Returns their names unless
+        find_unused_parameters allows them (see :meth:`check_unused`)."""
+        if not self.step_pending:
+            return []
+        missing = [n for n, _ in self.params if n not in self._marked]
+        for n in missing:
+            self.mark_gradient_ready(n)
+        return [] if self.find_unused_parameters else missing
+
+    def check_unused(self, missing: List[str]) -> None:
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise RuntimeError(
+                f"{len(missing)} parameter(s) received no gradient in this backward pass ({shown}). Wrap with "
+                "find_unused_parameters=True (bagua_torch.DistributedDataParallel) to communicate zeros for "
+                "them, or list them in module._bagua_params_and_buffers_to_ignore"
+            )
+
+    def finish_step(self) -> None:
+        """Ends the open step: waits for the engine (re-raising its failure)
+        and applies the results (e.g. decentralized copy-back)."""
+        if not self.step_pending:
+            return
+        self.step_pending = False
+        try:
+            self.engine.wait()
+            self.impl.after_wait(self)
+        finally:
+            self._marked.clear()
+
+    def copy_slots_to_gradients(self) -> None:
+        if self.do_flatten:
+            return
+        with torch.no_grad():
+            for n, p in self.params:
+                if p.grad is None:
+                    p.grad = self.slots[n].clone()
+                else:
+                    p.grad.copy_(self.slots[n])
+
+    def copy_weights_to_slots(self) -> None:
+        with torch.no_grad():
+            for n, p in self.params:
+                slot = self.slots[n]
+                if not _same_memory(p.data, slot):
+                    slot.copy_(p.detach())
+                    if self.do_flatten:  # someone replaced p.data: put it back in the bucket
+                        p.data = slot
+
+    def copy_slots_to_weights(self) -> None:
+        if self.do_flatten:
+            return
+        with torch.no_grad():
+            for n, p in self.params:
+                p.copy_(self.slots[n])
+
+    # ------------------------------------------------------------ API
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Within this context gradients accumulate locally (no communication);
+        the first backward after it communicates the accumulated sum."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    @property
+    def bagua_buckets(self):
+        return list(self.buckets) if self.engine is not None else []
+
+    def close(self) -> None:
+        """Removes the hooks, gives parameters and gradients their own memory
+        back and stops the engine (used when the algorithm is switched)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for opt in self.optimizers:
+            _StepGuard.detach(opt, self)
+        if self.engine is None:
+            return
+        try:
+            self.finish_step()
+        except BaguaError:
+            pass  # the engine is broken; the new one starts clean
+        with torch.no_grad():
+            for n, p in self.params:
+                slot = getattr(self, "slots", {}).get(n)
+                if slot is None:
+                    continue
+                if _same_memory(p.grad, slot):
+                    p.grad = slot.clone()
+                if _same_memory(p.data, slot):
+                    p.data = slot.clone()
+        self.engine.close()
+
+    def __repr__(self) -> str:
+        return (f"<BaguaDistributedDataParallel {self.module_name} {self.algorithm!r} "
+                f"buckets={len(self.bagua_buckets)}>")
+
+
+def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], algorithm,
+               process_group: Optional[ProcessGroup] = None, do_flatten: bool = True) -> torch.nn.Module:
+    """Makes this module train data-parallel with ``algorithm`` (a
+    :mod:`bagua_torch.algorithms` algorithm or a :mod:`bagua_core.algorithms`
+    description) and returns it. Call it on every rank, after
+    ``bagua_torch.init_process_group()``. Calling it again switches algorithm."""
+    old = self.__dict__.get("bagua_ddp")
+    if old is not None:
+        old.close()
+        del self.__dict__["bagua_ddp"]
+    ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group,
+                                       module_name=self.bagua_module_name, do_flatten=do_flatten)
+    self.__dict__["bagua_ddp"] = ddp
+    return self
+
+
+def _ddp_of(module: torch.nn.Module) -> BaguaDistributedDataParallel:
+    ddp = module.__dict__.get("bagua_ddp")
+    if ddp is None:
+        raise AttributeError(f"{type(module).__name__} is not wrapped: call module.with_bagua(...) first")
+    return ddp
+
+
+class BaguaModule:
+    """Methods and properties added to ``torch.nn.Module`` by ``import bagua_torch``."""
+
+    with_bagua = with_bagua
+
+    @property
+    def bagua_module_name(self) -> str:
+        name = self.__dict__.get("_bagua_module_name")
+        return name if name is not None else f"{type(self).__name__}_{id(self)}"
+
+    @bagua_module_name.setter
+    def bagua_module_name(self, name: str) -> None:
+        self.__dict__["_bagua_module_name"] = str(name)
+
+    @property
+    def bagua_algorithm(self):
+        return _ddp_of(self).impl
+
+    @property
+    def bagua_optimizers(self):
+        return _ddp_of(self).optimizers
+
+    @property
+    def bagua_buckets(self):
+        return _ddp_of(self).bagua_buckets
+
+
+def _patch_torch_module() -> None:
+    for name in ("with_bagua", "bagua_module_name", "bagua_algorithm", "bagua_optimizers", "bagua_buckets"):
+        setattr(torch.nn.Module, name, BaguaModule.__dict__[name])
