@@ -9,7 +9,7 @@ import torch
 
 from bagua_core.process_group import ProcessGroup
 from bagua_torch.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
-from bagua_torch.distributed import BaguaDistributedDataParallel
+from bagua_torch.distributed import wrap
 
 __all__ = ["DistributedDataParallel"]
 
@@ -41,7 +41,7 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         self.module = module
         bucket_bytes = None if bucket_cap_mb is None else max(1, int(bucket_cap_mb * 1024 * 1024))
-        self.inner = BaguaDistributedDataParallel(
+        self.inner = wrap(
             module, optimizers, GradientAllReduceAlgorithm() if algorithm is None else algorithm, process_group,
             module_name=f"DistributedDataParallel_{id(module)}", do_flatten=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,

@@ -34,7 +34,6 @@ import types
 import weakref
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 import torch
 
 import bagua_core
@@ -47,14 +46,9 @@ from bagua_torch.algorithms.base import Algorithm, as_algorithm
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
 
-def _torch_view(view, dtype: torch.dtype) -> torch.Tensor:
-    """A torch tensor over engine memory (zero-copy; keeps the memory alive)."""
-    if hasattr(view, "__dlpack__"):
-        return torch.from_dlpack(view)
-    t = torch.from_numpy(np.asarray(view))  # numpy holds the view, torch the array
-    if dtype == torch.bfloat16:
-        t = t.view(torch.bfloat16)  # the engine shows bfloat16 to numpy as uint16 bits
-    return t
+def _torch_view(view) -> torch.Tensor:
+    """A torch tensor over engine memory (zero-copy DLPack; keeps the memory alive)."""
+    return torch.from_dlpack(view)
 
 
 def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
@@ -114,6 +108,10 @@ class BaguaDistributedDataParallel:
             raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
         if not group.is_member:
             raise ValueError(f"this process (rank {bagua_core.get_rank()}) is not a member of {group!r}")
+        if group.device_type != "cpu":
+            # the engine's buckets are host memory so far
+            raise NotImplementedError(f"with_bagua trains on CPU (Gloo) groups only for now; {group!r} "
+                                      f"communicates on {group.device_type}")
 
         self.module = module
         self.optimizers: List[torch.optim.Optimizer] = optimizers
@@ -206,7 +204,7 @@ class BaguaDistributedDataParallel:
         self.slots: Dict[str, torch.Tensor] = {}
         for b in buckets:
             for n in b.tensor_names:
-                self.slots[n] = _torch_view(b.view(n), self._by_name[n].dtype)
+                self.slots[n] = _torch_view(b.view(n))
 
         with torch.no_grad():
             for n, p in self.params:
@@ -401,19 +399,25 @@ class BaguaDistributedDataParallel:
                 f"buckets={len(self.bagua_buckets)}>")
 
 
+def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParallel:
+    """Builds the module's BaguaDistributedDataParallel (``module.bagua_ddp``),
+    first closing the previous one: wrapping again switches algorithm."""
+    old = module.__dict__.pop("bagua_ddp", None)
+    if old is not None:
+        old.close()
+    ddp = BaguaDistributedDataParallel(module, *args, **kwargs)
+    module.__dict__["bagua_ddp"] = ddp
+    return ddp
+
+
 def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], algorithm,
                process_group: Optional[ProcessGroup] = None, do_flatten: bool = True) -> torch.nn.Module:
     """Makes this module train data-parallel with ``algorithm`` (a
     :mod:`bagua_torch.algorithms` algorithm or a :mod:`bagua_core.algorithms`
-    description) and returns it. Call it on every rank, after
-    ``bagua_torch.init_process_group()``. Calling it again switches algorithm."""
-    old = self.__dict__.get("bagua_ddp")
-    if old is not None:
-        old.close()
-        del self.__dict__["bagua_ddp"]
-    ddp = BaguaDistributedDataParallel(self, optimizers, algorithm, process_group,
-                                       module_name=self.bagua_module_name, do_flatten=do_flatten)
-    self.__dict__["bagua_ddp"] = ddp
+    description) and returns it. Call it on every rank of ``process_group``
+    (default: all), after ``bagua_torch.init_process_group()``. Calling it
+    again switches algorithm."""
+    wrap(self, optimizers, algorithm, process_group, module_name=self.bagua_module_name, do_flatten=do_flatten)
     return self
 
 

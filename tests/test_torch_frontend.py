@@ -42,11 +42,13 @@ W2_ONLY = [
     "optimizer_state_broadcast",
     "zero_grad_placements_equal_ddp",
     "ddp_wrapper_and_core_descriptions",
+    "mixed_dtypes_equal_ddp",
 ]
+W3_ONLY = ["subgroup_trains_alone"]
 
 
 def case_names(session: str):
-    return (W2_ONLY if session == "w2" else []) + COMMON
+    return (W2_ONLY if session == "w2" else W3_ONLY) + COMMON
 
 
 # ---------------------------------------------------------------- worker side
@@ -432,6 +434,64 @@ class Worker:
         ddp.close()
         model.with_bagua([opt], core.Decentralized(hierarchical=False, communication_interval=2))
         assert model.bagua_algorithm.algorithm.to_core() == core.Decentralized(False, "all", 2)
+        model.bagua_ddp.close()
+
+    def mixed_dtypes_equal_ddp(self):
+        torch, nn = self.torch, self.nn
+
+        class Mixed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(8)
+                self.a, self.b = nn.Linear(4, 6).double(), nn.Linear(6, 3)
+
+            def forward(self, x):
+                return self.b(torch.relu(self.a(x.double())).float())
+
+        build = Mixed
+
+        def loss(model, step):
+            x, y = self.batch(step)
+            return nn.functional.cross_entropy(model(x), y)
+
+        for algo in (self.A.GradientAllReduceAlgorithm(), self.A.DecentralizedAlgorithm(hierarchical=False)):
+            model = build()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            ddp = self.bt.DistributedDataParallel(model, optimizers=[opt], algorithm=algo)
+            assert sorted(b.dtype.name for b in ddp.bagua_buckets) == ["float32", "float64"], ddp.bagua_buckets
+            for step in range(4):
+                opt.zero_grad()
+                loss(ddp, step).backward()
+                opt.step()
+            if isinstance(algo, self.A.GradientAllReduceAlgorithm):
+                ref = torch.nn.parallel.DistributedDataParallel(build())
+                ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+                for step in range(4):
+                    ropt.zero_grad()
+                    loss(ref, step).backward()
+                    ropt.step()
+                for p, q in zip(model.parameters(), ref.module.parameters()):
+                    assert p.dtype == q.dtype
+                    self.close_to(p.detach(), q.detach())
+            ddp.close()
+
+    def subgroup_trains_alone(self):
+        torch = self.torch
+        members = [0, 2]
+        group = self.bt.new_group(members)  # every rank creates it, in the same order
+        if self.rank not in members:
+            return
+        model = self.mlp(30 + self.rank)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.with_bagua([opt], self.A.ByteGradAlgorithm(), process_group=group)
+        assert model.bagua_buckets[0].numel % 2 == 0
+        for step in range(3):
+            opt.zero_grad()
+            self.loss(model, step).backward()
+            opt.step()
+        flat = self.flat(model)
+        allv = self.bt.allgather(flat, comm=group)
+        assert allv.shape[0] == 2 and torch.equal(allv[0], allv[1])
         model.bagua_ddp.close()
 
 

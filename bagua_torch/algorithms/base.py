@@ -14,9 +14,9 @@ step is finished (``engine.wait()``) at the end of backward.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Dict, List, Type
 
-from bagua_core import algorithms as core_algorithms
 from bagua_core.engine import Bucket, Engine
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,8 +67,6 @@ class Algorithm:
         """The torch algorithm for a :mod:`bagua_core.algorithms` description."""
         for algo_cls in _REGISTRY.values():
             if type(description) is algo_cls.core_type:
-                import dataclasses
-
                 return algo_cls(**dataclasses.asdict(description))
         raise TypeError(f"no torch algorithm for {description!r}")
 
@@ -92,8 +90,6 @@ class Algorithm:
         return hash((type(self), self._description))
 
     def __repr__(self) -> str:
-        import dataclasses
-
         fields = ", ".join(f"{f.name}={getattr(self._description, f.name)!r}"
                            for f in dataclasses.fields(self._description))
         return f"{type(self).__name__}({fields})"
@@ -103,8 +99,7 @@ def as_algorithm(algorithm) -> Algorithm:
     """Accepts a torch :class:`Algorithm` or a :mod:`bagua_core.algorithms` description."""
     if isinstance(algorithm, Algorithm):
         return algorithm
-    if isinstance(algorithm, (core_algorithms.GradientAllReduce, core_algorithms.ByteGrad,
-                              core_algorithms.Decentralized)):
+    if any(type(algorithm) is cls.core_type for cls in _REGISTRY.values()):
         return Algorithm.from_core(algorithm)
     raise TypeError(
         f"algorithm must be a bagua_torch.algorithms.Algorithm (e.g. GradientAllReduceAlgorithm()) or a "
