@@ -23,16 +23,19 @@ SGD with momentum, in the same processes:
                           deadlocks or mismatches collectives over gloo (see wrap())
     Bagua GradientAllReduce, Bagua ByteGrad, Bagua Decentralized
                           ``model.with_bagua([opt], Algorithm())`` with the original defaults
+                          (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
+                          bytes, changes that)
     no communication      each rank trains alone: the compute-only upper bound, which shows
                           how much of a step communication costs
 
 All the models live side by side in each process. Each configuration first
 runs ``--warmup`` untimed steps (DDP rebuilds its buckets after the first
 step, PowerSGD compresses from step 2 on). Then ``--rounds`` rounds each time
-``--steps`` steps of every configuration, between two barriers, every other
-round in reverse order: a change of load on this shared machine touches all
-configurations alike. The table shows the median over rounds of samples/s
-(samples of both ranks), its ratio to DDP, and the spread over rounds.
+``--steps`` steps (default 1) of every configuration, between two barriers,
+every other round in reverse order. Interleaving this finely matters on a
+shared machine: the load of others changes within seconds, and then touches
+all configurations alike. The table shows the median over rounds of samples/s
+(samples of both ranks), its ratio to DDP, and the middle half of the rounds.
 
 Each process uses one torch thread (``torch.set_num_threads(1)``): 2 processes
 on 2 cores. Communication runs on the frameworks' own threads (gloo's for DDP,
@@ -64,9 +67,9 @@ COLLECTIVE_TIMEOUT_S = 120
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (default 16)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration per round (default 5)")
+    p.add_argument("--steps", type=int, default=1, help="timed steps per configuration per round (default 1)")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps of each configuration first (default 4)")
-    p.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
+    p.add_argument("--rounds", type=int, default=120, help="rounds (default 120)")
     p.add_argument("--channels", default="32,64,128,256", help="conv widths, one 2x2 pooling after each")
     p.add_argument("--hidden", type=int, default=2048, help="width of the two hidden dense layers")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
@@ -221,14 +224,23 @@ def timed_steps(trainer, n):
     return time.perf_counter() - t0
 
 
+def quartiles(xs):
+    """(25th percentile, median, 75th percentile)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4)
+    return q1, q2, q3
+
+
 def format_table(results, configs):
     base = results[BASELINE]["samples_per_s"]
-    rows = ["| configuration | samples/s | ratio to DDP | min-max over rounds | last loss |",
+    rows = ["| configuration | samples/s | ratio to DDP | middle half of rounds (samples/s) | last loss |",
             "|---|---:|---:|---|---:|"]
     for name in configs:
         r = results[name]
+        q1, _, q3 = quartiles(r["rounds"])
         rows.append(f"| {name} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / base:.2f}x "
-                    f"| {min(r['rounds']):.0f}-{max(r['rounds']):.0f} | {r['loss']:.3f} |")
+                    f"| {q1:.0f}-{q3:.0f} | {r['loss']:.3f} |")
     return "\n".join(rows)
 
 
@@ -266,8 +278,10 @@ def work(argv) -> int:
             order = trainers if r % 2 == 0 else trainers[::-1]
             for t in order:
                 per_round[t.name].append(samples / timed_steps(t, args.steps))
-            say(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in per_round.items())
-                + f" samples/s (load {os.getloadavg()[0]:.2f})")
+            if (r + 1) % max(1, args.rounds // 10) == 0 or r + 1 == args.rounds:
+                say(f"round {r + 1}/{args.rounds}, median samples/s so far: "
+                    + ", ".join(f"{n} {statistics.median(v):.0f}" for n, v in per_round.items())
+                    + f" (load {os.getloadavg()[0]:.2f})")
     finally:
         for t in trainers:
             t.close()
@@ -282,7 +296,7 @@ def work(argv) -> int:
     if rank == 0:
         print()
         print(format_table(results, args.configs))
-        print(f"\n(samples/s of both ranks, median over rounds; {total_s:.0f} s in all; "
+        print(f"\n(samples/s of both ranks, median over {args.rounds} rounds of {args.steps} step(s); {total_s:.0f} s in all; "
               f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})", flush=True)
         if args.json:
             doc = {"results": results, "configs": list(args.configs), "world_size": world,
