@@ -1,0 +1,320 @@
+"""Training throughput: Bagua's algorithms against torch DDP (gloo), on 2 processes.
+
+    PYTHONPATH=$PWD python benchmarks/train_throughput.py [--json results.json] [--smoke]
+
+Run like this, the script is its own driver: it starts the workers with
+``python -m bagua_core.run --nproc-per-node 2 --no-prefix`` (so nothing is left
+behind: on a timeout or Ctrl-C the launcher is stopped, and it stops the
+workers). The workers can also be launched directly with the same arguments:
+
+    PYTHONPATH=$PWD python -m bagua_core.run --nproc-per-node 2 --no-prefix \\
+        benchmarks/train_throughput.py [--json results.json]
+
+Every configuration trains the same model (a VGG-like convolutional network
+with BatchNorm on 32x32 synthetic images, 6.7 M parameters by default),
+from the same initial weights, with the same batches (each rank its own) and
+SGD with momentum, in the same processes:
+
+    DDP                   torch DistributedDataParallel over gloo (defaults: 1 MiB first bucket,
+                          then 25 MiB buckets)
+    DDP+fp16              the same with ``fp16_compress_hook``
+    DDP+PowerSGD          the same with ``powerSGD_hook`` (rank 1, error feedback, warm start,
+                          from step 2), in ONE bucket: with several buckets torch's hook
+                          deadlocks or mismatches collectives over gloo (see wrap())
+    Bagua GradientAllReduce, Bagua ByteGrad, Bagua Decentralized
+                          ``model.with_bagua([opt], Algorithm())`` with the original defaults
+                          (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
+                          bytes, changes that)
+    no communication      each rank trains alone: the compute-only upper bound, which shows
+                          how much of a step communication costs
+
+All the models live side by side in each process. Each configuration first
+runs ``--warmup`` untimed steps (DDP rebuilds its buckets after the first
+step, PowerSGD compresses from step 2 on). Then ``--rounds`` rounds each time
+``--steps`` steps (default 1) of every configuration, between two barriers,
+every other round in reverse order. Interleaving this finely matters on a
+shared machine: the load of others changes within seconds, and then touches
+all configurations alike. The table shows the median over rounds of
+samples/s (samples of both ranks), the median over rounds of the ratio to
+DDP's samples/s in the same round, and the middle half of the rounds
+(25th-75th percentile of samples/s).
+
+Each process uses one torch thread (``torch.set_num_threads(1)``): 2 processes
+on 2 cores. Communication runs on the frameworks' own threads (gloo's for DDP,
+the engine's comm thread for Bagua).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
+           "no communication")
+BASELINE = "DDP"
+POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
+# powerSGD_hook's callbacks issue nested allreduces from gloo's worker threads and block on them.
+# With 2+ DDP buckets in flight this deadlocks with gloo's 2 default threads (seen with torch 2.13),
+# and with more threads the nested allreduces of different buckets are issued in a different order
+# on each rank ("collective mismatch"). So DDP+PowerSGD runs with one bucket holding all gradients.
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (default 16)")
+    p.add_argument("--steps", type=int, default=1, help="timed steps per configuration per round (default 1)")
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps of each configuration first (default 4)")
+    p.add_argument("--rounds", type=int, default=120, help="rounds (default 120)")
+    p.add_argument("--channels", default="32,64,128,256", help="conv widths, one 2x2 pooling after each")
+    p.add_argument("--hidden", type=int, default=2048, help="width of the two hidden dense layers")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--smoke", action="store_true", help="tiny model, 1 warm-up step, 2 rounds of 1 timed step")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--nproc", type=int, default=2, help="processes (driver mode only; default 2)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the driver stops the run")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batch_size, args.steps, args.warmup, args.rounds = 4, 1, 1, 2
+        args.channels, args.hidden = "8,16", 32
+    args.channels = tuple(int(c) for c in args.channels.split(","))
+    args.configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    if BASELINE not in args.configs:
+        p.error(f"{BASELINE!r} is the baseline of the ratios and must be measured")
+    if min(args.batch_size, args.steps, args.rounds, args.hidden, *args.channels) < 1 or args.warmup < 0:
+        p.error("sizes and counts must be positive (warm-up >= 0)")
+    if 32 >> len(args.channels) < 1:
+        p.error("at most 5 conv layers (32x32 inputs, one pooling after each)")
+    return args
+
+
+# ---------------------------------------------------------------- driver ---
+
+class _Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum, _frame):
+    raise _Stopped(signum)
+
+
+def drive(argv) -> int:
+    """Starts the workers through the launcher and waits for them (with a timeout)."""
+    args = parse_args(argv)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(args.nproc), "--no-prefix",
+           os.path.abspath(__file__), *argv]
+    # Same process group as this driver, so that a signal to the group reaches the launcher too.
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _raise_stopped)
+    try:
+        return proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"train_throughput: no result after {args.timeout:.0f} s, stopping the run", file=sys.stderr, flush=True)
+        _stop(proc)
+        return 124
+    except (KeyboardInterrupt, _Stopped):
+        _stop(proc)
+        return 130
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The launcher forwards SIGTERM to the workers; if it is killed, they die with it (PDEATHSIG)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ---------------------------------------------------------------- worker ---
+
+def build_model(channels, hidden, classes=10):
+    import torch.nn as nn
+    layers, c_in = [], 3
+    for c in channels:
+        layers += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True),
+                   nn.MaxPool2d(2)]
+        c_in = c
+    side = 32 >> len(channels)
+    layers += [nn.Flatten(), nn.Linear(c_in * side * side, hidden), nn.ReLU(inplace=True),
+               nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, classes)]
+    return nn.Sequential(*layers)
+
+
+def make_batches(rank, batch_size, n=16, classes=10):
+    """A few fixed synthetic batches per rank (cycled): the same data for every configuration."""
+    import torch
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
+            for _ in range(n)]
+
+
+def wrap(name, model, opt):
+    """Makes ``model`` data-parallel with configuration ``name``; returns (module to call, close)."""
+    if name == "no communication":
+        return model, lambda: None
+    if name.startswith("DDP"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if name == "DDP+PowerSGD":
+            grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+            ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1)  # one bucket (an explicit cap also sizes the first)
+        else:
+            ddp = DDP(model)  # defaults: a 1 MiB first bucket, then 25 MiB
+        if name == "DDP+fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        elif name == "DDP+PowerSGD":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=POWERSGD_START_ITER)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return ddp, lambda: None
+    from bagua_torch import algorithms as A
+    algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
+                 "Bagua ByteGrad": A.ByteGradAlgorithm,
+                 "Bagua Decentralized": A.DecentralizedAlgorithm}[name]()
+    model = model.with_bagua([opt], algorithm)
+    return model, model.bagua_ddp.close
+
+
+class Trainer:
+    """One configuration: its own model (same initial weights as the others), optimizer and step counter."""
+
+    def __init__(self, name, args, batches):
+        import torch
+        self.name, self.batches, self.i = name, batches, 0
+        torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
+        model = build_model(args.channels, args.hidden)
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        self.net, self.close = wrap(name, model, self.opt)
+        self.loss = float("nan")
+
+    def steps(self, n):
+        import torch.nn.functional as F
+        for _ in range(n):
+            x, y = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            loss = F.cross_entropy(self.net(x), y)
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+        if n:
+            self.loss = loss.item()
+
+
+def timed_steps(trainer, n):
+    """Seconds for ``n`` steps of ``trainer``, both ranks starting and ending together."""
+    import torch.distributed as dist
+    dist.barrier()
+    t0 = time.perf_counter()
+    trainer.steps(n)
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def quartiles(xs):
+    """(25th percentile, median, 75th percentile)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4)
+    return q1, q2, q3
+
+
+def format_table(results, configs):
+    rows = ["| configuration | samples/s | ratio to DDP | middle half of rounds (samples/s) | last loss |",
+            "|---|---:|---:|---|---:|"]
+    for name in configs:
+        r = results[name]
+        q1, _, q3 = quartiles(r["rounds"])
+        rows.append(f"| {name} | {r['samples_per_s']:.1f} | {r['ratio_to_ddp']:.2f}x "
+                    f"| {q1:.0f}-{q3:.0f} | {r['loss']:.3f} |")
+    return "\n".join(rows)
+
+
+def work(argv) -> int:
+    args = parse_args(argv)
+    import torch
+    torch.set_num_threads(1)  # 2 processes on 2 cores
+    import datetime
+    import torch.distributed as dist
+    import bagua_torch
+
+    # torch's store on MASTER_PORT, Bagua's on MASTER_PORT + 1; the timeout turns a stuck collective into an error.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    if any(c.startswith("Bagua") for c in args.configs):
+        bagua_torch.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    samples = args.steps * args.batch_size * world
+
+    n_params = sum(p.numel() for p in build_model(args.channels, args.hidden).parameters())
+    say(f"model: VGG-like, channels {list(args.channels)}, hidden {args.hidden}: {n_params / 1e6:.2f} M parameters "
+        f"({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, batch {args.batch_size} per rank; "
+        f"{args.warmup} warm-up steps, then {args.rounds} round(s) of {args.steps} timed steps per configuration; "
+        f"1 torch thread per process")
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    batches = make_batches(rank, args.batch_size)
+    trainers = []
+    try:
+        for name in args.configs:
+            trainers.append(Trainer(name, args, batches))
+            trainers[-1].steps(args.warmup)
+        per_round = {name: [] for name in args.configs}
+        for r in range(args.rounds):
+            order = trainers if r % 2 == 0 else trainers[::-1]
+            for t in order:
+                per_round[t.name].append(samples / timed_steps(t, args.steps))
+            if (r + 1) % max(1, args.rounds // 10) == 0 or r + 1 == args.rounds:
+                say(f"round {r + 1}/{args.rounds}, median samples/s so far: "
+                    + ", ".join(f"{n} {statistics.median(v):.0f}" for n, v in per_round.items())
+                    + f" (load {os.getloadavg()[0]:.2f})")
+    finally:
+        for t in trainers:
+            t.close()
+    total_s = time.perf_counter() - t_start
+    load_after = os.getloadavg()
+
+    results = {t.name: {"samples_per_s": statistics.median(per_round[t.name]), "rounds": per_round[t.name],
+                        "loss": t.loss} for t in trainers}
+    base = results[BASELINE]
+    for r in results.values():
+        # Paired: each round's steps ran within about a second of each other, under the same load.
+        r["ratio_to_ddp"] = statistics.median(x / y for x, y in zip(r["rounds"], base["rounds"]))
+        r["ratio_of_medians"] = r["samples_per_s"] / base["samples_per_s"]
+    if rank == 0:
+        print()
+        print(format_table(results, args.configs))
+        print(f"\n(samples/s of both ranks, median over {args.rounds} rounds of {args.steps} step(s); ratio: median of "
+              f"the per-round ratios; {total_s:.0f} s in all; "
+              f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})", flush=True)
+        if args.json:
+            doc = {"results": results, "configs": list(args.configs), "world_size": world,
+                   "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                   "channels": list(args.channels), "hidden": args.hidden, "parameters": n_params,
+                   "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+                   "load_average_before": load_before, "load_average_after": load_after, "seconds": total_s}
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    sys.exit(work(argv) if "RANK" in os.environ else drive(argv))

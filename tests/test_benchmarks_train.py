@@ -1,0 +1,46 @@
+"""Smoke test of benchmarks/train_throughput.py: a tiny model, 1 warm-up + 2 timed steps per configuration,
+run the way a user runs it (the script launches its 2 workers through bagua-run)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "benchmarks", "train_throughput.py")
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
+           "no communication")
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_smoke_run_reports_every_configuration(tmp_path):
+    out = tmp_path / "results.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
+    # The driver stops the launcher (and so the workers) after --timeout; subprocess's timeout is a backstop.
+    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--json", str(out), "--timeout", "60"], cwd=REPO, env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=80)
+    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+
+    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    for name in CONFIGS:
+        assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
+    assert rows["DDP"].split("|")[3].strip() == "1.00x"
+
+    doc = json.loads(out.read_text())
+    assert doc["configs"] == list(CONFIGS)
+    assert doc["world_size"] == 2 and doc["torch_threads"] == 1
+    for name in CONFIGS:
+        r = doc["results"][name]
+        assert r["samples_per_s"] > 0 and math.isfinite(r["ratio_to_ddp"]), (name, r)
+        assert math.isfinite(r["loss"]), (name, r)
