@@ -23,6 +23,7 @@ test: build
 
 bench: build
 	$(PY) benchmarks/collectives.py
+	$(PY) benchmarks/train_throughput.py
 
 build: $(BUILT)
 

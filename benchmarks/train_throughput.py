@@ -25,6 +25,9 @@ SGD with momentum, in the same processes:
                           ``model.with_bagua([opt], Algorithm())`` with the original defaults
                           (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
                           bytes, changes that)
+    Bagua GradientAllReduce 25MiB
+                          the same through ``bagua_torch.DistributedDataParallel`` with
+                          ``bucket_cap_mb=25``, DDP's bucket size
     no communication      each rank trains alone: the compute-only upper bound, which shows
                           how much of a step communication costs
 
@@ -55,7 +58,8 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
+           "Bagua ByteGrad", "Bagua Decentralized",
            "no communication")
 BASELINE = "DDP"
 POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
@@ -184,6 +188,11 @@ def wrap(name, model, opt):
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, lambda: None
     from bagua_torch import algorithms as A
+    if name == "Bagua GradientAllReduce 25MiB":
+        import bagua_torch
+        ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
+                                                  bucket_cap_mb=25)
+        return ddp, ddp.close
     algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
                  "Bagua ByteGrad": A.ByteGradAlgorithm,
                  "Bagua Decentralized": A.DecentralizedAlgorithm}[name]()
