@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +70,13 @@ class Run:
     def check(self) -> "Run":
         assert self.ok(), self.summary()
         return self
+
+    def check_case(self, case: str, ranks: int) -> None:
+        """Asserts that at least ``ranks`` ranks reported ``case`` and none failed it."""
+        recs = self.cases().get(case)
+        assert recs is not None and len(recs) >= ranks, f"case {case} not reported by every rank\n{self.summary()}"
+        errors = {r: rec["error"] for r, rec in recs.items() if not rec["ok"]}
+        assert not errors, "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
 
     def cases(self) -> Dict[str, Dict[int, dict]]:
         """{case name: {rank: {"ok": bool, "error": str, ...}}}"""

@@ -23,6 +23,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.worker import threads, wait_for_threads  # noqa: E402
 
 # session -> (world size, local world size, env)
 SESSIONS = {
@@ -75,16 +76,8 @@ def case_names(session: str):
 # ---------------------------------------------------------------- worker side
 
 
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
-def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
-    """Asserts the thread count falls back to ``expected`` (threads end a moment after they are told)."""
-    deadline = time.monotonic() + timeout_s
-    while threads() > expected and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert threads() == expected, f"{threads()} threads, {expected} expected"
 
 STEPS = 5
 LR = 0.1
@@ -376,7 +369,6 @@ class Worker:
         eng.close()
 
     def overlap(self):
-        np = self.np
         eng = self.engine()
         eng.create_buckets([("late", (64,), "float32"), ("early", (64,), "float32")], bucket_bytes=256)
         assert [b.tensor_names for b in eng.buckets] == [["late"], ["early"]]
@@ -510,12 +502,8 @@ def _case_params():
 @pytest.mark.parametrize("name,case", _case_params())
 def test_case(name, case):
     run = session(name)
-    recs = run.cases().get(case)
     world = SESSIONS[name][0]
-    expected = world - 1 if case == "dead_peer_raises_on_survivors" else world
-    assert recs is not None and len(recs) >= expected, f"case {case} not reported by every rank\n{run.summary()}"
-    errors = {r: rec["error"] for r, rec in recs.items() if not rec["ok"]}
-    assert not errors, "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+    run.check_case(case, world - 1 if case == "dead_peer_raises_on_survivors" else world)
 
 
 @pytest.mark.timeout(180)

@@ -630,10 +630,7 @@ def _case_params():
 @pytest.mark.parametrize("world,case", _case_params())
 def test_case(world, case):
     run = session("cases", world)
-    recs = run.cases().get(case)
-    assert recs is not None and len(recs) == world, f"case {case} not reported by every rank\n{run.summary()}"
-    errors = {r: rec["error"] for r, rec in recs.items() if not rec["ok"]}
-    assert not errors, "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+    run.check_case(case, world)
 
 
 @pytest.mark.parametrize("world", WORLD_SIZES)

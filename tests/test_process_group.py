@@ -18,6 +18,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests import mp  # noqa: E402
+from tests.worker import threads, wait_for_threads  # noqa: E402
 
 KILL_TIMEOUT_S = 8  # BAGUA_TIMEOUT of the kill sessions
 
@@ -47,8 +48,6 @@ np = bc = None
 BASELINE_THREADS = 0
 
 
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 def expect_raises(exc, match, fn, *args, **kwargs):
@@ -149,12 +148,6 @@ def case_debug_checks():
     bc.init_process_group()
 
 
-def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
-    import time
-    deadline = time.monotonic() + timeout_s
-    while threads() > expected and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert threads() == expected, f"{threads()} threads, {expected} expected"
 
 
 def case_clone():

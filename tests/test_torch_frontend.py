@@ -521,10 +521,7 @@ def _case_params():
 @pytest.mark.parametrize("name,case", _case_params())
 def test_case(name, case):
     run = session(name)
-    recs = run.cases().get(case)
-    assert recs is not None and len(recs) == SESSIONS[name], f"case {case} not reported by every rank\n{run.summary()}"
-    errors = {r: rec["error"] for r, rec in recs.items() if not rec["ok"]}
-    assert not errors, "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+    run.check_case(case, SESSIONS[name])
 
 
 @pytest.mark.timeout(180)

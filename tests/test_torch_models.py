@@ -22,6 +22,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.worker import threads, wait_for_threads  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
 # a collective paired with the wrong one may hang until the timeout: keep it short
@@ -41,16 +42,8 @@ CASES = [
 # ---------------------------------------------------------------- worker side
 
 
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
-def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
-    """Asserts the thread count falls back to ``expected`` (a thread ends a moment after it is joined)."""
-    deadline = time.monotonic() + timeout_s
-    while threads() > expected and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert threads() == expected, f"{threads()} threads, {expected} expected"
 
 
 class Worker:
@@ -402,10 +395,7 @@ def _case_params():
 @pytest.mark.parametrize("name,case", _case_params())
 def test_case(name, case):
     run = session(name)
-    recs = run.cases().get(case)
-    assert recs is not None and len(recs) == SESSIONS[name], f"case {case} not reported by every rank\n{run.summary()}"
-    errors = {r: rec["error"] for r, rec in recs.items() if not rec["ok"]}
-    assert not errors, "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+    run.check_case(case, SESSIONS[name])
 
 
 @pytest.mark.timeout(200)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 import traceback
 from typing import Callable, Iterable, Tuple
 
@@ -31,3 +33,16 @@ def run_cases(cases: Iterable[Tuple[str, Callable[[], None]]]) -> int:
             failures += 1
             report(name, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
     return failures
+
+
+def threads() -> int:
+    """Threads of this process."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
+    """Asserts the thread count falls back to ``expected`` (a thread ends a moment after it is joined)."""
+    deadline = time.monotonic() + timeout_s
+    while threads() > expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threads() == expected, f"{threads()} threads, {expected} expected"
