@@ -21,6 +21,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
 
@@ -54,61 +55,10 @@ def case_names(session: str):
 # ---------------------------------------------------------------- worker side
 
 
-class Worker:
-    def __init__(self):
-        import torch
-        import torch.distributed as dist
-
-        import bagua_torch
-
-        torch.set_num_threads(1)
-        self.torch = torch
-        self.nn = torch.nn
-        self.dist = dist
-        self.bt = bagua_torch
-        self.A = bagua_torch.algorithms
-        self.group = bagua_torch.init_process_group()
-        dist.init_process_group("gloo")
-        self.rank = self.group.rank
-        self.world = self.group.size
-
-    # -- helpers --
-    def mlp(self, seed, hidden=16):
-        nn = self.nn
-        self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3))
-
-    def batch(self, step, n=8):
-        g = self.torch.Generator().manual_seed(1000 * step + self.rank)
-        return self.torch.randn(n, 4, generator=g), self.torch.randint(0, 3, (n,), generator=g)
-
+class Worker(TorchWorker):
     def loss(self, model, step):
         x, y = self.batch(step)
         return self.nn.functional.cross_entropy(model(x), y)
-
-    def flat(self, model):
-        return self.torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-    def gathered(self, t):
-        return self.bt.allgather(t.detach().contiguous())
-
-    def same_everywhere(self, t):
-        allv = self.gathered(t)
-        for r in range(self.world):
-            assert self.torch.equal(allv[r], t), f"rank {r} differs from rank {self.rank}"
-
-    def close_to(self, got, ref, rtol=1e-5, atol=1e-6):
-        err = (got - ref).abs().max().item()
-        assert self.torch.allclose(got, ref, rtol=rtol, atol=atol), f"max abs difference {err:.3g}"
-
-    def expect_error(self, exc_type, fn, *needles):
-        try:
-            fn()
-        except exc_type as e:
-            for n in needles:
-                assert n in str(e), f"{n!r} not in the message: {e}"
-            return e
-        raise AssertionError(f"expected {exc_type.__name__}")
 
     # -- primitives --
     def primitives_on_torch_tensors(self):
@@ -496,13 +446,7 @@ class Worker:
 
 
 def worker_main():
-    from tests.worker import run_cases
-
-    session = sys.argv[1]
-    w = Worker()
-    failures = run_cases([(c, getattr(w, c)) for c in case_names(session)])
-    w.dist.destroy_process_group()
-    sys.exit(1 if failures else 0)
+    run_worker(Worker, case_names)
 
 
 # ---------------------------------------------------------------- pytest side

@@ -22,6 +22,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
 from tests.worker import threads, wait_for_threads  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
@@ -46,34 +47,7 @@ CASES = [
 
 
 
-class Worker:
-    def __init__(self):
-        import torch
-        import torch.distributed as dist
-
-        import bagua_torch
-
-        torch.set_num_threads(1)
-        self.torch = torch
-        self.nn = torch.nn
-        self.dist = dist
-        self.bt = bagua_torch
-        self.A = bagua_torch.algorithms
-        self.group = bagua_torch.init_process_group()
-        dist.init_process_group("gloo")
-        self.rank = self.group.rank
-        self.world = self.group.size
-
-    # -- helpers --
-    def mlp(self, seed, hidden=16):
-        nn = self.nn
-        self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3))
-
-    def batch(self, step, n=8):
-        g = self.torch.Generator().manual_seed(1000 * step + self.rank)
-        return self.torch.randn(n, 4, generator=g), self.torch.randint(0, 3, (n,), generator=g)
-
+class Worker(TorchWorker):
     def train_step(self, model, opts, step):
         for o in opts:
             o.zero_grad()
@@ -81,27 +55,6 @@ class Worker:
         self.nn.functional.cross_entropy(model(x), y).backward()
         for o in opts:
             o.step()
-
-    def flat(self, *models):
-        return self.torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()])
-
-    def same_everywhere(self, t):
-        allv = self.bt.allgather(t.detach().contiguous())
-        for r in range(self.world):
-            assert self.torch.equal(allv[r], t), f"rank {r} differs from rank {self.rank}"
-
-    def close_to(self, got, ref, rtol=1e-5, atol=1e-6):
-        err = (got - ref).abs().max().item()
-        assert self.torch.allclose(got, ref, rtol=rtol, atol=atol), f"max abs difference {err:.3g}"
-
-    def expect_error(self, exc_type, fn, *needles):
-        try:
-            fn()
-        except exc_type as e:
-            for n in needles:
-                assert n in str(e), f"{n!r} not in the message: {e}"
-            return e
-        raise AssertionError(f"expected {exc_type.__name__}")
 
     def allreduce_mean_grads(self, params):
         for p in params:
@@ -371,12 +324,7 @@ class Worker:
 
 
 def worker_main():
-    from tests.worker import run_cases
-
-    w = Worker()
-    failures = run_cases([(c, getattr(w, c)) for c in CASES])
-    w.dist.destroy_process_group()
-    sys.exit(1 if failures else 0)
+    run_worker(Worker, lambda session: CASES)
 
 
 # ---------------------------------------------------------------- pytest side

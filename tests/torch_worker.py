@@ -1,0 +1,68 @@
+"""Shared setup of torch test workers: Bagua and torch.distributed (gloo) in one
+process, a small model, per-rank data and the checks the tests repeat."""
+
+from __future__ import annotations
+
+import sys
+
+
+class TorchWorker:
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+
+        import bagua_torch
+
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.nn = torch.nn
+        self.dist = dist
+        self.bt = bagua_torch
+        self.A = bagua_torch.algorithms
+        self.group = bagua_torch.init_process_group()
+        dist.init_process_group("gloo")  # MASTER_PORT; Bagua's store is on MASTER_PORT + 1
+        self.rank = self.group.rank
+        self.world = self.group.size
+
+    def mlp(self, seed, hidden=16):
+        nn = self.nn
+        self.torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+
+    def batch(self, step, n=8):
+        g = self.torch.Generator().manual_seed(1000 * step + self.rank)
+        return self.torch.randn(n, 4, generator=g), self.torch.randint(0, 3, (n,), generator=g)
+
+    def flat(self, *models):
+        return self.torch.cat([p.detach().reshape(-1) for m in models for p in m.parameters()])
+
+    def gathered(self, t):
+        return self.bt.allgather(t.detach().contiguous())
+
+    def same_everywhere(self, t):
+        allv = self.gathered(t)
+        for r in range(self.world):
+            assert self.torch.equal(allv[r], t), f"rank {r} differs from rank {self.rank}"
+
+    def close_to(self, got, ref, rtol=1e-5, atol=1e-6):
+        err = (got - ref).abs().max().item()
+        assert self.torch.allclose(got, ref, rtol=rtol, atol=atol), f"max abs difference {err:.3g}"
+
+    def expect_error(self, exc_type, fn, *needles):
+        try:
+            fn()
+        except exc_type as e:
+            for n in needles:
+                assert n in str(e), f"{n!r} not in the message: {e}"
+            return e
+        raise AssertionError(f"expected {exc_type.__name__}")
+
+
+def worker_main(worker_class, case_names) -> None:
+    """Runs the cases of the session named in argv[1] and exits non-zero on a failure."""
+    from tests.worker import run_cases
+
+    w = worker_class()
+    failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])
+    w.dist.destroy_process_group()
+    sys.exit(1 if failures else 0)
