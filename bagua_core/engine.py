@@ -6,9 +6,10 @@ A frontend uses it in three moves:
    buckets from ``(name, shape, dtype)`` declarations in registration order
    (pass reverse parameter order) and allocates them; ``bucket.view(name)`` is a
    zero-copy view of one tensor's slot (``numpy.asarray(view)``), so parameters
-   or gradients can live in the bucket. Then append the algorithm's ops to each
-   bucket (``append_centralized_allreduce``, ``append_bytegrad``,
-   ``append_decentralized``).
+   or gradients can live in the bucket. Then append the algorithm's step to
+   each bucket: ``bucket.append_op(plan.step, **plan.params)`` (the steps of
+   ``csrc/ops/registry.h``: "centralized_allreduce", "bytegrad",
+   "decentralized"; see :mod:`bagua_core.algorithms` for the plans).
 2. **Readiness.** ``engine.mark_ready(name)`` from a gradient hook (any
    thread). A bucket launches on the engine's comm thread once all its tensors
    are ready and every earlier bucket has launched, so all ranks issue the same
@@ -22,7 +23,7 @@ Decentralized averaging communicates weights (buckets over the parameters):
 at the start of EVERY training forward call ``engine.mark_all_ready()`` (the
 op counts steps and communicates on steps 0, k, 2k, ...; on the others it does
 nothing), ``wait()`` after backward, then ``op.copy_back()`` for each bucket's
-:class:`DecentralizedOp` (weights <- peer average; a no-op on steps that did not
+:class:`StepOp` (weights <- peer average; a no-op on steps that did not
 communicate) before ``optimizer.step()``. Forward and backward only read the
 weights while the comm thread averages them into the op's own peer buffer.
 
@@ -44,7 +45,7 @@ Example (numpy)::
 
     engine = Engine.for_group(bagua_core.init_process_group())
     [bucket] = engine.create_buckets([("w", (4, 3), "float32")])
-    bucket.append_centralized_allreduce(average=True)
+    bucket.append_op("centralized_allreduce", average=True)
     w = np.asarray(bucket.view("w"))
     w[...] = local_gradient
     engine.mark_ready("w")
@@ -57,12 +58,12 @@ import math
 import weakref
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from bagua_core import config
+from bagua_core import config, steps
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType, as_dtype
 
 MemoryView = _C.MemoryView
-DecentralizedOp = _C.DecentralizedOp
+StepOp = _C.StepOp
 Op = _C.Op
 
 Shape = Sequence[int]
@@ -154,22 +155,13 @@ class Bucket:
         return self._core.flat_view()
 
     # ---- the op chain (between steps) ----
-    def append_centralized_allreduce(self, hierarchical: bool = False, average: bool = True) -> Op:
-        """Allreduce (mean or sum) of the bucket; hierarchical: intra-node reduce
-        to the leader, allreduce among leaders, intra-node broadcast."""
-        return self.engine._core.append_centralized_allreduce(self.index, bool(hierarchical), bool(average))
-
-    def append_bytegrad(self, hierarchical: bool = False, average: bool = True) -> Op:
-        """MinMaxUInt8 scatter-reduce-gather (ByteGrad). The bucket's numel must be
-        a multiple of the group size (create it with ``alignment=group size``)."""
-        return self.engine._core.append_bytegrad(self.index, bool(hierarchical), bool(average))
-
-    def append_decentralized(self, peer_selection_mode: str = "all", communication_interval: int = 1,
-                             hierarchical: bool = False) -> DecentralizedOp:
-        """Decentralized weight averaging ("all" or "shift_one") into the op's peer
-        buffer; ``op.copy_back()`` after ``wait()`` writes it into the bucket."""
-        return self.engine._core.append_decentralized(self.index, str(peer_selection_mode),
-                                                      int(communication_interval), bool(hierarchical))
+    def append_op(self, step: str, **params) -> StepOp:
+        """Appends the registered engine step ``step`` (:func:`bagua_core.steps.names`)
+        with its parameters, e.g. ``append_op("bytegrad", hierarchical=False,
+        average=True)``; returns its :class:`StepOp`. Steps that need an
+        element count multiple of the group size (ByteGrad) need a bucket
+        created with that ``alignment``."""
+        return self.engine._core.append_op(self.index, str(step), params)
 
     def ops(self) -> List[Op]:
         return self.engine._core.ops(self.index)
@@ -211,6 +203,7 @@ class Engine:
 
     def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None):
         self._core = _C.Engine(comm, intra, inter, timeout_s)
+        self._comms = (comm, intra, inter)
         self._buckets: List[Bucket] = []
         self._group = None  # the private clone it owns (for_group)
         self._release = None
@@ -246,6 +239,13 @@ class Engine:
         """The private process group (clone) the engine communicates on, if it
         was built by :meth:`for_group`."""
         return self._group
+
+    def check_step(self, plan):
+        """Makes ``plan``'s step (:mod:`bagua_core.algorithms`) over this
+        engine's communicators: raises ValueError when it cannot run on them,
+        else returns its :class:`bagua_core.steps.StepInfo` (e.g. the bucket
+        alignment it needs)."""
+        return steps.check_plan(plan, None, comms=self._comms)
 
     # ---- buckets ----
     def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype, alignment: int = 1) -> Bucket:

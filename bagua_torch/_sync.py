@@ -1,14 +1,13 @@
-"""Making replicas start equal: the model-agreement check and broadcasts of
-parameters, buffers and optimizer state from one rank (glue over the
-bagua_core primitives; tensors are grouped per dtype so a model costs a few
-collectives, not one per tensor)."""
+"""Making replicas start equal: broadcasts of parameters, buffers and
+optimizer state from one rank (glue over the bagua_core primitives; tensors
+are grouped per dtype so a model costs a few collectives, not one per
+tensor)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Collection, Iterable, List, Optional, Sequence
+from typing import Collection, Iterable, List
 
-import numpy as np
 import torch
 
 from bagua_core import comm as core_comm
@@ -16,43 +15,6 @@ from bagua_core.process_group import ProcessGroup
 
 # dtypes the communicators carry; bool travels as uint8, the rest pickled
 _WIRE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
-
-
-def check_same_everywhere(signature: Sequence[tuple], group: ProcessGroup, what: str) -> None:
-    """Raises ValueError on every rank unless ``signature`` (a list of
-    comparable tuples, e.g. (kind, name, shape, dtype)) is equal on every rank;
-    the message names the first rank that differs from rank 0 and its first
-    difference."""
-    if group.size == 1:
-        return
-    signature = [tuple(s) for s in signature]
-    reference = core_comm.broadcast_object(signature if group.rank == 0 else None, 0, group)
-    mine = "" if group.rank == 0 else first_difference(reference, signature, f"rank {group.rank}")
-    flags = np.zeros(group.size, dtype=np.int64)
-    core_comm.allgather(np.array([1 if mine else 0], dtype=np.int64), flags, group)
-    bad = [r for r in range(group.size) if flags[r]]
-    if not bad:
-        return
-    message = core_comm.broadcast_object(mine, bad[0], group)
-    others = f" (ranks differing from rank 0: {bad})" if len(bad) > 1 else ""
-    raise ValueError(f"{what} differs across ranks: {message}{others}")
-
-
-def _describe(entry: Optional[tuple]) -> str:
-    if entry is None:
-        return "nothing"
-    kind, name, *rest = entry
-    return f"{kind} '{name}' " + " ".join(str(x) for x in rest)
-
-
-def first_difference(reference: Sequence[tuple], mine: Sequence[tuple], me: str = "this rank") -> str:
-    """'' when equal, else a description of the first difference."""
-    for i in range(max(len(reference), len(mine))):
-        a = reference[i] if i < len(reference) else None
-        b = mine[i] if i < len(mine) else None
-        if a != b:
-            return f"rank 0 has {_describe(a)}, {me} has {_describe(b)} (entry {i})"
-    return ""
 
 
 def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int, group: ProcessGroup) -> None:

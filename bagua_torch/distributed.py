@@ -1,13 +1,16 @@
 """``model.with_bagua(optimizers, algorithm)``: the glue between a torch model
 and the engine.
 
-At wrap time (every rank, same order):
+This module is the torch frontend's one generic driver: it runs the plan of
+any algorithm (:class:`bagua_core.algorithms.Plan`: which engine step, on
+gradients or weights, in which phase). At wrap time (every rank, same order):
 
-1. the algorithm is checked against the group (e.g. ``shift_one`` with an odd
-   number of peers raises here, on every rank);
-2. the ranks agree that they hold the same model (parameter and buffer names,
+1. the ranks agree that they hold the same model (parameter and buffer names,
    shapes, dtypes, optimizer layout, algorithm); otherwise every rank raises
    ``ValueError`` naming the first difference;
+2. the engine is built on a clone of the group and makes the algorithm's step
+   over it, which checks it against the group (e.g. ``shift_one`` with an odd
+   number of peers raises here, on every rank);
 3. rank 0's parameters, buffers and optimizer state are broadcast;
 4. the engine gets buckets (reverse parameter order) for what the algorithm
    communicates: gradients (GradientAllReduce, ByteGrad) or weights
@@ -37,7 +40,10 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 import bagua_core
+from bagua_core import agreement
+from bagua_core.algorithms import BACKWARD, FORWARD_START
 from bagua_core.dtypes import as_dtype
+from bagua_core.engine import Engine
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
 from bagua_torch import _sync
@@ -158,12 +164,15 @@ class BaguaDistributedDataParallel:
         self.params = self._build_params()
         self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
         self.impl = self.algorithm.reify(group)
-        self.impl.check()
+        self.plan = self.impl.plan
+        if self.plan.phase not in (BACKWARD, FORWARD_START):
+            raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
 
-        _sync.check_same_everywhere(self._signature(), group, "the wrapped model")
-        self._broadcast_initial_state()
+        agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         try:
-            self.engine = self.impl.make_engine()
+            self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)))
+            self.step_info = self.engine.check_step(self.plan)
+            self._broadcast_initial_state()
             self._build_buckets(bucket_bytes)
             self._register_hooks()
         except BaseException:
@@ -217,8 +226,8 @@ class BaguaDistributedDataParallel:
     def _build_buckets(self, bucket_bytes: Optional[int]) -> None:
         order = list(reversed(self.params))  # backward produces gradients roughly in this order
         decls = [(n, tuple(p.shape), as_dtype(p.dtype)) for n, p in order]
-        alignment = self.impl.bucket_alignment()
-        if self.impl.one_bucket_per_dtype():
+        alignment = self.step_info.alignment
+        if self.plan.one_bucket_per_dtype:
             by_dtype: Dict[object, list] = {}
             for n, shape, dt in decls:
                 by_dtype.setdefault(dt, []).append((n, shape))
@@ -235,7 +244,7 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.slots[n]
-                if self.impl.communicates == "weights":
+                if self.communicates_weights:
                     slot.copy_(p.detach())
                     if self.do_flatten:
                         p.data = slot
@@ -244,9 +253,12 @@ class BaguaDistributedDataParallel:
                         slot.copy_(p.grad)
                     if self.do_flatten:
                         p.grad = slot
-        # after the weights sit in the buckets: decentralized ops copy them at bind time
-        for b in buckets:
-            self.impl.append_ops(b)
+        # after the weights sit in the buckets: weight steps copy them at bind time
+        self.impl.ops = [b.append_op(self.plan.step, **self.plan.params) for b in buckets]
+
+    @property
+    def communicates_weights(self) -> bool:
+        return self.plan.communicates == "weights"
 
     def _register_hooks(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
@@ -268,29 +280,38 @@ class BaguaDistributedDataParallel:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
         self.attach_gradients()
-        self.impl.on_forward_start(self)
+        if self.plan.phase == FORWARD_START:
+            # The weights are handed to the engine as forward starts; the step
+            # averages a copy on the comm thread while forward and backward read them.
+            self.copy_weights_to_slots()
+            self.engine.mark_all_ready()
+            self.step_pending = True
 
     def _grad_hook(self, name: str, param: torch.nn.Parameter) -> None:
         if self._closed or not self.require_backward_grad_sync:
             return
         if param.grad is not None and param.grad.layout != torch.strided:
             raise ValueError(f"parameter '{name}' got a sparse gradient; Bagua supports dense gradients only")
-        self.impl.on_gradient_ready(self, name)
+        if self.plan.phase == BACKWARD:
+            self.mark_gradient_ready(name)
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
 
     def _post_backward(self) -> None:
         self._callback_queued = False
-        if not self._closed:
-            self.impl.on_backward_end(self)
+        if self._closed:
+            return
+        missing = self.mark_unused_gradients_ready() if self.plan.phase == BACKWARD else []
+        self.finish_step()
+        self.check_unused(missing)
 
     # ------------------------------------------------------------ helpers for the algorithms
 
     def attach_gradients(self) -> None:
         """With do_flatten, makes every gradient the view of its bucket slot
         again (zeroed) where ``zero_grad(set_to_none=True)`` dropped it."""
-        if not (self.do_flatten and self.impl.communicates == "gradients"):
+        if not self.do_flatten or self.communicates_weights:
             return
         with torch.no_grad():
             for n, p in self.params:
@@ -345,9 +366,18 @@ class BaguaDistributedDataParallel:
         self.step_pending = False
         try:
             self.engine.wait()
-            self.impl.after_wait(self)
+            self._apply_results()
         finally:
             self._marked.clear()
+
+    def _apply_results(self) -> None:
+        """After engine.wait(): the results into the tensors torch uses."""
+        if not self.communicates_weights:
+            self.copy_slots_to_gradients()
+            return
+        copied = [op.copy_back() for op in self.impl.ops]
+        if any(copied):
+            self.copy_slots_to_weights()
 
     def copy_slots_to_gradients(self) -> None:
         if self.do_flatten:

@@ -185,7 +185,7 @@ def _two_buckets(eng):
     b0 = eng.add_bucket("first", [("a", (4,)), ("b", (4,))], "float32")
     b1 = eng.add_bucket("second", [("c", (4,))], "float32")
     for b in (b0, b1):
-        b.append_centralized_allreduce(average=True)
+        b.append_op("centralized_allreduce", average=True)
     return b0, b1
 
 
@@ -246,7 +246,7 @@ def test_mark_ready_from_threads(eng):
     names = [f"t{i}" for i in range(32)]
     eng.create_buckets([(n, (3,), "float32") for n in names], bucket_bytes=40)
     for b in eng.buckets:
-        b.append_centralized_allreduce()
+        b.append_op("centralized_allreduce")
     for _ in range(3):
         threads = [threading.Thread(target=eng.mark_ready, args=(n,)) for n in reversed(names)]
         for th in threads:
@@ -339,7 +339,7 @@ def test_clear_buckets_then_rebuild(eng):
     eng.clear_buckets()
     assert eng.buckets == [] and eng._core.num_buckets == 0
     b = eng.add_bucket("again", [("a", (2,))], "float32")  # names free again
-    b.append_centralized_allreduce()
+    b.append_op("centralized_allreduce")
     eng.mark_ready("a")
     eng.wait()
 
@@ -351,17 +351,17 @@ def test_op_validation(eng, comm):
     f = eng.add_bucket("f", [("w", (5,))], "float32")
     i = eng.add_bucket("i", [("n", (5,))], "int64")
     with pytest.raises(ValueError, match="int64"):
-        i.append_bytegrad()
+        i.append_op("bytegrad")
     with pytest.raises(ValueError, match="floating"):
-        i.append_decentralized()
+        i.append_op("decentralized")
     with pytest.raises(ValueError, match="even"):
-        f.append_decentralized("shift_one")  # one peer
+        f.append_op("decentralized", peer_selection_mode="shift_one")  # one peer
     with pytest.raises(ValueError, match="peer_selection_mode"):
-        f.append_decentralized("ring")
+        f.append_op("decentralized", peer_selection_mode="ring")
     with pytest.raises(ValueError, match="communication_interval"):
-        f.append_decentralized("all", communication_interval=0)
+        f.append_op("decentralized", peer_selection_mode="all", communication_interval=0)
     with pytest.raises(ValueError, match="intra-node"):
-        f.append_centralized_allreduce(hierarchical=True)
+        f.append_op("centralized_allreduce", hierarchical=True)
     with pytest.raises(ValueError):
         E.Engine(comm, timeout_s=0)
     with pytest.raises(ValueError, match="comm"):
@@ -371,9 +371,9 @@ def test_op_validation(eng, comm):
 
 def test_ops_on_single_process(eng):
     b = eng.add_bucket("w", [("w", (4,))], "float32")
-    op = b.append_decentralized("all", communication_interval=2)
+    op = b.append_op("decentralized", peer_selection_mode="all", communication_interval=2)
     i = eng.add_bucket("i", [("n", (3,))], "int64")
-    i.append_centralized_allreduce(average=False)
+    i.append_op("centralized_allreduce", average=False)
     w = np.asarray(b.view("w"))
     w[...] = [1, 2, 3, 4]
     np.asarray(i.view("n"))[...] = [7, 8, 9]
@@ -384,7 +384,7 @@ def test_ops_on_single_process(eng):
     w[...] = 0
     assert op.copy_back()
     np.testing.assert_array_equal(w, [1, 2, 3, 4])
-    np.testing.assert_array_equal(np.asarray(op.peer_view()), [1, 2, 3, 4])
+    np.testing.assert_array_equal(np.asarray(op.result_view()), [1, 2, 3, 4])
     np.testing.assert_array_equal(np.asarray(i.view("n")), [7, 8, 9])
     eng.mark_all_ready()
     eng.wait()

@@ -129,7 +129,7 @@ class Worker:
         buckets = eng.create_buckets([(n, s, dtype) for n, s in self.DECLS], bucket_bytes=25 * np.dtype(dtype).itemsize)
         assert len(buckets) > 2
         for b in buckets:
-            b.append_centralized_allreduce(hierarchical=hierarchical, average=average)
+            b.append_op("centralized_allreduce", hierarchical=hierarchical, average=average)
         for step in range(2):
             for n, s in self.DECLS:
                 np.asarray(self.view(eng, n))[...] = self.data(case, self.rank, s, dtype, step)
@@ -185,7 +185,7 @@ class Worker:
         eng = self.engine(hierarchical)
         [b] = eng.create_buckets([(n, s, "float32") for n, s in self.BG_DECLS], alignment=self.world)
         assert b.numel % self.world == 0 and b.numel > b.payload_numel
-        b.append_bytegrad(hierarchical=hierarchical, average=average)
+        b.append_op("bytegrad", hierarchical=hierarchical, average=average)
         padded = lambda r, step: np.concatenate(  # noqa: E731
             [self.data(case, r, s, "float32", step).reshape(-1) for _, s in self.BG_DECLS]
             + [np.zeros(b.numel - b.payload_numel, np.float32)])
@@ -237,7 +237,7 @@ class Worker:
         shapes = [(4, 3), (5,)]
         eng = self.engine(hierarchical)
         [b] = eng.create_buckets([(f"p{i}", s, "float32") for i, s in enumerate(shapes)], bucket_bytes=1 << 30)
-        op = b.append_decentralized(mode, communication_interval=interval, hierarchical=hierarchical)
+        op = b.append_op("decentralized", peer_selection_mode=mode, communication_interval=interval, hierarchical=hierarchical)
         flat = np.asarray(b.flat_view())
         flat[...] = np.concatenate([self.data(case, self.rank, s).reshape(-1) for s in shapes])
         for step in range(STEPS):
@@ -300,7 +300,7 @@ class Worker:
         for i, (eng, shape) in enumerate(zip(engines, shapes)):
             assert eng.group is not None and eng.group is not self.pg and eng.group.ranks == self.pg.ranks
             [b] = eng.create_buckets([(f"t{i}", shape, "float32")])
-            b.append_centralized_allreduce(average=False)
+            b.append_op("centralized_allreduce", average=False)
             views.append(np.asarray(b.view(f"t{i}")))
         order = [0, 1] if self.rank % 2 == 0 else [1, 0]
         for step in range(3):
@@ -327,12 +327,12 @@ class Worker:
         eng = self.engine()
         [b] = eng.create_buckets([("w", (3,), "float32")])
         try:
-            b.append_decentralized("shift_one")
+            b.append_op("decentralized", peer_selection_mode="shift_one")
         except ValueError as e:
             assert "even" in str(e) and str(self.world) in str(e), e
         else:
             raise AssertionError("shift_one accepted an odd number of peers")
-        b.append_decentralized("all")  # the engine stays usable
+        b.append_op("decentralized", peer_selection_mode="all")  # the engine stays usable
         b.mark_all_ready()
         eng.wait()
         eng.close()
@@ -344,7 +344,7 @@ class Worker:
         eng.create_buckets([(n, (16,), "float32") for n in names], bucket_bytes=3 * 64)
         assert len(eng.buckets) == 4
         for b in eng.buckets:
-            b.append_centralized_allreduce(average=False)
+            b.append_op("centralized_allreduce", average=False)
         for n in names:
             np.asarray(self.view(eng, n))[...] = self.rank + 1
         # Bucket 3 complete first: it must not launch before 0, 1 and 2.
@@ -373,7 +373,7 @@ class Worker:
         eng.create_buckets([("late", (64,), "float32"), ("early", (64,), "float32")], bucket_bytes=256)
         assert [b.tensor_names for b in eng.buckets] == [["late"], ["early"]]
         for b in eng.buckets:
-            b.append_centralized_allreduce()
+            b.append_op("centralized_allreduce")
         # "backward": the first registered gradient is ready, compute continues
         eng.mark_ready("late")
         time.sleep(0.3)
@@ -393,7 +393,7 @@ class Worker:
         eng.create_buckets([("a", (8,), "float32"), ("b", (8,), "float32"), ("forgotten", (8,), "float32")],
                            bucket_bytes=32)
         for b in eng.buckets:
-            b.append_centralized_allreduce()
+            b.append_op("centralized_allreduce")
         eng.mark_ready("a")
         eng.mark_ready("b")
         t = time.monotonic()
@@ -413,8 +413,8 @@ class Worker:
         eng = self.engine(hierarchical=True)
         b0 = eng.add_bucket("h", [("x", (6,))], "float32")
         b1 = eng.add_bucket("f", [("y", (6,))], "float32")
-        b0.append_centralized_allreduce(hierarchical=True, average=False)
-        b1.append_centralized_allreduce(hierarchical=False, average=False)
+        b0.append_op("centralized_allreduce", hierarchical=True, average=False)
+        b1.append_op("centralized_allreduce", hierarchical=False, average=False)
         np.asarray(b0.view("x"))[...] = self.rank
         np.asarray(b1.view("y"))[...] = 2 * self.rank
         eng.mark_all_ready()
@@ -431,7 +431,7 @@ class Worker:
         eng = self.engine()
         eng.create_buckets([("a", (8,), "float32"), ("b", (8,), "float32")], bucket_bytes=32)
         for b in eng.buckets:
-            b.append_centralized_allreduce()
+            b.append_op("centralized_allreduce")
         eng.mark_ready("a")
         if self.rank != 2:
             eng.mark_ready("b")  # rank 2 never marks b: its peers wait in the collective
@@ -456,7 +456,7 @@ class Worker:
         group = bagua_core.new_group()
         eng = self.E.Engine.for_group(group)
         [b] = eng.create_buckets([("w", (1 << 16,), "float32")])
-        b.append_centralized_allreduce()
+        b.append_op("centralized_allreduce")
         b.mark_all_ready()
         eng.wait()  # one good step
         if self.rank == 2:

@@ -1,171 +1,82 @@
-"""The torch side of an algorithm: which tensors it communicates, how they are
-bucketed, which engine ops run on a bucket, and what the training hooks do.
+"""The torch side of an algorithm: its original name and defaults, and the
+state of one wrapped model's run of it.
 
-An :class:`Algorithm` is a description (hyperparameters, convertible to and
-from :mod:`bagua_core.algorithms`); ``reify(process_group)`` gives the
-:class:`AlgorithmImpl` bound to one wrapped model. The wrapper
-(:class:`bagua_torch.distributed.BaguaDistributedDataParallel`) calls the
-impl's hooks; the engine does all communication and arithmetic.
-
-The default impl communicates gradients: each gradient is marked ready by its
-post-accumulate-grad hook (so buckets communicate while backward runs) and the
-step is finished (``engine.wait()``) at the end of backward.
+An :class:`Algorithm` is a description (hyperparameters; ``.to_core()`` gives
+the framework-neutral :mod:`bagua_core.algorithms` description, whose plan says
+what travels, when, and which engine step runs). ``reify(process_group)``
+gives the :class:`AlgorithmImpl` of one wrapped model: the plan and the
+engine's step ops. The generic driver (:mod:`bagua_torch.distributed`) runs
+any plan; an algorithm class only carries its original name and signature.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Dict, List, Type
+import numbers
+from typing import List
 
-from bagua_core.engine import Bucket, Engine
-
-if TYPE_CHECKING:  # pragma: no cover
-    from bagua_torch.distributed import BaguaDistributedDataParallel
-
-_REGISTRY: Dict[str, Type["Algorithm"]] = {}
+from bagua_core.algorithms.frontend import FrontendAlgorithm
 
 
-class Algorithm:
+class Algorithm(FrontendAlgorithm):
     """Base of the torch algorithms. Subclasses set ``core_type`` (the
-    :mod:`bagua_core.algorithms` dataclass) and ``impl_type``; their
-    constructor arguments are the description's fields."""
+    :mod:`bagua_core.algorithms` dataclass); their constructor arguments are
+    the description's fields, with the original defaults."""
 
-    core_type: type = None
-    impl_type: type = None
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.core_type is not None:
-            name = cls.core_type.name
-            if name in _REGISTRY:
-                raise ValueError(f"an algorithm named {name!r} is already registered ({_REGISTRY[name].__name__})")
-            _REGISTRY[name] = cls
-
-    def __init__(self, **hyperparameters):
-        # Validated by the framework-neutral description.
-        self._description = self.core_type(**hyperparameters)
-
-    def __getattr__(self, name):
-        # hyperparameters read through the description (algo.hierarchical, ...)
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            return getattr(self.__dict__["_description"], name)
-        except (KeyError, AttributeError):
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}") from None
-
-    @property
-    def name(self) -> str:
-        return self.core_type.name
-
-    def to_core(self):
-        """The framework-neutral :mod:`bagua_core.algorithms` description."""
-        return self._description
-
-    @classmethod
-    def from_core(cls, description) -> "Algorithm":
-        """The torch algorithm for a :mod:`bagua_core.algorithms` description."""
-        for algo_cls in _REGISTRY.values():
-            if type(description) is algo_cls.core_type:
-                return algo_cls(**dataclasses.asdict(description))
-        raise TypeError(f"no torch algorithm for {description!r}")
-
-    @staticmethod
-    def init(name: str, **hyperparameters) -> "Algorithm":
-        """The algorithm registered as ``name`` ("gradient_allreduce",
-        "bytegrad", "decentralized")."""
-        try:
-            cls = _REGISTRY[name]
-        except KeyError:
-            raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(_REGISTRY))}") from None
-        return cls(**hyperparameters)
+    _registry: dict = {}
+    frontend = "bagua_torch.algorithms"
 
     def reify(self, process_group) -> "AlgorithmImpl":
-        return self.impl_type(self, process_group)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self._description == other._description
-
-    def __hash__(self):
-        return hash((type(self), self._description))
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self._description, f.name)!r}"
-                           for f in dataclasses.fields(self._description))
-        return f"{type(self).__name__}({fields})"
+        return AlgorithmImpl(self, process_group)
 
 
 def as_algorithm(algorithm) -> Algorithm:
     """Accepts a torch :class:`Algorithm` or a :mod:`bagua_core.algorithms` description."""
-    if isinstance(algorithm, Algorithm):
-        return algorithm
-    if any(type(algorithm) is cls.core_type for cls in _REGISTRY.values()):
-        return Algorithm.from_core(algorithm)
-    raise TypeError(
-        f"algorithm must be a bagua_torch.algorithms.Algorithm (e.g. GradientAllReduceAlgorithm()) or a "
-        f"bagua_core.algorithms description, got {type(algorithm).__name__}"
-    )
+    return Algorithm.coerce(algorithm, accept_names=False)
 
 
 def registered() -> List[str]:
-    return sorted(_REGISTRY)
+    return Algorithm.registered()
 
 
 class AlgorithmImpl:
-    """An algorithm bound to a process group and one wrapped model."""
-
-    # "gradients": buckets hold parameter gradients; "weights": the parameters.
-    communicates = "gradients"
+    """An algorithm bound to a process group and one wrapped model: its plan
+    (:class:`bagua_core.algorithms.Plan`) and the engine's step ops (one per
+    bucket, set by the driver)."""
 
     def __init__(self, algorithm: Algorithm, process_group):
         self.algorithm = algorithm
         self.description = algorithm.to_core()
+        self.plan = self.description.plan()
         self.process_group = process_group
+        self.ops: list = []
 
     @property
-    def hierarchical(self) -> bool:
-        return self.description.hierarchical
+    def step(self) -> int:
+        """Training steps the engine's step has seen (its communication counter)."""
+        return self.ops[0].step if self.ops else 0
 
-    def check(self) -> None:
-        """Raises for settings the group cannot run, before anything is sent.
-        Runs on every rank, so every rank raises alike."""
-
-    # ---- buckets ----
-    def bucket_alignment(self) -> int:
-        return 1
-
-    def one_bucket_per_dtype(self) -> bool:
-        """All tensors of a dtype in one bucket (weights), else the size plan."""
-        return False
-
-    def make_engine(self) -> Engine:
-        return Engine.for_group(self.process_group, hierarchical=self.hierarchical)
-
-    def append_ops(self, bucket: Bucket) -> None:
-        raise NotImplementedError
-
-    # ---- hooks ----
-    def on_forward_start(self, ddp: "BaguaDistributedDataParallel") -> None:
-        """Training forward (grad enabled, not in no_sync)."""
-
-    def on_gradient_ready(self, ddp: "BaguaDistributedDataParallel", name: str) -> None:
-        ddp.mark_gradient_ready(name)
-
-    def on_backward_end(self, ddp: "BaguaDistributedDataParallel") -> None:
-        missing = ddp.mark_unused_gradients_ready()
-        ddp.finish_step()
-        ddp.check_unused(missing)
-
-    def after_wait(self, ddp: "BaguaDistributedDataParallel") -> None:
-        """After engine.wait(): results into the tensors torch uses."""
-        ddp.copy_slots_to_gradients()
-
-    # ---- checkpoints ----
+    # The step counter decides which steps communicate (communication_interval)
+    # and, for shift_one, the partner: a resumed run must continue it.
     def state_dict(self) -> dict:
-        """State a resumed run needs to continue exactly (step counters, ...),
-        as plain Python values. None by default."""
-        return {}
+        """State a resumed run needs to continue exactly, as plain Python values."""
+        return {"step": self.step} if self.plan.counts_steps else {}
 
     def load_state_dict(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"{type(self.algorithm).__name__} keeps no state, got {sorted(state)}")
+        name = type(self.algorithm).__name__
+        if not self.plan.counts_steps:
+            if state:
+                raise ValueError(f"{name} keeps no state, got {sorted(state)}")
+            return
+        if sorted(state) != ["step"]:
+            raise ValueError(f"{name} state needs exactly the key 'step', got {sorted(state)}")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"{name} state: 'step' must be an int >= 0, got {step!r}")
+        for op in self.ops:
+            op.step = int(step)
+
+    def __repr__(self) -> str:
+        return f"<{self.algorithm!r} on {self.process_group!r}, step {self.step}>"
+
+
+

@@ -4,17 +4,7 @@ gather of 8-bit codes). Buckets are padded to a multiple of the group size."""
 from __future__ import annotations
 
 from bagua_core import algorithms as core
-from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl
-
-
-class ByteGradAlgorithmImpl(AlgorithmImpl):
-    def bucket_alignment(self) -> int:
-        # each rank reduces one chunk of the bucket; hierarchical mode chunks
-        # by node count, which divides the group size
-        return self.process_group.size
-
-    def append_ops(self, bucket) -> None:
-        bucket.append_bytegrad(hierarchical=self.description.hierarchical, average=self.description.average)
+from bagua_torch.algorithms.base import Algorithm
 
 
 class ByteGradAlgorithm(Algorithm):
@@ -27,7 +17,6 @@ class ByteGradAlgorithm(Algorithm):
     """
 
     core_type = core.ByteGrad
-    impl_type = ByteGradAlgorithmImpl
 
     def __init__(self, hierarchical: bool = True, average: bool = True):
         super().__init__(hierarchical=hierarchical, average=average)

@@ -4,74 +4,8 @@ then applies the local gradient: x_{t+1} = avg(x_t) - lr * g(x_t)."""
 
 from __future__ import annotations
 
-import numbers
-
 from bagua_core import algorithms as core
-from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl
-
-
-class DecentralizedAlgorithmImpl(AlgorithmImpl):
-    communicates = "weights"
-
-    def check(self) -> None:
-        d = self.description
-        g = self.process_group
-        peers = g.size
-        if d.hierarchical and d.peer_selection_mode == "shift_one":
-            peers = g.size // g.intra_node_group().size
-        d.check_peers(peers)
-
-    def one_bucket_per_dtype(self) -> bool:
-        return True
-
-    def append_ops(self, bucket) -> None:
-        d = self.description
-        self.ops.append(bucket.append_decentralized(peer_selection_mode=d.peer_selection_mode,
-                                                    communication_interval=d.communication_interval,
-                                                    hierarchical=d.hierarchical))
-
-    def __init__(self, algorithm, process_group):
-        super().__init__(algorithm, process_group)
-        self.ops = []
-
-    # The weights are handed to the engine as forward starts; the op copies
-    # them and averages the copy on the comm thread while forward and backward
-    # read the weights.
-    def on_forward_start(self, ddp) -> None:
-        ddp.copy_weights_to_slots()
-        ddp.engine.mark_all_ready()
-        ddp.step_pending = True
-
-    def on_gradient_ready(self, ddp, name: str) -> None:
-        pass  # gradients stay local
-
-    def on_backward_end(self, ddp) -> None:
-        ddp.finish_step()
-
-    def after_wait(self, ddp) -> None:
-        copied = [op.copy_back() for op in self.ops]
-        if any(copied):
-            ddp.copy_slots_to_weights()
-
-    @property
-    def step(self) -> int:
-        """Training steps the averaging op has seen (its communication counter)."""
-        return self.ops[0].step if self.ops else 0
-
-    # The step counter decides which steps communicate (communication_interval)
-    # and, for shift_one, the partner: a resumed run must continue it.
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        unknown = sorted(set(state) - {"step"})
-        if unknown or "step" not in state:
-            raise ValueError(f"DecentralizedAlgorithm state needs exactly the key 'step', got {sorted(state)}")
-        step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"DecentralizedAlgorithm state: 'step' must be an int >= 0, got {step!r}")
-        for op in self.ops:
-            op.step = int(step)
+from bagua_torch.algorithms.base import Algorithm
 
 
 class DecentralizedAlgorithm(Algorithm):
@@ -87,7 +21,6 @@ class DecentralizedAlgorithm(Algorithm):
     """
 
     core_type = core.Decentralized
-    impl_type = DecentralizedAlgorithmImpl
 
     def __init__(self, hierarchical: bool = True, peer_selection_mode: str = "all",
                  communication_interval: int = 1):

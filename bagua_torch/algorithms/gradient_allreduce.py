@@ -4,13 +4,7 @@ backward runs; the optimizer then steps on identical gradients everywhere."""
 from __future__ import annotations
 
 from bagua_core import algorithms as core
-from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl
-
-
-class GradientAllReduceAlgorithmImpl(AlgorithmImpl):
-    def append_ops(self, bucket) -> None:
-        bucket.append_centralized_allreduce(hierarchical=self.description.hierarchical,
-                                            average=self.description.average)
+from bagua_torch.algorithms.base import Algorithm
 
 
 class GradientAllReduceAlgorithm(Algorithm):
@@ -23,7 +17,6 @@ class GradientAllReduceAlgorithm(Algorithm):
     """
 
     core_type = core.GradientAllReduce
-    impl_type = GradientAllReduceAlgorithmImpl
 
     def __init__(self, hierarchical: bool = False, average: bool = True):
         super().__init__(hierarchical=hierarchical, average=average)

@@ -17,10 +17,10 @@
 #include "bucket/bucket.h"
 #include "bucket/plan.h"
 #include "comm/communicator.h"
-#include "ops/bytegrad.h"
-#include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
+#include "ops/registry.h"
 #include "sched/engine.h"
+#include "sched/step_op.h"
 
 namespace py = pybind11;
 
@@ -113,6 +113,26 @@ py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.launch_n
 CommSet make_comms(CommunicatorPtr global, CommunicatorPtr intra, CommunicatorPtr inter) {
   if (!global) throw InvalidArgument("Engine: comm is required");
   return CommSet{std::move(global), std::move(intra), std::move(inter)};
+}
+
+// A Python dict of hyperparameters (bool, int or str values) as StepParams.
+StepParams step_params(const std::string& name, const py::dict& params) {
+  StepParams out;
+  for (const auto& item : params) {
+    const std::string key = py::str(item.first);
+    const py::handle v = item.second;
+    if (py::isinstance<py::bool_>(v)) {
+      out.set(key, v.cast<bool>());
+    } else if (py::isinstance<py::int_>(v)) {
+      out.set(key, v.cast<int64_t>());
+    } else if (py::isinstance<py::str>(v)) {
+      out.set(key, v.cast<std::string>());
+    } else {
+      throw py::type_error(name + ": parameter " + key + " must be a bool, int or str, got " +
+                           std::string(py::str(py::type::of(v).attr("__name__"))));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -209,20 +229,41 @@ tensors (slots) back to back, padded with zeros to a multiple of ``alignment``.)
       .def_property_readonly("description", &Op::describe)
       .def("__repr__", [](const Op& o) { return "<Op " + o.describe() + ">"; });
 
-  py::class_<DecentralizedOp, Op, std::shared_ptr<DecentralizedOp>>(m, "DecentralizedOp", R"doc(
-Decentralized weight averaging on one bucket. Its peer buffer receives the
-averaged weights; copy_back() writes them into the bucket (after Engine.wait()).)doc")
-      .def_property("step", &DecentralizedOp::step, &DecentralizedOp::set_step,
+  py::class_<StepOp, Op, std::shared_ptr<StepOp>>(m, "StepOp", R"doc(
+A registered algorithm step (ops/registry.h) bound to one bucket. It counts
+executions (one per training step). Weight steps (has_result) write a result
+buffer (the peer average); copy_back() writes it into the bucket after
+Engine.wait().)doc")
+      .def_property("step", &StepOp::step, &StepOp::set_step,
                     "Executions so far (one per training step); settable to restore a checkpoint.")
-      .def_property_readonly("communicates_next", &DecentralizedOp::communicates_next)
-      .def_property_readonly("last_communicated", &DecentralizedOp::last_communicated)
-      .def("copy_back", &DecentralizedOp::copy_back, py::call_guard<py::gil_scoped_release>(),
-           "bucket <- peer-averaged weights if the last step communicated; returns whether it copied.")
-      .def("peer_view", [](const DecentralizedOp& o) {
+      .def_property_readonly("communicates_next", &StepOp::communicates_next)
+      .def_property_readonly("last_communicated", &StepOp::last_communicated)
+      .def_property_readonly("has_result", &StepOp::has_result)
+      .def("copy_back", &StepOp::copy_back, py::call_guard<py::gil_scoped_release>(),
+           "bucket <- result if the step has one and the last execution communicated; returns whether it copied.")
+      .def("result_view", [](const StepOp& o) {
         const BucketPtr& b = o.bucket();
         if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
-        return MemoryView{o.peer_memory(), o.peer_data(), {static_cast<int64_t>(b->numel())}, b->dtype()};
-      }, "Zero-copy 1-D view of the peer buffer (the bucket's layout).");
+        if (!o.has_result()) throw InvalidArgument(o.describe() + " works in place: it has no result buffer");
+        return MemoryView{o.result_memory(), o.result_memory().get(), {static_cast<int64_t>(b->numel())}, b->dtype()};
+      }, "Zero-copy 1-D view of the result buffer (the bucket's layout).");
+
+  m.def("step_names", &step_names, "Names of the registered algorithm steps.");
+  m.def(
+      "step_info",
+      [](const std::string& name, const py::dict& params, CommunicatorPtr comm, CommunicatorPtr intra,
+         CommunicatorPtr inter) {
+        StepPtr s = make_step(name, make_comms(std::move(comm), std::move(intra), std::move(inter)),
+                              step_params(name, params));
+        py::dict d;
+        d["description"] = s->describe();
+        d["alignment"] = s->alignment();
+        d["has_result"] = s->has_result();
+        return d;
+      },
+      py::arg("name"), py::arg("params"), py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr,
+      "Makes the step over these communicators (raising ValueError for bad parameters or a group it cannot run "
+      "on) and describes it: description, alignment, has_result.");
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness
@@ -247,30 +288,21 @@ first failure. See csrc/sched/engine.h.)doc")
       .def_property_readonly("num_buckets", &Engine::num_buckets)
       .def("bucket", &Engine::bucket, py::arg("index"))
       .def(
-          "append_centralized_allreduce",
-          [](Engine& e, size_t bucket, bool hierarchical, bool average) {
-            auto op = std::make_shared<CentralizedAllreduceOp>(e.comms(), hierarchical, average);
-            e.append_op(bucket, op);
-            return std::static_pointer_cast<Op>(op);
-          },
-          py::arg("bucket"), py::arg("hierarchical") = false, py::arg("average") = true)
-      .def(
-          "append_bytegrad",
-          [](Engine& e, size_t bucket, bool hierarchical, bool average) {
-            auto op = std::make_shared<ByteGradOp>(e.comms(), hierarchical, average);
-            e.append_op(bucket, op);
-            return std::static_pointer_cast<Op>(op);
-          },
-          py::arg("bucket"), py::arg("hierarchical") = false, py::arg("average") = true)
-      .def(
-          "append_decentralized",
-          [](Engine& e, size_t bucket, const std::string& mode, int64_t interval, bool hierarchical) {
-            auto op = std::make_shared<DecentralizedOp>(e.comms(), parse_peer_mode(mode), interval, hierarchical);
+          "append_op",
+          [](Engine& e, size_t bucket, const std::string& name, const py::dict& params) {
+            auto op = std::make_shared<StepOp>(make_step(name, e.comms(), step_params(name, params)));
             e.append_op(bucket, op);
             return op;
           },
-          py::arg("bucket"), py::arg("peer_selection_mode") = "all", py::arg("communication_interval") = 1,
-          py::arg("hierarchical") = false)
+          py::arg("bucket"), py::arg("name"), py::arg("params") = py::dict(),
+          "Appends the registered step `name` with `params` to the bucket's chain; returns the StepOp.")
+      .def(
+          "step_alignment",
+          [](Engine& e, const std::string& name, const py::dict& params) {
+            return make_step(name, e.comms(), step_params(name, params))->alignment();
+          },
+          py::arg("name"), py::arg("params") = py::dict(),
+          "The element-count multiple the step needs on this engine's communicators.")
       .def("clear_ops", &Engine::clear_ops, py::arg("bucket"))
       .def("ops", &Engine::ops, py::arg("bucket"))
       .def("mark_ready", py::overload_cast<size_t, size_t>(&Engine::mark_ready), py::arg("bucket"), py::arg("slot"))

@@ -4,29 +4,27 @@
 
 namespace bagua {
 
-CentralizedAllreduceOp::CentralizedAllreduceOp(CommSet comms, bool hierarchical, bool average)
-    : comms_(std::move(comms)), hierarchical_(hierarchical), average_(average) {
-  if (!comms_.global) throw InvalidArgument("centralized_allreduce: no communicator");
-  if (hierarchical_) comms_.check_hierarchical("centralized_allreduce");
+CentralizedAllreduceStep::CentralizedAllreduceStep(CommSet comms, const StepParams& params)
+    : comms_(std::move(comms)) {
+  const std::string name = "centralized_allreduce";
+  params.check_known(name, {"hierarchical", "average"});
+  hierarchical_ = params.get_bool(name, "hierarchical", false);
+  average_ = params.get_bool(name, "average", true);
+  if (!comms_.global) throw InvalidArgument(name + ": no communicator");
+  if (hierarchical_) comms_.check_hierarchical(name);
 }
 
-std::string CentralizedAllreduceOp::describe() const {
+std::string CentralizedAllreduceStep::describe() const {
   return std::string("centralized_allreduce(hierarchical=") + (hierarchical_ ? "true" : "false") +
          ", average=" + (average_ ? "true" : "false") + ")";
 }
 
-void CentralizedAllreduceOp::bind(const BucketPtr&) {
-  if (bound_) throw InvalidArgument(describe() + " is already part of another bucket's chain");
-  bound_ = true;
-}
-
-void CentralizedAllreduceOp::execute(Bucket& bucket) {
+bool CentralizedAllreduceStep::run(const ExecContext& ctx, Span data, Span, int64_t) const {
   const ReduceOp op = average_ ? ReduceOp::kAvg : ReduceOp::kSum;
-  void* data = bucket.data();
-  const size_t n = bucket.numel();
-  const DType dt = bucket.dtype();
-  run_centralized(comms_, hierarchical_, data, n, dt, op,
-                  [&](Communicator& c) { c.allreduce(data, data, n, dt, op); });
+  run_centralized(comms_, ctx, hierarchical_, data, op, [&](Communicator& c) {
+    c.allreduce(data.data, data.data, data.count, data.dtype, op, ctx.stream);
+  });
+  return true;
 }
 
 }  // namespace bagua

@@ -1,25 +1,25 @@
-// GradientAllReduce's step (§2.1): every rank's bucket becomes the sum or the
-// mean over the group. Hierarchical: intra-node reduce to the node leader,
-// allreduce among leaders, intra-node broadcast.
+// GradientAllReduce's step (§2.1): every rank's data becomes the sum or the
+// mean over the group, in place. Hierarchical: intra-node reduce to the node
+// leader, allreduce among leaders, intra-node broadcast.
+//
+// Registered as "centralized_allreduce"; parameters: hierarchical (bool,
+// false), average (bool, true).
 #pragma once
 
-#include "ops/comm_set.h"
-#include "ops/op.h"
+#include "ops/step.h"
 
 namespace bagua {
 
-class CentralizedAllreduceOp : public Op {
+class CentralizedAllreduceStep : public Step {
  public:
-  CentralizedAllreduceOp(CommSet comms, bool hierarchical, bool average);
+  CentralizedAllreduceStep(CommSet comms, const StepParams& params);
   std::string describe() const override;
-  void bind(const BucketPtr& bucket) override;
-  void execute(Bucket& bucket) override;
+  bool run(const ExecContext& ctx, Span data, Span result, int64_t step) const override;
 
  private:
   CommSet comms_;
   bool hierarchical_;
   bool average_;
-  bool bound_ = false;
 };
 
 }  // namespace bagua

@@ -1,4 +1,4 @@
-// The flat / hierarchical execution shape shared by the centralized ops.
+// The flat / hierarchical execution shape shared by the centralized steps.
 #pragma once
 
 #include <cstddef>
@@ -6,13 +6,14 @@
 
 #include "common/dtype.h"
 #include "ops/comm_set.h"
+#include "ops/step.h"
 
 namespace bagua {
 
 // Flat: step(*comms.global). Hierarchical: reduce `data` within the node into
 // the leader with `intra_op` (AVG or SUM), step(*comms.inter) on leaders only,
 // then broadcast `data` from the leader to the node.
-void run_centralized(const CommSet& comms, bool hierarchical, void* data, size_t count, DType dtype,
-                     ReduceOp intra_op, const std::function<void(Communicator&)>& step);
+void run_centralized(const CommSet& comms, const ExecContext& ctx, bool hierarchical, Span data, ReduceOp intra_op,
+                     const std::function<void(Communicator&)>& step);
 
 }  // namespace bagua

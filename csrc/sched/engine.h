@@ -35,7 +35,7 @@
 
 #include "bucket/bucket.h"
 #include "ops/comm_set.h"
-#include "ops/op.h"
+#include "sched/op.h"
 
 namespace bagua {
 

@@ -1,8 +1,10 @@
-// An algorithm step on a bucket, run by the engine's comm thread.
+// An element of a bucket's op chain, run by the engine's comm thread.
 //
 // An op is bound to one bucket when appended (bind() validates and allocates
 // what it needs; errors surface there, in the caller). execute() runs on the
 // comm thread without the GIL and throws bagua::Error subclasses on failure.
+// The algorithms' ops are StepOps (sched/step_op.h): adapters from a bucket
+// to a registered step (ops/registry.h).
 #pragma once
 
 #include <memory>

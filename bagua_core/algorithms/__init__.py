@@ -1,0 +1,50 @@
+"""Framework-neutral descriptions of Bagua's algorithms, one module each.
+
+A description is a frozen dataclass of hyperparameters, validated when built
+(``TypeError`` for a wrong type, ``ValueError`` for a wrong value); defaults
+live only there. Its :meth:`plan` says what a frontend must do with it: which
+registered engine step runs (``csrc/ops/registry.h``) with which parameters,
+which tensors travel (gradients or weights), in which phase of a training
+step, how they are bucketed and which state the step needs. Each frontend has
+one generic driver that runs any plan (``bagua_torch.distributed``,
+``bagua_jax.transform``), so one description gives the same numbers in both.
+
+What each algorithm communicates, and when:
+
+* :class:`GradientAllReduce`: gradients, allreduced (mean or sum) bucket by
+  bucket while backward runs.
+* :class:`ByteGrad`: gradients, MinMaxUInt8-compressed scatter-reduce-gather
+  (buckets padded to a multiple of the group size).
+* :class:`Decentralized`: weights, averaged with peers ("all": everyone;
+  "shift_one": one rotating partner) concurrently with forward/backward, the
+  average replacing the weights before the optimizer step; every
+  ``communication_interval`` steps.
+
+``hierarchical=True`` communicates within each node first (to a node leader),
+then among node leaders, then back within the node. Constraints that depend
+on the group (``shift_one`` needs an even number of peers, ByteGrad's chunk
+count) are checked once, by the engine step, when a frontend binds the plan
+to a group (:func:`bagua_core.steps.check_plan`).
+"""
+
+from typing import Union
+
+from bagua_core.algorithms._base import (
+    AFTER_OPTIMIZER_STEP,
+    BACKWARD,
+    FORWARD_START,
+    Plan,
+    as_description,
+    by_name,
+    names,
+)
+from bagua_core.algorithms.bytegrad import ByteGrad
+from bagua_core.algorithms.decentralized import PEER_SELECTION_MODES, Decentralized
+from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
+
+AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized]
+
+__all__ = [
+    "AFTER_OPTIMIZER_STEP", "BACKWARD", "FORWARD_START", "PEER_SELECTION_MODES", "AlgorithmDescription",
+    "ByteGrad", "Decentralized", "GradientAllReduce", "Plan", "as_description", "by_name", "names",
+]

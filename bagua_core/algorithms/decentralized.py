@@ -1,0 +1,43 @@
+"""Decentralized SGD: weights averaged with peers concurrently with forward and
+backward; the average replaces the weights before the optimizer step, which
+then applies the local gradient: x_{t+1} = avg(x_t) - lr * g(x_t)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bagua_core.algorithms._base import FORWARD_START, WEIGHTS, Plan, check_bool, check_int, register
+
+PEER_SELECTION_MODES = ("all", "shift_one")
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Decentralized:
+    """Decentralized SGD: weights averaged with peers every
+    ``communication_interval`` steps. ``shift_one`` pairs peers, so it needs an
+    even number of them (processes, or nodes when ``hierarchical``)."""
+
+    hierarchical: bool = True
+    peer_selection_mode: str = "all"
+    communication_interval: int = 1
+
+    name = "decentralized"
+
+    def __post_init__(self):
+        check_bool("Decentralized", "hierarchical", self.hierarchical)
+        if not isinstance(self.peer_selection_mode, str):
+            raise TypeError(f"Decentralized: peer_selection_mode must be a str, got {self.peer_selection_mode!r}")
+        if self.peer_selection_mode not in PEER_SELECTION_MODES:
+            raise ValueError(
+                f"Decentralized: unknown peer_selection_mode {self.peer_selection_mode!r} "
+                f"(use one of {', '.join(PEER_SELECTION_MODES)})"
+            )
+        interval = check_int("Decentralized", "communication_interval", self.communication_interval, 1)
+        object.__setattr__(self, "communication_interval", interval)
+
+    def plan(self) -> Plan:
+        return Plan(step="decentralized",
+                    params={"hierarchical": self.hierarchical, "peer_selection_mode": self.peer_selection_mode,
+                            "communication_interval": self.communication_interval},
+                    communicates=WEIGHTS, phase=FORWARD_START, one_bucket_per_dtype=True, counts_steps=True)

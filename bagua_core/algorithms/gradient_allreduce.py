@@ -1,0 +1,27 @@
+"""GradientAllReduce: gradients allreduced (mean or sum) bucket by bucket while
+backward runs, like torch DDP."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bagua_core.algorithms._base import Plan, check_bool, register
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class GradientAllReduce:
+    """Centralized full-precision gradient allreduce (mean when ``average``)."""
+
+    hierarchical: bool = False
+    average: bool = True
+
+    name = "gradient_allreduce"
+
+    def __post_init__(self):
+        check_bool("GradientAllReduce", "hierarchical", self.hierarchical)
+        check_bool("GradientAllReduce", "average", self.average)
+
+    def plan(self) -> Plan:
+        return Plan(step="centralized_allreduce",
+                    params={"hierarchical": self.hierarchical, "average": self.average})

@@ -1,0 +1,51 @@
+"""The engine's algorithm steps (``csrc/ops/registry.h``), seen from Python.
+
+A frontend binds an algorithm's plan (:mod:`bagua_core.algorithms`) to a
+process group with :func:`check_plan` on every rank before anything is sent:
+the engine makes the step over the group's communicators, which checks the
+constraints that depend on the group (``shift_one`` needs an even number of
+peers, hierarchical steps need the same number of processes on every node) in
+one place, and says what the frontend must know to lay out its buffers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+from bagua_core._loader import _C
+
+
+class StepInfo(NamedTuple):
+    description: str  # e.g. "bytegrad(hierarchical=false, average=true)"
+    alignment: int  # element counts must be a multiple of it
+    has_result: bool  # writes a separate result (weights -> peer average) instead of working in place
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(_C.step_names())
+
+
+def step_groups(group, hierarchical: bool):
+    """``(group, intra, inter)``: the groups a step over ``group`` uses; the
+    intra- and inter-node groups only when ``hierarchical`` (creating them is
+    collective: every member calls this, in the same order). ``inter`` is None
+    on ranks that do not lead their node."""
+    if not hierarchical:
+        return group, None, None
+    intra = group.intra_node_group()
+    inter = group.inter_node_group()
+    return group, intra, (inter if inter.is_member else None)
+
+
+def communicators(group, hierarchical: bool):
+    """``(comm, intra, inter)``: the communicators of :func:`step_groups`."""
+    return tuple(None if g is None else g.comm for g in step_groups(group, hierarchical))
+
+
+def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
+    """Makes ``plan``'s step over ``group`` (or the given ``(comm, intra,
+    inter)``); raises ValueError naming the problem when it cannot run there."""
+    if comms is None:
+        comms = communicators(group, bool(plan.params.get("hierarchical", False)))
+    info = _C.step_info(plan.step, dict(plan.params), *comms)
+    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]))

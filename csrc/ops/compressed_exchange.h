@@ -1,0 +1,25 @@
+// The MinMaxUInt8 compressed exchange shared by ByteGrad, QAdam and
+// low-precision decentralized SGD (§2.2 of the behaviour reference).
+//
+// scatter_reduce_gather on a communicator of n ranks, rank r, over `data`
+// (count divisible by n) split in n chunks:
+//   1. compress all n chunks (per-chunk min/max + uint8 codes);
+//   2. alltoall of the compressed records: rank r receives chunk r of every peer;
+//   3. decode those n records and sum them in float32 (divide by n when
+//      averaging) into chunk r of `data`;
+//   4. recompress chunk r;  5. allgather the records;  6. decode all chunks.
+// Every element is thus quantised twice. Scratch slots 0 and 1 hold the
+// compressed records.
+#pragma once
+
+#include "comm/communicator.h"
+#include "ops/step.h"
+
+namespace bagua {
+
+void compressed_scatter_reduce_gather(Communicator& comm, const ExecContext& ctx, Span data, bool average);
+
+// Bytes of scratch compressed_scatter_reduce_gather needs per slot.
+size_t compressed_exchange_bytes(size_t count, size_t n_chunks);
+
+}  // namespace bagua

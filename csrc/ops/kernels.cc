@@ -1,0 +1,67 @@
+#include "ops/kernels.h"
+
+#include "buffer/buffer.h"
+#include "common/error.h"
+#include "kernels/compress_cpu.h"
+#include "ops/elementwise.h"
+#ifdef BAGUA_WITH_CUDA
+#include "kernels/compress_cuda.h"
+#endif
+
+namespace bagua {
+namespace step_kernels {
+namespace {
+
+[[noreturn]] void no_cuda(const char* what) {
+#ifdef BAGUA_WITH_CUDA
+  throw InvalidArgument(std::string(what) + " has no CUDA kernel yet");
+#else
+  throw InvalidArgument(std::string(what) + ": this build has no CUDA support");
+#endif
+}
+
+}  // namespace
+
+void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
+              int64_t target_chunk) {
+  if (ctx.device == DeviceType::kCPU) return minmax_uint8::compress_cpu(src, n, dtype, n_chunks, dst, target_chunk);
+#ifdef BAGUA_WITH_CUDA
+  return minmax_uint8::compress_cuda(src, n, dtype, n_chunks, dst, target_chunk, ctx.stream);
+#else
+  no_cuda("MinMaxUInt8 compression");
+#endif
+}
+
+void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
+                int64_t target_chunk) {
+  if (ctx.device == DeviceType::kCPU)
+    return minmax_uint8::decompress_cpu(src, n, dtype, n_chunks, dst, target_chunk);
+#ifdef BAGUA_WITH_CUDA
+  return minmax_uint8::decompress_cuda(src, n, dtype, n_chunks, dst, target_chunk, ctx.stream);
+#else
+  no_cuda("MinMaxUInt8 decompression");
+#endif
+}
+
+void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
+                   bool average, void* dst) {
+  if (ctx.device == DeviceType::kCPU)
+    return minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst);
+#ifdef BAGUA_WITH_CUDA
+  return minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, ctx.stream);
+#else
+  no_cuda("MinMaxUInt8 reduction");
+#endif
+}
+
+void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
+  if (ctx.device == DeviceType::kCPU) return average_into_cpu(acc, other, count, dtype);
+  no_cuda("weight averaging");
+}
+
+void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {
+  copy_bytes(dst, src, nbytes, ctx.device);
+}
+
+}  // namespace step_kernels
+}  // namespace bagua

@@ -1,0 +1,28 @@
+// The element math a step needs, dispatched on the context's device: the host
+// loops of kernels/*_cpu.* on CPU, the launchers of kernels/*_cuda.* on CUDA
+// (enqueued on the context's stream). Only this dispatch differs by device;
+// the steps themselves are written once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/step.h"
+
+namespace bagua {
+namespace step_kernels {
+
+// MinMaxUInt8 (layout: kernels/minmax_uint8.h), as kernels/compress_cpu.h.
+void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
+              int64_t target_chunk = -1);
+void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
+                int64_t target_chunk = -1);
+void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
+                   bool average, void* dst);
+// acc[i] = (acc[i] + other[i]) / 2 (ops/elementwise.h).
+void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype);
+// dst <- src, nbytes.
+void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
+
+}  // namespace step_kernels
+}  // namespace bagua

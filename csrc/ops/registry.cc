@@ -1,0 +1,49 @@
+#include "ops/registry.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "common/error.h"
+#include "ops/bytegrad.h"
+#include "ops/centralized_allreduce.h"
+#include "ops/decentralized.h"
+
+namespace bagua {
+namespace {
+
+using Factory = std::function<StepPtr(const CommSet&, const StepParams&)>;
+
+template <typename T>
+Factory factory() {
+  return [](const CommSet& comms, const StepParams& params) { return std::make_shared<const T>(comms, params); };
+}
+
+const std::map<std::string, Factory>& table() {
+  static const std::map<std::string, Factory> steps = {
+      {"centralized_allreduce", factory<CentralizedAllreduceStep>()},
+      {"bytegrad", factory<ByteGradStep>()},
+      {"decentralized", factory<DecentralizedStep>()},
+  };
+  return steps;
+}
+
+}  // namespace
+
+StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params) {
+  auto it = table().find(name);
+  if (it == table().end()) {
+    std::string known;
+    for (const auto& n : step_names()) known += (known.empty() ? "" : ", ") + n;
+    throw InvalidArgument("unknown step '" + name + "' (known: " + known + ")");
+  }
+  return it->second(comms, params);
+}
+
+std::vector<std::string> step_names() {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : table()) out.push_back(name);
+  return out;
+}
+
+}  // namespace bagua

@@ -1,0 +1,20 @@
+// The one registry of algorithm steps: name -> factory. Both adapters (the
+// engine's bucket ops and the XLA FFI step handler) make steps only through
+// it, and both frontends' algorithm descriptions name their steps here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ops/step.h"
+
+namespace bagua {
+
+// Makes the step called `name` over `comms` with `params`. Throws
+// InvalidArgument for an unknown name or bad parameters.
+StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params);
+
+// Registered names, sorted.
+std::vector<std::string> step_names();
+
+}  // namespace bagua

@@ -1,0 +1,111 @@
+// An algorithm's communication step: a stateless function over spans.
+//
+// A Step is configured once (its communicators and hyperparameters) and then
+// run any number of times. run() reads and writes only what it is given: the
+// data span (gradients, or weights), the result span of weight algorithms (the
+// peer average; equal to `data` for in-place steps), the step number and an
+// execution context (device, stream, scratch memory). It keeps no state of its
+// own between runs: counters, replicas and momentum are passed in by its two
+// adapters, the engine's bucket op (sched/step_op.h, torch) and the XLA FFI
+// handler (ffi/steps.cc, JAX). Both frontends therefore run the same code and
+// get the same numbers.
+//
+// Steps are named in one registry (ops/registry.h); their parameters arrive as
+// a StepParams (key -> bool / int / string), checked when the step is made.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/dtype.h"
+#include "ops/comm_set.h"
+
+namespace bagua {
+
+// A typed window on memory of the context's device.
+struct Span {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+  DType dtype = DType::kFloat32;
+
+  size_t nbytes() const { return count * dtype_size(dtype); }
+};
+
+// Scratch memory a step may use during one run (compressed records, a
+// partner's weights). Slots are indexed by the step; memory of a slot stays
+// valid until the next get() of the same slot with a larger size.
+class Scratch {
+ public:
+  virtual ~Scratch() = default;
+  virtual void* get(int slot, size_t nbytes) = 0;
+};
+
+// Grow-only host scratch: allocated once per slot, reused by later runs.
+class HostScratch : public Scratch {
+ public:
+  void* get(int slot, size_t nbytes) override;
+
+ private:
+  std::vector<std::shared_ptr<void>> memory_;
+  std::vector<size_t> sizes_;
+};
+
+struct ExecContext {
+  DeviceType device = DeviceType::kCPU;
+  Stream stream = nullptr;  // cudaStream_t on CUDA
+  Scratch* scratch = nullptr;
+};
+
+// Hyperparameters of a step. Typed getters throw InvalidArgument naming the
+// step and the key on a wrong type; check_known() rejects unknown keys.
+class StepParams {
+ public:
+  using Value = std::variant<bool, int64_t, std::string>;
+
+  StepParams() = default;
+  explicit StepParams(std::map<std::string, Value> values) : values_(std::move(values)) {}
+  // "key=value;key=value" (the form the XLA FFI attribute carries): "true" /
+  // "false" are bools, integers are ints, anything else a string.
+  static StepParams parse(const std::string& text);
+  std::string to_string() const;
+
+  void set(const std::string& key, Value v) { values_[key] = std::move(v); }
+  bool get_bool(const std::string& step, const std::string& key, bool fallback) const;
+  int64_t get_int(const std::string& step, const std::string& key, int64_t fallback) const;
+  std::string get_string(const std::string& step, const std::string& key, const std::string& fallback) const;
+  void check_known(const std::string& step, const std::vector<std::string>& keys) const;
+
+ private:
+  std::map<std::string, Value> values_;
+};
+
+class Step {
+ public:
+  virtual ~Step() = default;
+  // e.g. "bytegrad(hierarchical=true, average=true)"
+  virtual std::string describe() const = 0;
+  // Element counts must be a multiple of this (ByteGrad: its chunk count).
+  virtual size_t alignment() const { return 1; }
+  // True when the step writes a result span separate from its data (weights
+  // -> peer average); false for steps that work in place.
+  virtual bool has_result() const { return false; }
+  // Throws InvalidArgument when the step cannot run on `count` elements of
+  // `dtype` (dtype, alignment).
+  virtual void check(DType dtype, size_t count) const;
+  // Whether run(step) communicates (decentralized: every interval-th step).
+  virtual bool communicates(int64_t step) const { return true; }
+  // Runs step number `step` (0-based) and returns whether it communicated.
+  // In-place steps get result.data == data.data. Without communication the
+  // result span is left untouched.
+  virtual bool run(const ExecContext& ctx, Span data, Span result, int64_t step) const = 0;
+};
+
+using StepPtr = std::shared_ptr<const Step>;
+
+}  // namespace bagua

@@ -1,0 +1,56 @@
+// The engine's adapter from a bucket to a registered step (ops/step.h).
+//
+// It keeps what the step itself may not: the step counter (one execution per
+// training step), the result buffer of weight algorithms (the peer average,
+// same layout as the bucket) and the scratch memory reused across steps. The
+// frontend reads the result with copy_back() after the engine's wait().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ops/step.h"
+#include "sched/op.h"
+
+namespace bagua {
+
+class StepOp : public Op {
+ public:
+  explicit StepOp(StepPtr step);
+  std::string describe() const override { return step_->describe(); }
+  // Checks dtype and size; allocates the result buffer (a copy of the bucket).
+  void bind(const BucketPtr& bucket) override;
+  void execute(Bucket& bucket) override;
+
+  const StepPtr& step_impl() const { return step_; }
+  // Executions so far (training steps seen); settable to restore a checkpoint.
+  int64_t step() const { return counter_.load(); }
+  void set_step(int64_t step);
+  // Whether the next execution communicates.
+  bool communicates_next() const { return step_->communicates(counter_.load()); }
+  // Whether the last execution communicated.
+  bool last_communicated() const { return last_communicated_.load(); }
+
+  bool has_result() const { return step_->has_result(); }
+  // The result buffer (bucket layout); null for in-place steps.
+  const std::shared_ptr<void>& result_memory() const { return result_; }
+  const BucketPtr& bucket() const { return bucket_; }
+
+  // bucket <- result, if the step has a result and the last execution
+  // communicated. Call only after the engine's wait(); throws Error while the
+  // op runs. Returns whether it copied.
+  bool copy_back();
+
+ private:
+  StepPtr step_;
+  BucketPtr bucket_;
+  std::shared_ptr<void> result_;
+  HostScratch scratch_;
+  std::atomic<int64_t> counter_{0};
+  std::atomic<bool> last_communicated_{false};
+  std::atomic<bool> running_{false};
+};
+
+}  // namespace bagua
