@@ -39,7 +39,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q "jax>=0.6" "optax>=0.2" "pytest>=7" "pytest-timeout>=2"
+	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
 	touch $@
 
 system:

@@ -3,6 +3,7 @@
 
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
+#include "ffi/steps.h"
 
 namespace bagua {
 namespace ffi {
@@ -25,6 +26,12 @@ xffi::Error broadcast_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
 xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                           xffi::Result<xffi::Token>, int64_t comm) {
   return allgather(kCpu, comm, in, out);
+}
+
+xffi::Error step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
+                     xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
+                     int64_t intra, int64_t inter) {
+  return run_step(kCpu, name, params, comm, intra, inter, data, step, out);
 }
 
 }  // namespace
@@ -58,3 +65,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu, bagua::ffi::allgather_cpu
                                   .Ret<xffi::AnyBuffer>()
                                   .Ret<xffi::Token>()
                                   .Attr<int64_t>("comm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
+                              xffi::Ffi::Bind()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::Token>()
+                                  .Ret<xffi::AnyBuffer>()
+                                  .Ret<xffi::Token>()
+                                  .Attr<std::string_view>("step")
+                                  .Attr<std::string_view>("params")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("intra")
+                                  .Attr<int64_t>("inter"));
