@@ -17,6 +17,7 @@ NPROC  ?= 2
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
+	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo_jax.py --algorithm all
 
 test: build
 	$(PY) -m pytest -q -ra
