@@ -29,6 +29,7 @@ import optax  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
 import bagua_jax  # noqa: E402
+from bagua_core.algorithms import WEIGHTS  # noqa: E402
 from bagua_jax.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm  # noqa: E402
 
 ALGORITHMS = {
@@ -74,7 +75,7 @@ def optimizer(name, lr):
     weights after it."""
     algorithm = ALGORITHMS[name]()
     sgd = optax.sgd(lr, momentum=0.9)
-    if algorithm.to_core().plan().communicates == "weights":
+    if algorithm.to_core().plan().communicates == WEIGHTS:
         return optax.chain(sgd, bagua_jax.transform(algorithm))
     return optax.chain(bagua_jax.transform(algorithm), sgd)
 
