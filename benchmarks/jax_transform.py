@@ -221,7 +221,7 @@ def transform_overhead(args, rounds):
 
 def work(argv) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     import jax
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

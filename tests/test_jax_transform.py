@@ -8,7 +8,8 @@
 * single-process training: data-parallel training with GradientAllReduce under
   jit equals full-batch training on one process;
 * Decentralized's communication interval, its state checkpointed by pickling
-  and resumed, a Flax model's params, and every bad input of the issue.
+  and resumed, a Flax model's params, every bad input, and a dead peer (an
+  exception on every survivor, no hang).
 
 One multi-process session per configuration runs every case (this file is also
 the worker script); pytest reports each case on its own.
@@ -20,6 +21,7 @@ import functools
 import os
 import pickle
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -42,6 +44,8 @@ def case_names(session: str):
         names.append("matches_torch_decentralized_shift_one")
     if local:
         names += ["matches_torch_hierarchical"]
+    if session == "w3":
+        names.append("dead_peer")  # last: one rank leaves
     return names
 
 
@@ -368,6 +372,30 @@ class Worker:
         e = self.expect_error(ValueError, "rank 1", lambda: tx.init(cases[1][0]))
         assert "(4,)" in str(e)
         tx.init({"a": jnp.ones(3)})  # agreement again: no error
+
+
+    def dead_peer(self):
+        import bagua_jax
+
+        jax, jnp = self.jax, self.jnp
+        tx = bagua_jax.transform(bagua_jax.ByteGradAlgorithm(hierarchical=False))
+        grads = {"w": jnp.ones(1 << 16)}
+        state = tx.init(grads)
+        if self.rank == self.world - 1:
+            from tests.worker import report
+
+            report("dead_peer", True)
+            sys.stdout.flush()
+            os._exit(0)
+        start = time.monotonic()
+        try:
+            out, _ = jax.jit(tx.update)(grads, state)
+            np.asarray(out["w"])
+        except Exception as e:  # noqa: BLE001 - JAX's runtime error type varies by version
+            assert "step bytegrad" in str(e) and "PeerError" in str(e), str(e)
+        else:
+            raise AssertionError("a step with a dead peer returned")
+        assert time.monotonic() - start < 45
 
 
 def worker_main():

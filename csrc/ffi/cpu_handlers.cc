@@ -1,8 +1,11 @@
 // CPU handlers: buffers are host memory, the communicator is Gloo.
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
+#include "ffi/step_thread.h"
 #include "ffi/steps.h"
 
 namespace bagua {
@@ -28,10 +31,31 @@ xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
   return allgather(kCpu, comm, in, out);
 }
 
-xffi::Error step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                     xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
-                     int64_t intra, int64_t inter) {
-  return run_step(kCpu, name, params, comm, intra, inter, data, step, out);
+// Checked at once; run on the step thread (ffi/step_thread.h), completing the
+// returned future, so XLA goes on with independent work meanwhile.
+xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
+                      xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
+                      int64_t intra, int64_t inter) {
+  xffi::Promise promise;
+  xffi::Future future(promise);
+  const std::string what = "step " + std::string(name);
+  std::shared_ptr<PreparedStep> call;
+  xffi::Error checked = guarded(what.c_str(), [&] {
+    call = std::make_shared<PreparedStep>(prepare_step(kCpu, name, params, comm, intra, inter, data, step, out));
+  });
+  if (checked.failure()) {
+    promise.SetError(std::move(checked));
+    return future;
+  }
+  run_on_step_thread([call, promise, what]() mutable {
+    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
+    if (done.failure()) {
+      promise.SetError(std::move(done));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
 }
 
 }  // namespace

@@ -9,8 +9,7 @@ namespace bagua {
 namespace ffi {
 namespace {
 
-// Scratch memory of the steps run by this thread (XLA runs one ordered
-// collective at a time per process).
+// Scratch memory of the steps run by this thread.
 HostScratch& thread_scratch() {
   thread_local HostScratch scratch;
   return scratch;
@@ -41,34 +40,38 @@ CommunicatorPtr optional_communicator(int64_t handle, DeviceType device) {
 
 }  // namespace
 
-xffi::Error run_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
-                     int64_t intra, int64_t inter, xffi::AnyBuffer data, xffi::AnyBuffer step,
-                     xffi::Result<xffi::AnyBuffer> out) {
-  const std::string what = "step " + std::string(name);
-  return guarded(what.c_str(), [&] {
-    CommSet comms{communicator_for(comm, p.device), optional_communicator(intra, p.device),
-                  optional_communicator(inter, p.device)};
-    StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)));
-    DType dtype;
-    if (!to_engine_dtype(data.element_type(), &dtype) || data.element_type() != out->element_type())
-      throw InvalidArgument(s->describe() + ": unsupported or mismatched element types");
-    const size_t count = data.element_count();
-    if (out->element_count() != count)
-      throw InvalidArgument(s->describe() + ": result has " + std::to_string(out->element_count()) +
-                            " elements, data " + std::to_string(count));
-    s->check(dtype, count);
-    const int64_t number = read_step(p, step);
-    const ExecContext ctx{p.device, p.stream, &thread_scratch()};
-    const Span in{data.untyped_data(), count, dtype};
-    const Span result{out->untyped_data(), count, dtype};
-    if (s->has_result()) {
-      if (result.data == in.data) throw InvalidArgument(s->describe() + ": the result must not alias the weights");
-      if (!s->run(ctx, in, result, number)) p.copy(result.data, in.data, in.nbytes(), p.stream);
-    } else {
-      if (result.data != in.data) p.copy(result.data, in.data, in.nbytes(), p.stream);
-      s->run(ctx, result, result, number);
-    }
-  });
+PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
+                          int64_t intra, int64_t inter, xffi::AnyBuffer data, xffi::AnyBuffer step,
+                          xffi::Result<xffi::AnyBuffer> out) {
+  CommSet comms{communicator_for(comm, p.device), optional_communicator(intra, p.device),
+                optional_communicator(inter, p.device)};
+  StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)));
+  DType dtype;
+  if (!to_engine_dtype(data.element_type(), &dtype) || data.element_type() != out->element_type())
+    throw InvalidArgument(s->describe() + ": unsupported or mismatched element types");
+  const size_t count = data.element_count();
+  if (out->element_count() != count)
+    throw InvalidArgument(s->describe() + ": result has " + std::to_string(out->element_count()) +
+                          " elements, data " + std::to_string(count));
+  s->check(dtype, count);
+  const int64_t number = read_step(p, step);
+  const Span in{data.untyped_data(), count, dtype};
+  const Span result{out->untyped_data(), count, dtype};
+  if (s->has_result()) {
+    if (result.data == in.data) throw InvalidArgument(s->describe() + ": the result must not alias the weights");
+    return PreparedStep{std::move(s), p, in, result, number};
+  }
+  if (result.data != in.data) p.copy(result.data, in.data, in.nbytes(), p.stream);
+  return PreparedStep{std::move(s), p, result, result, number};
+}
+
+void run_prepared(const PreparedStep& call) {
+  const Platform& p = call.platform;
+  const ExecContext ctx{p.device, p.stream, &thread_scratch()};
+  const bool communicated = call.step->run(ctx, call.data, call.result, call.number);
+  // a weight step that did not communicate hands the weights back unchanged
+  if (!communicated && call.result.data != call.data.data)
+    p.copy(call.result.data, call.data.data, call.data.nbytes(), p.stream);
 }
 
 }  // namespace ffi
