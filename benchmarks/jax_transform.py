@@ -20,6 +20,7 @@ the same processes, interleaved round by round:
     torch with_bagua            the equivalent torch model, model.with_bagua([opt],
                                 GradientAllReduceAlgorithm())
     JAX no communication        the Flax step alone: the compute-only bound
+    torch no communication      the torch step alone (the frameworks' compute differs)
 
 Then the transform's own cost: a jitted ``tx.update`` of the model's gradient
 pytree (bucketing, FFI calls) against a jitted ``bagua_jax.allreduce`` of
@@ -39,7 +40,8 @@ import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
 
-CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication")
+CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
+           "torch no communication")
 
 
 def parse_args(argv=None):
@@ -144,7 +146,9 @@ class JaxTrainer:
 
 
 class TorchTrainer:
-    def __init__(self, name, args, batches):
+    """The torch model, wrapped with GradientAllReduce unless ``communicate`` is False."""
+
+    def __init__(self, name, args, batches, communicate=True):
         import torch
 
         from bagua_torch.algorithms import GradientAllReduceAlgorithm  # importing bagua_torch adds with_bagua
@@ -158,7 +162,7 @@ class TorchTrainer:
             for p, w in zip(model.parameters(), initial_weights(args)):
                 p.copy_(torch.from_numpy(w))
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        self.net = model.with_bagua([self.opt], GradientAllReduceAlgorithm())
+        self.net = model.with_bagua([self.opt], GradientAllReduceAlgorithm()) if communicate else model
         self.batches = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in batches]
 
     def steps(self, n):
@@ -175,7 +179,8 @@ class TorchTrainer:
             self.loss = loss.item()
 
     def close(self):
-        self.net.bagua_ddp.close()
+        if "bagua_ddp" in self.net.__dict__:
+            self.net.bagua_ddp.close()
 
 
 def barrier():
@@ -249,6 +254,7 @@ def work(argv) -> int:
         JaxTrainer(CONFIGS[1], args, batches, sgd, mesh=mesh),
         TorchTrainer(CONFIGS[2], args, batches),
         JaxTrainer(CONFIGS[3], args, batches, sgd),
+        TorchTrainer(CONFIGS[4], args, batches, communicate=False),
     ]
     samples = args.steps * args.batch_size * world
     per_round = {t.name: [] for t in trainers}

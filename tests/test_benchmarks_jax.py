@@ -16,7 +16,8 @@ pytest.importorskip("flax")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "jax_transform.py")
-CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication")
+CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
+           "torch no communication")
 
 
 @pytest.mark.timeout(150)
