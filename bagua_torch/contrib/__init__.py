@@ -2,8 +2,11 @@
 
 - :func:`fuse_optimizer` — ``optimizer.fuse_step()``: one step over many small
   parameters as a few flat tensors, bitwise equal to ``step()``.
+- :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm` — batch statistics
+  over every rank, through Bagua's collectives (CPU and CUDA).
 """
 
 from bagua_torch.contrib.fused_optimizer import fuse_optimizer, is_fused_optimizer
+from bagua_torch.contrib.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = ["fuse_optimizer", "is_fused_optimizer"]
+__all__ = ["fuse_optimizer", "is_fused_optimizer", "SyncBatchNorm", "convert_sync_batchnorm"]
