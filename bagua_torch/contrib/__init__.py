@@ -4,9 +4,19 @@
   parameters as a few flat tensors, bitwise equal to ``step()``.
 - :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm` — batch statistics
   over every rank, through Bagua's collectives (CPU and CUDA).
+- :class:`LoadBalancingDistributedSampler`,
+  :class:`LoadBalancingDistributedBatchSampler` — ranks get samples of
+  similar complexity at each step.
 """
 
 from bagua_torch.contrib.fused_optimizer import fuse_optimizer, is_fused_optimizer
+from bagua_torch.contrib.load_balancing_data_loader import (
+    LoadBalancingDistributedBatchSampler,
+    LoadBalancingDistributedSampler,
+)
 from bagua_torch.contrib.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = ["fuse_optimizer", "is_fused_optimizer", "SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = [
+    "fuse_optimizer", "is_fused_optimizer", "SyncBatchNorm", "convert_sync_batchnorm",
+    "LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler",
+]
