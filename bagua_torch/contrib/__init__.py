@@ -7,8 +7,12 @@
 - :class:`LoadBalancingDistributedSampler`,
   :class:`LoadBalancingDistributedBatchSampler` — ranks get samples of
   similar complexity at each step.
+- :class:`CachedDataset`, :class:`CacheLoader` — samples cached after their
+  first load, in an embedded LMDB shared by a node's ranks or in Redis.
 """
 
+from bagua_torch.contrib.cache_loader import CacheLoader
+from bagua_torch.contrib.cached_dataset import CachedDataset
 from bagua_torch.contrib.fused_optimizer import fuse_optimizer, is_fused_optimizer
 from bagua_torch.contrib.load_balancing_data_loader import (
     LoadBalancingDistributedBatchSampler,
@@ -18,5 +22,5 @@ from bagua_torch.contrib.sync_batchnorm import SyncBatchNorm, convert_sync_batch
 
 __all__ = [
     "fuse_optimizer", "is_fused_optimizer", "SyncBatchNorm", "convert_sync_batchnorm",
-    "LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler",
+    "LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "CachedDataset", "CacheLoader",
 ]
