@@ -74,8 +74,10 @@ def _fuse_step(self: torch.optim.Optimizer, closure=None):
             loss = closure()
     self._bagua_fused_optimizer.step()
     self._opt_called = True  # what LR schedulers check, as after step()
-    for hook in list(self._optimizer_step_post_hooks.values()):
-        hook(self, (closure,), {})
+    fuser = self._bagua_fused_optimizer
+    for handle_id, hook in list(self._optimizer_step_post_hooks.items()):
+        if handle_id != fuser.step_hook.id:
+            hook(self, (closure,), {})
     return loss
 
 
@@ -171,6 +173,9 @@ class _Fuser:
         inner.param_groups = [{} for _ in optimizer.param_groups]
         inner.state = defaultdict(dict)
         self.inner = inner
+        # step() updates the state in place: the layout snapshots must be checked anew after it
+        self.stepped_unfused = False
+        self.step_hook = optimizer.register_step_post_hook(self._after_unfused_step)
         if do_flatten:
             self._flatten_weights()
 
@@ -187,10 +192,16 @@ class _Fuser:
                 for p, v in zip(params, views):
                     p.data = v
 
+    def _after_unfused_step(self, *_) -> None:
+        self.stepped_unfused = True
+
     # ------------------------------------------------------------ one step
 
     def step(self) -> None:
         opt, inner = self.optimizer, self.inner
+        if self.stepped_unfused:
+            self.plans.clear()
+            self.stepped_unfused = False
         state = defaultdict(dict)
         plans = []
         for gi, group in enumerate(opt.param_groups):
@@ -321,10 +332,12 @@ class _Run:
         """The fused state into each member's state: per-element tensors as
         views (once: the optimizer then updates them in place), scalars as copies."""
         numel = self.fp.numel()
+        changed = not self.snapshot
         for k, v in self.fstate.items():
             if self.placed.get(k) is v:
                 continue
             if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == numel and numel > 1:
+                changed = True
                 offset = 0
                 for p in self.members:
                     state[p][k] = v.narrow(0, offset, p.numel()).view(p.shape)
@@ -338,23 +351,32 @@ class _Run:
                     old = state[p].get(k)
                     if isinstance(v, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape == v.shape \
                             and old.dtype == v.dtype and old.device == v.device:
-                        old.copy_(v)
+                        old.copy_(v)  # same object: the snapshot stays valid
                     else:
                         state[p][k] = _copy_scalar(v)
-        self.snapshot = [self._layout(p, state[p]) for p in self.members]
+                        changed = True
+        if changed:
+            self.snapshot = [self._layout(p, state[p]) for p in self.members]
 
     @staticmethod
     def _layout(p, s) -> tuple:
-        return (p.data_ptr(), p.grad.data_ptr() if p.grad is not None else None,
-                tuple((k, id(v), v._version if isinstance(v, torch.Tensor) else v) for k, v in s.items()))
+        """What a later step relies on: the weight's memory, the gradient and
+        state objects (held, so their ids cannot be reused; step() is noticed
+        through a hook; anything that moves them replaces them), the values of
+        non-tensor scalars."""
+        return (p.data_ptr(), p.grad, tuple(s.items()))
 
     def still_valid(self, state) -> bool:
         if len(self.snapshot) != len(self.members):
             return False
-        for p, snap in zip(self.members, self.snapshot):
+        for p, (ptr, grad, items) in zip(self.members, self.snapshot):
             s = state.get(p)
-            if s is None or self._layout(p, s) != snap:
+            if s is None or p.grad is not grad or p.data_ptr() != ptr or len(s) != len(items):
                 return False
+            for k, v in items:
+                now = s.get(k)
+                if now is not v and (isinstance(v, torch.Tensor) or isinstance(now, torch.Tensor) or now != v):
+                    return False
         return True
 
 
