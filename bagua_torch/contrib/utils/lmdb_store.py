@@ -10,10 +10,12 @@ local rank 0 deletes it at exit; a given ``path`` is kept (a cache that
 outlives the job). When the database is full, random entries are evicted
 (the original's ``allkeys-random`` policy) to make room.
 
-The environment is opened lazily in each process and closed just before
-this process forks (an LMDB handle must not cross ``fork``, and py-lmdb
-refuses a second open of an environment the parent held, so DataLoader
-workers could not open it otherwise); the parent reopens it on next use.
+Commits are not synced to disk: a cache needs no durability (an OS crash may
+lose the latest writes, which are reloaded). The environment is opened lazily
+in each process and closed just before this process forks (an LMDB handle
+must not cross ``fork``, and py-lmdb refuses a second open of an environment
+the parent held, so DataLoader workers could not open it otherwise); the
+parent reopens it on next use.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class LmdbStore(Store):
                 if env is None:
                     os.makedirs(self.path, exist_ok=True)
                     env = self.lmdb.open(self.path, map_size=self.capacity, subdir=True, readahead=False,
-                                         meminit=False, max_readers=1024, lock=True)
+                                         meminit=False, max_readers=1024, lock=True, sync=False, metasync=False)
                     _envs[key] = env
         return env
 
