@@ -156,6 +156,22 @@ def test_lr_scheduler_and_closure_and_hooks():
         assert torch.equal(a, b)
 
 
+def test_state_dict_round_trip_keeps_results_bitwise():
+    from bagua_torch.contrib import fuse_optimizer
+
+    ref_model, model = _model(), _model()
+    ref_opt = torch.optim.Adam(ref_model.parameters(), lr=1e-3, amsgrad=True)
+    opt = fuse_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3, amsgrad=True))
+    for step in range(20):
+        if step == 10:  # state replaced by new tensors: fuse_step must notice and re-fuse
+            opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+        _train_step(ref_model, ref_opt, step, False, False)
+        _train_step(model, opt, step, True, False)
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert opt._bagua_fused_count == 20
+
+
 def test_bad_input():
     from bagua_torch.contrib import fuse_optimizer
 
