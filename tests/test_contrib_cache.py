@@ -130,7 +130,7 @@ def test_lmdb_second_epoch_is_served_from_the_cache(tmp_path):
 def test_lmdb_with_dataloader_workers_and_batched_reads(tmp_path):
     from bagua_torch.contrib import CachedDataset
 
-    ds = CachedDataset(Samples(), writer_buffer_size=1, path=str(tmp_path / "db"))
+    ds = CachedDataset(Samples(), writer_buffer_size=16, path=str(tmp_path / "db"))
     for epoch in range(2):
         loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True,
                                              generator=torch.Generator().manual_seed(epoch))
@@ -141,7 +141,8 @@ def test_lmdb_with_dataloader_workers_and_batched_reads(tmp_path):
         assert len(seen) == 40
         for i in range(40):
             assert torch.equal(seen[f"s{i}"], Samples()[i]["x"])
-    assert ds.cache_loader.num_keys() == 40  # the workers wrote every sample into the shared database
+    # the workers wrote every sample into the shared database (what was pending, at their exit)
+    assert ds.cache_loader.num_keys() == 40
     assert ds.__getitems__([3, 4])[1]["name"] == "s4"
 
 
@@ -255,6 +256,22 @@ def test_redis_started_per_node(world, local):
     assert len(hosts) == (world + local - 1) // local
     for h in hosts:
         assert not _port_open(h["host"], h["port"]), f"redis-server on {h} still runs after the job"
+
+
+def test_redis_down_from_the_start_serves_every_sample():
+    pytest.importorskip("redis")
+    from bagua_torch.contrib import CachedDataset
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = Samples(10)
+    ds = CachedDataset(base, backend="redis", hosts=[f"127.0.0.1:{port}"], socket_timeout_s=0.5, retry_after_s=60)
+    with pytest.warns(RuntimeWarning, match="redis cache failed to read"):
+        for _ in range(2):
+            for i in range(10):
+                same_sample(ds[i], Samples()[i])
+    assert base.loads == 20 and ds.cache_loader.errors == 1  # skipped while down, not retried per sample
 
 
 @pytest.fixture

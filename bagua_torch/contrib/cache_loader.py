@@ -4,7 +4,8 @@ Contract: ``CacheLoader(backend="lmdb", dataset_name="", writer_buffer_size=1,
 allow_pickle=False, **store_kwargs)``; ``get(key, load_fn)`` returns the value
 cached under ``f"{dataset_name}_{key}"`` or ``load_fn(key)``, which is then
 written to the cache. Writes are batched (``writer_buffer_size`` values per
-write; pending writes are also flushed every 1000 reads and by ``flush()``).
+write; pending writes are also flushed every 1000 reads, by ``flush()`` and
+when the process exits, DataLoader workers included).
 Backends: ``"lmdb"`` (default: embedded, on local disk, shared by the ranks of
 a node; kwargs ``path``, ``capacity_per_node``) and ``"redis"`` (kwargs
 ``hosts``, ``cluster_mode``, ``capacity_per_node``).
@@ -23,6 +24,8 @@ cache serves.
 
 from __future__ import annotations
 
+import multiprocessing.util
+import os
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Sequence
@@ -61,6 +64,24 @@ class CacheLoader:
         self._warned = False
         self._reads = 0
         self.hits = self.misses = self.errors = 0
+        self._finalizer_pid = None
+
+    def _flush_at_exit(self) -> None:
+        """Pending writes are flushed when this process exits, once registered
+        in it: multiprocessing's exit hook also runs in DataLoader workers
+        (which skip atexit) but forgets what the parent registered."""
+        if self._finalizer_pid != os.getpid():
+            self._finalizer_pid = os.getpid()
+            multiprocessing.util.Finalize(self, CacheLoader._flush_quietly, args=(self.__dict__,), exitpriority=10)
+
+    @staticmethod
+    def _flush_quietly(state: dict) -> None:
+        if state["_pending"]:
+            try:
+                state["store"].mset(state["_pending"])
+                state["_pending"].clear()
+            except Exception:  # noqa: BLE001 - at exit a failing cache only loses cached copies
+                pass
 
     # ------------------------------------------------------------ reading
 
@@ -95,6 +116,7 @@ class CacheLoader:
             for i, value in zip(missing, loaded):
                 out[i] = value
                 self._pending[skeys[i]] = serialization.dumps(value, self.allow_pickle)
+            self._flush_at_exit()
             if len(self._pending) >= self.writer_buffer_size:
                 self.flush()
         self._reads += len(keys)
@@ -162,3 +184,6 @@ class CacheLoader:
         state = dict(self.__dict__)
         state["_pending"] = {}
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
