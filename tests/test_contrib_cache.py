@@ -274,6 +274,22 @@ def test_redis_down_from_the_start_serves_every_sample():
     assert base.loads == 20 and ds.cache_loader.errors == 1  # skipped while down, not retried per sample
 
 
+@needs_redis
+def test_redis_started_alone_evicts_when_full():
+    """One process: the library's own server, with maxmemory and random eviction (the original's policy)."""
+    from bagua_torch.contrib import CachedDataset
+
+    base = Samples(n=80, size=8192)  # 32 KiB per sample, 2.5 MiB in all, into 2 MiB
+    ds = CachedDataset(base, backend="redis", writer_buffer_size=4, capacity_per_node=2 << 20)
+    client = ds.cache_loader.store.clients[0]
+    assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "allkeys-random"
+    for _ in range(2):
+        for i in range(80):
+            assert ds[i]["name"] == f"s{i}"
+    ds.cache_loader.flush()
+    assert 0 < ds.cache_loader.num_keys() < 80 and ds.cache_loader.errors == 0
+
+
 @pytest.fixture
 def two_servers():
     if not HAVE_REDIS:
