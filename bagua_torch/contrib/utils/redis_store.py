@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
-import os
 import shutil
 import signal
 import socket
@@ -41,7 +40,6 @@ __all__ = ["RedisStore", "start_redis_server"]
 
 _HOST_RECORD_BYTES = 256
 _bootstrapped: Optional[List[dict]] = None  # this process's view of the job's servers
-_server: Optional[subprocess.Popen] = None  # the server this process started
 
 
 def _require_redis():
@@ -83,7 +81,6 @@ def _free_port(host: str) -> int:
 
 def start_redis_server(host: str, capacity: int, timeout_s: float = 10.0) -> dict:
     """Starts ``redis-server`` on ``host`` at a free port; returns ``{"host", "port"}`` once it answers."""
-    global _server
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("backend='redis' without hosts= starts redis-server, which is not installed: "
@@ -102,7 +99,6 @@ def start_redis_server(host: str, capacity: int, timeout_s: float = 10.0) -> dic
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 client.ping()
-                _server = proc
                 atexit.register(_stop_server, proc)
                 return {"host": host, "port": port}
             except redis.exceptions.ConnectionError:
