@@ -3,7 +3,7 @@
 - :func:`fuse_optimizer` — ``optimizer.fuse_step()``: one step over many small
   parameters as a few flat tensors, bitwise equal to ``step()``.
 - :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm` — batch statistics
-  over every rank, through Bagua's collectives (CPU and CUDA).
+  over every rank, through Bagua's collectives (CPU included).
 - :class:`LoadBalancingDistributedSampler`,
   :class:`LoadBalancingDistributedBatchSampler` — ranks get samples of
   similar complexity at each step.

@@ -5,8 +5,8 @@ statistics equal those of one ``torch.nn.BatchNorm`` over the concatenation of
 all ranks' batches (up to float rounding); weight and bias gradients are the
 rank's own share (the data-parallel algorithm reduces them, as for any other
 parameter). In eval mode with running statistics, or alone in its group, it is
-a plain local BatchNorm. Works on CPU (Gloo) and on CUDA (NCCL groups), which
-``torch.nn.SyncBatchNorm`` does not (it refuses CPU inputs).
+a plain local BatchNorm. Works on CPU (Gloo), where ``torch.nn.SyncBatchNorm``
+refuses to run; CUDA inputs take the same path on a NCCL group.
 
 Communication goes through Bagua's collectives: forward allgathers each rank's
 (count, mean, sum of squared deviations) and combines them exactly (Chan's
