@@ -41,6 +41,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
+	$(PIP) install -q "lmdb>=1.4" "redis>=5"
 	touch $@
 
 system:
@@ -50,6 +51,14 @@ system:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgloo-dev; \
 	  else \
 	    echo "Gloo is missing. Run:  sudo apt-get update && sudo apt-get install -y libgloo-dev"; exit 1; \
+	  fi; \
+	fi
+	@if ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server (the Redis cache tests start it)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else \
+	    echo "redis-server is missing: its tests skip. Run:  sudo apt-get install -y redis-server"; \
 	  fi; \
 	fi
 
