@@ -142,6 +142,8 @@ def _chunk(fn: str, what: str, v: DLPackView, size: int) -> int:
 
 def _root(fn: str, name: str, r, g: ProcessGroup) -> int:
     try:
+        if isinstance(r, bool):  # True would silently mean rank 1
+            raise TypeError
         r = operator.index(r)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be an integer rank, got {r!r}") from None
@@ -518,17 +520,27 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
 @one_caller
 def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
-    then the bytes)."""
+    then the bytes). It unpickles what ``src`` sent, so it trusts its peers
+    (ranks of the same job; see the README's security model). An object that
+    cannot be pickled raises on ``src`` and ValueError on the others."""
     g = _group(group)
     if not g.is_member:
         return obj
     src = _root("broadcast_object", "src", src, g)
+    failure = None
     if g.rank == src:
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        length = np.array([payload.size], dtype=np.int64)
+        try:
+            payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        except Exception as e:  # noqa: BLE001 - any pickling failure; the peers must hear of it
+            failure, payload = e, None
+        length = np.array([-1 if payload is None else payload.size], dtype=np.int64)
     else:
         length = np.zeros(1, dtype=np.int64)
     broadcast(length, src, g)
+    if failure is not None:
+        raise failure
+    if length[0] < 0:
+        raise ValueError(f"broadcast_object: rank {src} could not pickle its object")
     if g.rank != src:
         payload = np.empty(int(length[0]), dtype=np.uint8)
     broadcast(payload, src, g)

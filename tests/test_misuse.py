@@ -91,8 +91,33 @@ def size_mismatch_cases():
     out.append(("empty_everywhere_is_a_no_op", lambda: [call(p, 0) for p in COLLECTIVES if p != "alltoall_v"]))
     out.append(("dtype_mismatch", lambda: expect_mismatch(
         lambda: bc.allreduce(np.ones(4, np.float32 if RANK != 2 else np.float64)))))
-    out.append(("root_mismatch", lambda: expect_mismatch(lambda: bc.broadcast(np.ones(4, np.float32), RANK == 2))))
+    out.append(("root_mismatch", lambda: expect_mismatch(lambda: bc.broadcast(np.ones(4, np.float32), 1 if RANK == 2 else 0))))
+    out.append(("bool_root_is_refused", case_bool_root))
+    out.append(("unpicklable_object_raises_everywhere", case_unpicklable))
     return out
+
+
+def case_bool_root():
+    try:
+        bc.broadcast(np.ones(2, np.float32), True)
+    except TypeError as e:
+        assert "integer rank" in str(e), e
+    else:
+        raise AssertionError("broadcast(x, True) was accepted")
+
+
+def case_unpicklable():
+    import time
+
+    t0 = time.monotonic()
+    try:
+        bc.broadcast_object(threading.Lock() if RANK == 0 else None, 0)
+    except (TypeError, ValueError) as e:
+        assert RANK == 0 or "could not pickle" in str(e), e
+    else:
+        raise AssertionError("no error")
+    assert time.monotonic() - t0 < 5, "the peers waited for the timeout"
+    still_in_step()
 
 
 def case_alias():
@@ -112,8 +137,10 @@ def case_neg_bit():
 
     re = torch.arange(4, dtype=torch.float32) + RANK
     im = torch.arange(4, dtype=torch.float32) * (RANK + 1)
-    v = torch.complex(re, im).conj().imag  # a view with the negative bit set
-    assert v.is_neg()
+    strided = torch.complex(re, im).conj().imag  # a view with the negative bit set
+    v = torch._neg_view(im)  # shows -im too: contiguous, negative bit set
+    assert v.is_neg() and strided.is_neg() and v.is_contiguous()
+    assert np.array_equal(np.from_dlpack(bc.allreduce(strided.contiguous())), np.from_dlpack(bc.allreduce(v)))
     want = -sum(np.arange(4, dtype=np.float32) * (r + 1) for r in range(WS))
     got = np.from_dlpack(bc.allreduce(v))
     assert np.array_equal(got, want), (got, want)
@@ -202,6 +229,46 @@ def case_assign_load():
     dist.destroy_process_group()
 
 
+_STOPPER = r"""
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[4])
+from bagua_core import _C
+store = _C.TcpStore("127.0.0.1", int(sys.argv[1]), -1, 30.0, os.environ.get("BAGUA_STORE_SECRET", ""))
+store.wait([sys.argv[2]])  # the victim published its address: it is inside the connect phase
+os.kill(int(sys.argv[3]), signal.SIGSTOP)
+time.sleep(float(sys.argv[5]))
+os.kill(int(sys.argv[3]), signal.SIGCONT)
+store.close()
+"""
+
+
+def case_connect_timeout():
+    """Rank 1 stops (SIGSTOP) right after publishing its address for a new
+    group: its peers give up within about BAGUA_TIMEOUT, not 5 x."""
+    import subprocess
+    import time
+
+    timeout = float(os.environ["BAGUA_TIMEOUT"])
+    if RANK == 1:
+        port = int(os.environ["MASTER_PORT"]) + 1
+        helper = subprocess.Popen([sys.executable, "-c", _STOPPER, str(port), "group1/gloo/lane0/1",
+                                   str(os.getpid()), mp.REPO, str(3 * timeout)])
+    else:
+        time.sleep(1.0)  # rank 1 publishes first and waits for us: the helper stops it in time
+    t0 = time.monotonic()
+    try:
+        bc.new_group([0, 1, 2])
+    except bc.BaguaError as e:
+        elapsed = time.monotonic() - t0
+        if RANK != 1:
+            assert elapsed < 2 * timeout, f"gave up after {elapsed:.1f} s ({e})"
+    else:
+        raise AssertionError("connecting to a stopped peer succeeded")
+    finally:
+        if RANK == 1:
+            helper.wait(60)
+
+
 def worker_main(mode: str) -> int:
     global np, bc, RANK
     import numpy
@@ -218,12 +285,14 @@ def worker_main(mode: str) -> int:
         cases = [("alltoall_send_aliases_recv", case_alias), ("torch_neg_bit", case_neg_bit)]
     elif mode == "assign":
         cases = [("load_state_dict_assign_keeps_sync", case_assign_load)]
+    elif mode == "connect":
+        cases = [("connect_timeout_is_bagua_timeout", case_connect_timeout)]
     elif mode == "threads":
         cases = [("threads", case_threads)]
     else:
         raise SystemExit(f"unknown mode {mode}")
     failures = run_cases(cases)
-    if mode != "threads":
+    if mode not in ("threads", "connect"):
         bc.destroy_process_group()
     sys.stdout.flush()
     os._exit(0 if failures == 0 else 1)
@@ -242,7 +311,8 @@ def session(mode, **env):
 
 
 SIZE_CASES = [f"{kind}[{p}]" for p in COLLECTIVES for kind in ("size_mismatch", "empty_on_one_rank")] + [
-    "empty_everywhere_is_a_no_op", "dtype_mismatch", "root_mismatch"]
+    "empty_everywhere_is_a_no_op", "dtype_mismatch", "root_mismatch", "bool_root_is_refused",
+    "unpicklable_object_raises_everywhere"]
 
 
 @pytest.mark.timeout(150)
@@ -269,6 +339,13 @@ def test_aliasing_and_neg_bit(case):
 def test_load_state_dict_assign_keeps_synchronisation():
     run = session("assign")
     run.check_case("load_state_dict_assign_keeps_sync", WS)
+    run.check()
+
+
+@pytest.mark.timeout(150)
+def test_connect_waits_at_most_the_timeout():
+    run = mp.launch(__file__, WS, timeout=120, args=["connect"], env={"BAGUA_TIMEOUT": "4"})
+    run.check_case("connect_timeout_is_bagua_timeout", WS)
     run.check()
 
 

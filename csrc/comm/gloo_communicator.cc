@@ -35,6 +35,9 @@ namespace {
 using std::chrono::milliseconds;
 namespace ga = gloo_algorithms;
 
+// gloo/transport/tcp/pair.h: waitUntilConnected() waits timeout_ * 5.
+constexpr int kGlooConnectFactor = 5;
+
 // Gloo's templated setters only use sizeof(T): pick an unsigned type of the
 // element's size.
 template <typename F>
@@ -381,9 +384,13 @@ class GlooCommunicator : public Communicator {
         attr.hostname = options_.hostname;
         lane.device = gloo::transport::tcp::CreateDevice(attr);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-        ctx->setTimeout(options_.timeout);
+        // Gloo waits 5 x the context timeout for a peer to connect: a fifth of
+        // ours bounds set-up by our timeout. (The store waits of the
+        // rendezvous keep the full timeout: see GlooStoreAdapter.)
+        ctx->setTimeout(std::max(milliseconds(1), options_.timeout / kGlooConnectFactor));
         GlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i));
         ctx->connectFullMesh(adapter, lane.device);
+        ctx->setTimeout(options_.timeout);
         lane.context = ctx;
       } catch (const TimeoutError& e) {
         throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());

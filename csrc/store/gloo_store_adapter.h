@@ -7,6 +7,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -35,7 +36,9 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     std::vector<std::string> full_keys;
     full_keys.reserve(keys.size());
     for (const auto& k : keys) full_keys.push_back(full(k));
-    store_->wait(full_keys, timeout);
+    // Never shorter than the store's timeout: Gloo passes its context
+    // timeout, which the communicator shortens for the connect phase.
+    store_->wait(full_keys, std::max(timeout, store_->timeout()));
   }
 
   const StorePtr& store() const { return store_; }
