@@ -51,6 +51,7 @@ from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
 
 _GENERATION_KEY = "bagua/generation"
+_WORLD_SIZE_KEY = "bagua/world_size"
 
 
 class ProcessGroup:
@@ -210,6 +211,7 @@ class _Context:
         if s.rank == 0:
             self.server = _C.TcpStoreServer(s.master_addr, s.store_port, secret=s.store_secret, **s.store_limits)
             self.store = _C.TcpStore(s.master_addr, s.store_port, 0, s.timeout_s, s.store_secret)
+            self.store.set(_WORLD_SIZE_KEY, str(s.world_size).encode())  # before the generation: ranks wait for that
             self.store.set(_GENERATION_KEY, str(self.generation).encode())
             return
         # A rank re-initialising quickly may still reach the server of the
@@ -234,6 +236,12 @@ class _Context:
                 time.sleep(0.05)
                 continue
             if found == self.generation:
+                theirs = int(store.get(_WORLD_SIZE_KEY, remaining))
+                if theirs != s.world_size:
+                    store.close()
+                    raise config.ConfigError(
+                        f"WORLD_SIZE={s.world_size} on rank {s.rank} but {theirs} on rank 0: every rank must "
+                        "be started with the same WORLD_SIZE")
                 self.store = store
                 return
             store.close()

@@ -349,6 +349,31 @@ def test_connect_waits_at_most_the_timeout():
     run.check()
 
 
+_WORLD_SIZE_WORKER = """
+import sys
+from bagua_core import config
+import bagua_core as bc
+try:
+    bc.init_process_group()
+except config.ConfigError as e:
+    print("CONFIG-ERROR", e, flush=True)
+    sys.exit(3)
+except bc.BaguaError as e:
+    print("BAGUA-ERROR", e, flush=True)
+    sys.exit(4)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_world_size_disagreement_is_named():
+    run = mp.launch(_WORLD_SIZE_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "5"},
+                    per_rank_env={2: {"WORLD_SIZE": "4"}})
+    assert not run.timed_out, run.summary()
+    bad = run.workers[2]
+    assert bad.returncode == 3 and "WORLD_SIZE=4 on rank 2 but 3 on rank 0" in bad.stdout, run.summary()
+    assert all(w.returncode in (0, 4) for w in run.workers[:2]), run.summary()
+
+
 @pytest.mark.timeout(150)
 def test_two_threads_on_one_group_raise_not_corrupt():
     run = mp.launch(__file__, WS, timeout=120, args=["threads"],
