@@ -364,6 +364,30 @@ except bc.BaguaError as e:
 """
 
 
+_DEAD_MEMBER_WORKER = """
+import os, sys, time
+import bagua_core as bc
+bc.init_process_group()
+bc.barrier()
+if bc.get_rank() == 2:
+    os._exit(7)  # dies without a goodbye: the store reports it dead
+t0 = time.monotonic()
+try:
+    bc.new_group([0, 1, 2])
+except bc.PeerError as e:
+    print("PEER-ERROR", round(time.monotonic() - t0, 1), e, flush=True)
+    os._exit(0 if "rank 2 has died" in str(e) and time.monotonic() - t0 < 5 else 5)
+os._exit(6)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_rendezvous_fails_fast_when_a_member_died():
+    run = mp.launch(_DEAD_MEMBER_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "30"})
+    assert not run.timed_out, run.summary()
+    assert [w.returncode for w in run.workers] == [0, 0, 7], run.summary()
+
+
 @pytest.mark.timeout(150)
 def test_world_size_disagreement_is_named():
     run = mp.launch(_WORLD_SIZE_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "5"},

@@ -394,6 +394,8 @@ class GlooCommunicator : public Communicator {
         lane.context = ctx;
       } catch (const TimeoutError& e) {
         throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
+      } catch (const PeerError& e) {
+        throw PeerError(describe() + ": " + e.what(), e.peer());
       } catch (const Error& e) {
         throw Error(describe() + ": rendezvous failed: " + e.what());
       } catch (const std::exception& e) {
