@@ -8,35 +8,37 @@ are read instead. With neither, the process runs alone (world size 1).
 
 Settings (all optional):
 
-=====================  =======================================================
-``BAGUA_TIMEOUT``      seconds every blocking call may take (default 600: a
-                       first jitted step can compile for minutes)
-``BAGUA_STORE_PORT``   port of the rendezvous store on ``MASTER_ADDR``
-                       (default ``MASTER_PORT + 1``, so it never clashes with
-                       torchrun's own store on ``MASTER_PORT``)
-``BAGUA_HOSTNAME``     address this process listens on for its peers (default:
-                       the local address that routes to ``MASTER_ADDR``)
-``BAGUA_DEBUG_CHECKS`` check op, shape and dtype agreement across ranks before
-                       every collective (default off; costs one small
-                       allgather per collective)
-``BAGUA_NCCL_LIBRARY`` full path of ``libnccl.so.2`` (default: the
-                       ``nvidia-nccl`` wheel, else the copy torch loaded)
-``BAGUA_BUCKET_SIZE``  bytes of gradients (or weights) per bucket of the
-                       default bucket plan (default 10 MiB = 10485760);
-                       smaller buckets start communicating earlier in
-                       backward, larger ones make fewer, bigger calls
-``BAGUA_STORE_SECRET`` the job's secret: a rendezvous store client must
-                       prove it holds it (HMAC-SHA256 challenge) before
-                       anything else. ``bagua-run`` makes one for
-                       single-node jobs; multi-node jobs (and torchrun) set
-                       the same value on every node. Unset: any client that
-                       reaches the store is accepted (a warning on
-                       multi-node jobs)
+===============================  =======================================================
+``BAGUA_TIMEOUT``                seconds every blocking call may take (default 600: a
+                                 first jitted step can compile for minutes)
+``BAGUA_STORE_PORT``             port of the rendezvous store on ``MASTER_ADDR``
+                                 (default ``MASTER_PORT + 1``, so it never clashes with
+                                 torchrun's own store on ``MASTER_PORT``)
+``BAGUA_HOSTNAME``               address this process listens on for its peers (default:
+                                 the local address that routes to ``MASTER_ADDR``)
+``BAGUA_DEBUG_CHECKS``           also check send/recv pairs and collective sequence
+                                 numbers across ranks (default off; Gloo groups
+                                 always check that collectives agree on op, dtype,
+                                 count and root; costs one small allgather per
+                                 collective and a round trip per send/recv)
+``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (default: the
+                                 ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_BUCKET_SIZE``            bytes of gradients (or weights) per bucket of the
+                                 default bucket plan (default 10 MiB = 10485760);
+                                 smaller buckets start communicating earlier in
+                                 backward, larger ones make fewer, bigger calls
+``BAGUA_STORE_SECRET``           the job's secret: a rendezvous store client must
+                                 prove it holds it (HMAC-SHA256 challenge) before
+                                 anything else. ``bagua-run`` makes one for
+                                 single-node jobs; multi-node jobs (and torchrun) set
+                                 the same value on every node. Unset: any client that
+                                 reaches the store is accepted (a warning on
+                                 multi-node jobs)
 ``BAGUA_STORE_MAX_VALUE_BYTES``  largest value one store SET may hold
-                       (default 64 MiB)
-``BAGUA_STORE_MAX_BYTES``  total bytes of keys and values the store holds
-                       (default 256 MiB)
-=====================  =======================================================
+                                 (default 64 MiB)
+``BAGUA_STORE_MAX_BYTES``        total bytes of keys and values the store holds
+                                 (default 256 MiB)
+===============================  =======================================================
 
 Booleans accept 1/0, true/false, yes/no, on/off (any case).
 """
