@@ -29,7 +29,7 @@ _EXPORTS = {
     "buffer": ["Buffer", "empty", "from_array", "zeros"],
     "dlpack": ["DLPackView", "import_array"],
     "dtypes": ["DType", "as_dtype"],
-    "errors": ["BaguaError", "CommTimeoutError", "MismatchError", "PeerError"],
+    "errors": ["BaguaError", "CommTimeoutError", "ConcurrentUseError", "MismatchError", "PeerError"],
     "_loader": ["_C"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -63,5 +63,5 @@ __all__ = [
     # arrays
     "Buffer", "empty", "zeros", "from_array", "DType", "as_dtype", "DLPackView", "import_array",
     # errors
-    "BaguaError", "CommTimeoutError", "PeerError", "MismatchError",
+    "BaguaError", "CommTimeoutError", "PeerError", "MismatchError", "ConcurrentUseError",
 ]

@@ -13,8 +13,14 @@ ones return None.
   bfloat16, int32, int64, uint8), on the group's device; destinations must be
   writable (JAX arrays and read-only numpy arrays are not). Violations raise
   TypeError / ValueError before anything is sent.
-* Every call blocks until done. Empty arrays are a no-op. On a group this
-  process is not a member of, every primitive returns at once.
+* Every call blocks until done. Before a collective moves data the ranks
+  agree on the call (operation, dtype, element count, root), so a mismatch
+  raises :class:`~bagua_core.MismatchError` on every rank instead of
+  corrupting or aborting. Empty arrays move no data but still take part in
+  that agreement: every rank must make the call. send/recv of an empty array
+  is a no-op. On a group this process is not a member of, every primitive
+  returns at once.
+* ``send`` may alias ``recv`` (the send data is copied aside first).
 * Chunked operations split the flat element order: chunk ``i`` is elements
   ``[i*n, (i+1)*n)``.
 """
@@ -30,7 +36,8 @@ import numpy as np
 
 from bagua_core._loader import _C
 from bagua_core.buffer import Buffer
-from bagua_core.dlpack import DLPackView, import_array
+from bagua_core.dlpack import DLPackView, _lazy_sign, import_array
+from bagua_core.one_caller import one_caller
 from bagua_core.process_group import ProcessGroup, get_default_group
 
 
@@ -93,6 +100,12 @@ def _view(fn: str, what: str, x, g: ProcessGroup, writable: bool) -> DLPackView:
     index = getattr(g.comm, "device_index", None)  # device communicators (NCCL) are bound to one device
     if index is not None and v.device_type == "cuda" and v.device_index != index:
         raise ValueError(f"{fn}: {what} is on cuda:{v.device_index} but group '{g.name}' uses cuda:{index}")
+    if writable and v.read_only and _lazy_sign(x):
+        raise ValueError(
+            f"{fn}: {what} is a torch view with the negative or conjugate bit set (e.g. "
+            "z.conj().imag): its memory holds other values than it shows, so it cannot be written "
+            "in place; pass a resolved tensor (.resolve_neg() / .resolve_conj() / .clone())"
+        )
     if writable and v.read_only:
         raise ValueError(
             f"{fn}: {what} is read-only ({type(x).__name__}); JAX arrays are immutable: pass "
@@ -129,6 +142,8 @@ def _chunk(fn: str, what: str, v: DLPackView, size: int) -> int:
 
 def _root(fn: str, name: str, r, g: ProcessGroup) -> int:
     try:
+        if isinstance(r, bool):  # True would silently mean rank 1
+            raise TypeError
         r = operator.index(r)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be an integer rank, got {r!r}") from None
@@ -180,9 +195,23 @@ def _offset(v: DLPackView, elements: int) -> int:
     return v.address + elements * v.dtype.itemsize
 
 
+def _overlaps(a: DLPackView, b: DLPackView) -> bool:
+    return a.address < b.address + b.numel * b.dtype.itemsize and b.address < a.address + a.numel * a.dtype.itemsize
+
+
+def _unaliased(s: DLPackView, r: DLPackView):
+    """(address of the send data, keep-alive): a copy of ``s`` when it overlaps ``r``,
+    since the engine reads send while it writes recv."""
+    if s.numel and r.numel and _overlaps(s, r):
+        copy = _scratch(s, s.numel, start=0)
+        return copy.address, copy
+    return s.address, None
+
+
 # --- point to point ----------------------------------------------------------
 
 
+@one_caller
 def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
     """Sends ``tensor`` to group rank ``dst`` (which calls :func:`recv`)."""
     g = _group(group)
@@ -194,6 +223,7 @@ def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
         g.comm.send(v.address, v.numel, int(v.dtype), dst)
 
 
+@one_caller
 def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
     """Receives into ``tensor`` what group rank ``src`` sends."""
     g = _group(group)
@@ -208,6 +238,7 @@ def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
 # --- collectives -------------------------------------------------------------
 
 
+@one_caller
 def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """Copies ``tensor`` of group rank ``src`` into ``tensor`` of every rank (in place;
     only written on the other ranks, so ``src`` may pass a read-only array)."""
@@ -216,10 +247,10 @@ def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> Non
         return
     src = _root("broadcast", "src", src, g)
     v = _view("broadcast", "tensor", tensor, g, writable=g.rank != src)
-    if v.numel:
-        g.comm.broadcast(v.address, v.numel, int(v.dtype), src)
+    g.comm.broadcast(v.address, v.numel, int(v.dtype), src)
 
 
+@one_caller
 def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
            group: Optional[ProcessGroup] = None):
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of ``dst``.
@@ -235,11 +266,11 @@ def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
     if recv_tensor is not None or g.rank == dst:
         out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
         _expect_numel(fn, "recv", r, s.numel, "same as send")
-    if s.numel:
-        g.comm.reduce(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), code, dst)
+    g.comm.reduce(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), code, dst)
     return out
 
 
+@one_caller
 def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     """Like :func:`reduce` with the result written over ``tensor`` on ``dst``
     (left unchanged elsewhere)."""
@@ -249,10 +280,10 @@ def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[Proces
     dst = _root("reduce_inplace", "dst", dst, g)
     v = _view("reduce_inplace", "tensor", tensor, g, writable=g.rank == dst)
     code = _op(op)
-    if v.numel:
-        g.comm.reduce(v.address, v.address, v.numel, int(v.dtype), code, dst)
+    g.comm.reduce(v.address, v.address, v.numel, int(v.dtype), code, dst)
 
 
+@one_caller
 def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank."""
     g = _group(group)
@@ -263,21 +294,21 @@ def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[Pr
     code = _op(op)
     out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
     _expect_numel(fn, "recv", r, s.numel, "same as send")
-    if s.numel:
-        g.comm.allreduce(s.address, r.address, s.numel, int(s.dtype), code)
+    g.comm.allreduce(s.address, r.address, s.numel, int(s.dtype), code)
     return out
 
 
+@one_caller
 def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     g = _group(group)
     if not g.is_member:
         return
     v = _view("allreduce_inplace", "tensor", tensor, g, writable=True)
     code = _op(op)
-    if v.numel:
-        g.comm.allreduce(v.address, v.address, v.numel, int(v.dtype), code)
+    g.comm.allreduce(v.address, v.address, v.numel, int(v.dtype), code)
 
 
+@one_caller
 def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
     """Concatenates every rank's ``send_tensor`` (in rank order) into ``recv_tensor``,
     which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``)."""
@@ -288,11 +319,11 @@ def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = Non
     s = _view(fn, "send", send_tensor, g, writable=False)
     out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
     _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
-    if s.numel:
-        g.comm.allgather(s.address, r.address, s.numel, int(s.dtype))
+    g.comm.allgather(s.address, r.address, s.numel, int(s.dtype))
     return out
 
 
+@one_caller
 def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
     """``tensor`` holds ``size`` chunks; each rank contributes the chunk at its rank."""
     g = _group(group)
@@ -300,10 +331,10 @@ def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
         return
     v = _view("allgather_inplace", "tensor", tensor, g, writable=True)
     n = _chunk("allgather_inplace", "tensor", v, g.size)
-    if n:
-        g.comm.allgather(_offset(v, g.rank * n), v.address, n, int(v.dtype))
+    g.comm.allgather(_offset(v, g.rank * n), v.address, n, int(v.dtype))
 
 
+@one_caller
 def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessGroup] = None):
     """Like :func:`allgather`, with the result only on ``dst`` (``recv_tensor`` is
     only needed, and allocated when None, there)."""
@@ -317,11 +348,11 @@ def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessG
     if recv_tensor is not None or g.rank == dst:
         out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
         _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
-    if s.numel:
-        g.comm.gather(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), dst)
+    g.comm.gather(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), dst)
     return out
 
 
+@one_caller
 def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """On ``dst``, ``tensor`` holds ``size * count`` elements and its own
     contribution at chunk ``dst``; elsewhere it holds the ``count`` elements sent."""
@@ -334,15 +365,14 @@ def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGrou
     v = _view(fn, "tensor", tensor, g, writable=g.rank == dst)
     if g.rank != dst:
         _expect_numel(fn, "tensor", v, count, "count on a non-dst rank")
-        if count:
-            g.comm.gather(v.address, 0, count, int(v.dtype), dst)
+        g.comm.gather(v.address, 0, count, int(v.dtype), dst)
         return
     _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on dst")
-    if count:
-        mine = _scratch(v, count, start=dst * count)
-        g.comm.gather(mine.address, v.address, count, int(v.dtype), dst)
+    mine = _scratch(v, count, start=dst * count)
+    g.comm.gather(mine.address, v.address, count, int(v.dtype), dst)
 
 
+@one_caller
 def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup] = None):
     """Chunk ``i`` of ``send_tensor`` on ``src`` (``size * recv.numel`` elements; only
     read there, may be None elsewhere) goes to ``recv_tensor`` of rank ``i``.
@@ -358,11 +388,11 @@ def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup
         s = _view(fn, "send", send_tensor, g, writable=False)
         _same_dtype(fn, s, r)
         _expect_numel(fn, "send", s, g.size * r.numel, f"group size {g.size} x recv")
-    if r.numel:
-        g.comm.scatter(s.address if s is not None else 0, r.address, r.numel, int(r.dtype), src)
+    g.comm.scatter(s.address if s is not None else 0, r.address, r.numel, int(r.dtype), src)
     return recv_tensor
 
 
+@one_caller
 def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """On ``src``, ``tensor`` holds ``size * count`` elements (chunk ``src`` stays);
     elsewhere it receives ``count`` elements."""
@@ -375,15 +405,14 @@ def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGro
     v = _view(fn, "tensor", tensor, g, writable=g.rank != src)
     if g.rank != src:
         _expect_numel(fn, "tensor", v, count, "count on a non-src rank")
-        if count:
-            g.comm.scatter(0, v.address, count, int(v.dtype), src)
+        g.comm.scatter(0, v.address, count, int(v.dtype), src)
         return
     _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on src")
-    if count:
-        mine = _scratch(v, count)  # chunk src already sits in place
-        g.comm.scatter(v.address, mine.address, count, int(v.dtype), src)
+    mine = _scratch(v, count)  # chunk src already sits in place
+    g.comm.scatter(v.address, mine.address, count, int(v.dtype), src)
 
 
+@one_caller
 def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
     """Reduces ``send_tensor`` (``size`` chunks) across ranks; rank ``i`` receives
     the reduction of chunk ``i``."""
@@ -396,11 +425,11 @@ def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Option
     n = _chunk(fn, "send", s, g.size)
     out, r = _output(fn, recv_tensor, g, _split(g.size, s), s)
     _expect_numel(fn, "recv", r, n, f"send / group size {g.size}")
-    if n:
-        g.comm.reduce_scatter(s.address, r.address, n, int(s.dtype), code)
+    g.comm.reduce_scatter(s.address, r.address, n, int(s.dtype), code)
     return out
 
 
+@one_caller
 def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     """The result for this rank is written over chunk ``rank`` of ``tensor``."""
     g = _group(group)
@@ -410,12 +439,12 @@ def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup
     v = _view(fn, "tensor", tensor, g, writable=True)
     code = _op(op)
     n = _chunk(fn, "tensor", v, g.size)
-    if n:
-        mine = _scratch(v, n)
-        g.comm.reduce_scatter(v.address, mine.address, n, int(v.dtype), code)
-        _C.copy_memory(_offset(v, g.rank * n), mine.address, mine.nbytes, v.device_type)
+    mine = _scratch(v, n)
+    g.comm.reduce_scatter(v.address, mine.address, n, int(v.dtype), code)
+    _C.copy_memory(_offset(v, g.rank * n), mine.address, mine.nbytes, v.device_type)
 
 
+@one_caller
 def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
     """Chunk ``j`` of ``send_tensor`` goes to rank ``j``, which stores it as chunk
     ``i`` (the sender's rank) of ``recv_tensor``."""
@@ -427,22 +456,23 @@ def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None
     n = _chunk(fn, "send", s, g.size)
     out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
     _expect_numel(fn, "recv", r, s.numel, "same as send")
-    if n:
-        g.comm.alltoall(s.address, r.address, n, int(s.dtype))
+    src, _keep = _unaliased(s, r)
+    g.comm.alltoall(src, r.address, n, int(s.dtype))
     return out
 
 
+@one_caller
 def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
     g = _group(group)
     if not g.is_member:
         return
     v = _view("alltoall_inplace", "tensor", tensor, g, writable=True)
     n = _chunk("alltoall_inplace", "tensor", v, g.size)
-    if n:
-        before = _scratch(v, v.numel, start=0)
-        g.comm.alltoall(before.address, v.address, n, int(v.dtype))
+    before = _scratch(v, v.numel, start=0)
+    g.comm.alltoall(before.address, v.address, n, int(v.dtype))
 
 
+@one_caller
 def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
                recv_counts: Sequence[int], recv_displs: Sequence[int], group: Optional[ProcessGroup] = None):
     """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
@@ -459,10 +489,12 @@ def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[in
     length = max((c + d for c, d in zip(rc, rd) if c), default=0)
     out, r = _output(fn, recv_tensor, g, (length,), s)
     _fits(fn, "recv", r, rc, rd)
-    g.comm.alltoall_v(s.address, sc, sd, r.address, rc, rd, int(s.dtype))
+    src, _keep = _unaliased(s, r)
+    g.comm.alltoall_v(src, sc, sd, r.address, rc, rd, int(s.dtype))
     return out
 
 
+@one_caller
 def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int],
                        group: Optional[ProcessGroup] = None) -> None:
     """:func:`alltoall_v` with the same counts and displacements on both sides."""
@@ -477,6 +509,7 @@ def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int],
     g.comm.alltoall_v(before.address, c, d, v.address, c, d, int(v.dtype))
 
 
+@one_caller
 def barrier(group: Optional[ProcessGroup] = None) -> None:
     """Returns once every rank of the group has called it."""
     g = _group(group)
@@ -484,19 +517,30 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
         g.comm.barrier()
 
 
+@one_caller
 def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
-    then the bytes)."""
+    then the bytes). It unpickles what ``src`` sent, so it trusts its peers
+    (ranks of the same job; see the README's security model). An object that
+    cannot be pickled raises on ``src`` and ValueError on the others."""
     g = _group(group)
     if not g.is_member:
         return obj
     src = _root("broadcast_object", "src", src, g)
+    failure = None
     if g.rank == src:
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        length = np.array([payload.size], dtype=np.int64)
+        try:
+            payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        except Exception as e:  # noqa: BLE001 - any pickling failure; the peers must hear of it
+            failure, payload = e, None
+        length = np.array([-1 if payload is None else payload.size], dtype=np.int64)
     else:
         length = np.zeros(1, dtype=np.int64)
     broadcast(length, src, g)
+    if failure is not None:
+        raise failure
+    if length[0] < 0:
+        raise ValueError(f"broadcast_object: rank {src} could not pickle its object")
     if g.rank != src:
         payload = np.empty(int(length[0]), dtype=np.uint8)
     broadcast(payload, src, g)

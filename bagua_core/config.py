@@ -8,24 +8,37 @@ are read instead. With neither, the process runs alone (world size 1).
 
 Settings (all optional):
 
-=====================  =======================================================
-``BAGUA_TIMEOUT``      seconds every blocking call may take (default 600: a
-                       first jitted step can compile for minutes)
-``BAGUA_STORE_PORT``   port of the rendezvous store on ``MASTER_ADDR``
-                       (default ``MASTER_PORT + 1``, so it never clashes with
-                       torchrun's own store on ``MASTER_PORT``)
-``BAGUA_HOSTNAME``     address this process listens on for its peers (default:
-                       the local address that routes to ``MASTER_ADDR``)
-``BAGUA_DEBUG_CHECKS`` check op, shape and dtype agreement across ranks before
-                       every collective (default off; costs one small
-                       allgather per collective)
-``BAGUA_NCCL_LIBRARY`` full path of ``libnccl.so.2`` (default: the
-                       ``nvidia-nccl`` wheel, else the copy torch loaded)
-``BAGUA_BUCKET_SIZE``  bytes of gradients (or weights) per bucket of the
-                       default bucket plan (default 10 MiB = 10485760);
-                       smaller buckets start communicating earlier in
-                       backward, larger ones make fewer, bigger calls
-=====================  =======================================================
+===============================  =======================================================
+``BAGUA_TIMEOUT``                seconds every blocking call may take (default 600: a
+                                 first jitted step can compile for minutes)
+``BAGUA_STORE_PORT``             port of the rendezvous store on ``MASTER_ADDR``
+                                 (default ``MASTER_PORT + 1``, so it never clashes with
+                                 torchrun's own store on ``MASTER_PORT``)
+``BAGUA_HOSTNAME``               address this process listens on for its peers (default:
+                                 the local address that routes to ``MASTER_ADDR``)
+``BAGUA_DEBUG_CHECKS``           also check send/recv pairs and collective sequence
+                                 numbers across ranks (default off; Gloo groups
+                                 always check that collectives agree on op, dtype,
+                                 count and root; costs one small allgather per
+                                 collective and a round trip per send/recv)
+``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (default: the
+                                 ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_BUCKET_SIZE``            bytes of gradients (or weights) per bucket of the
+                                 default bucket plan (default 10 MiB = 10485760);
+                                 smaller buckets start communicating earlier in
+                                 backward, larger ones make fewer, bigger calls
+``BAGUA_STORE_SECRET``           the job's secret: a rendezvous store client must
+                                 prove it holds it (HMAC-SHA256 challenge) before
+                                 anything else. ``bagua-run`` makes one for
+                                 single-node jobs; multi-node jobs (and torchrun) set
+                                 the same value on every node. Unset: any client that
+                                 reaches the store is accepted (a warning on
+                                 multi-node jobs)
+``BAGUA_STORE_MAX_VALUE_BYTES``  largest value one store SET may hold
+                                 (default 64 MiB)
+``BAGUA_STORE_MAX_BYTES``        total bytes of keys and values the store holds
+                                 (default 256 MiB)
+===============================  =======================================================
 
 Booleans accept 1/0, true/false, yes/no, on/off (any case).
 """
@@ -44,6 +57,8 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_BUCKET_SIZE = 10 * 1024 * 1024
+MAX_TIMEOUT_S = 365 * 24 * 3600.0  # a year: "forever", yet finite for deadline arithmetic
+STORE_SECRET_ENV = "BAGUA_STORE_SECRET"
 
 
 class ConfigError(ValueError):
@@ -73,7 +88,8 @@ def parse_int(name: str, value: Optional[str], default: Optional[int], minimum: 
     return n
 
 
-def parse_float(name: str, value: Optional[str], default: float, minimum: float = 0.0) -> float:
+def parse_float(name: str, value: Optional[str], default: float, minimum: float = 0.0,
+                maximum: Optional[float] = None) -> float:
     if value is None or value.strip() == "":
         return default
     try:
@@ -82,6 +98,8 @@ def parse_float(name: str, value: Optional[str], default: float, minimum: float 
         raise ConfigError(f"{name}={value!r} is not a number") from None
     if not x > minimum:
         raise ConfigError(f"{name}={x} must be > {minimum}")
+    if maximum is not None and not x <= maximum:
+        raise ConfigError(f"{name}={value.strip()} must be at most {maximum:g}")
     return x
 
 
@@ -108,6 +126,19 @@ class Settings:
     debug_checks: bool
     nccl_library: Optional[str]
     bucket_size: int = DEFAULT_BUCKET_SIZE
+    store_secret: str = ""
+    store_max_value_bytes: Optional[int] = None  # None: the store's own default
+    store_max_bytes: Optional[int] = None
+
+    @property
+    def store_limits(self) -> dict:
+        """Keyword arguments of the store server for the limits that are set."""
+        out = {}
+        if self.store_max_value_bytes is not None:
+            out["max_value_bytes"] = self.store_max_value_bytes
+        if self.store_max_bytes is not None:
+            out["max_total_bytes"] = self.store_max_bytes
+        return out
 
     @property
     def num_nodes(self) -> int:
@@ -160,9 +191,13 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         master_addr=master_addr,
         master_port=master_port,
         store_port=store_port,
-        timeout_s=parse_float("BAGUA_TIMEOUT", g("BAGUA_TIMEOUT"), DEFAULT_TIMEOUT_S),
+        timeout_s=parse_float("BAGUA_TIMEOUT", g("BAGUA_TIMEOUT"), DEFAULT_TIMEOUT_S, maximum=MAX_TIMEOUT_S),
         hostname=g("BAGUA_HOSTNAME") or None,
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
         bucket_size=parse_int("BAGUA_BUCKET_SIZE", g("BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
+        store_secret=g(STORE_SECRET_ENV) or "",
+        store_max_value_bytes=parse_int("BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None,
+                                        minimum=1),
+        store_max_bytes=parse_int("BAGUA_STORE_MAX_BYTES", g("BAGUA_STORE_MAX_BYTES"), None, minimum=1),
     )

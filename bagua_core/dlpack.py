@@ -52,6 +52,12 @@ def import_array(obj, *, stream: Optional[int] = None) -> DLPackView:
         )
     override = None
     source = obj
+    lazy = _lazy_sign(obj)
+    if lazy:
+        # A torch view with the negative (or conjugate) bit set exports its
+        # memory without the bit: communicate the resolved values, from a copy
+        # that is read-only to the caller (writes into it would be lost).
+        source = obj.resolve_neg().resolve_conj()
     if isinstance(obj, np.ndarray) and obj.dtype.name == "bfloat16":
         # numpy cannot name ml_dtypes' bfloat16 in DLPack: export the bits.
         source, override = obj.view(np.uint16), DType.bfloat16
@@ -71,4 +77,11 @@ def import_array(obj, *, stream: Optional[int] = None) -> DLPackView:
         raise TypeError(f"cannot borrow a {type(obj).__name__} of dtype {dtype} through DLPack: {e}") from e
     if override is not None:
         return DLPackView(capsule, override, False)
-    return DLPackView(capsule, None, is_immutable(obj))
+    return DLPackView(capsule, None, lazy or is_immutable(obj))
+
+
+def _lazy_sign(obj) -> bool:
+    """True for a torch tensor whose values are its memory negated or
+    conjugated (``z.conj().imag``, ``torch._neg_view``). Never imports torch."""
+    is_neg, is_conj = getattr(obj, "is_neg", None), getattr(obj, "is_conj", None)
+    return bool((callable(is_neg) and is_neg()) or (callable(is_conj) and is_conj()))

@@ -20,7 +20,15 @@ CommTimeoutError.__doc__ = (
 PeerError.__doc__ = "A peer process went away (connection closed or reset) during an operation."
 MismatchError.__doc__ = (
     "Ranks disagree on the operation, shape or dtype of a collective "
-    "(detected with BAGUA_DEBUG_CHECKS=1)."
+    "(operation, dtype, element count or root are checked before every collective; "
+    "BAGUA_DEBUG_CHECKS=1 also checks send/recv pairs)."
 )
 
-__all__ = ["BaguaError", "CommTimeoutError", "PeerError", "MismatchError"]
+
+
+class ConcurrentUseError(BaguaError):
+    """Two threads called into one process group at the same time (see
+    :mod:`bagua_core.one_caller`)."""
+
+
+__all__ = ["BaguaError", "CommTimeoutError", "PeerError", "MismatchError", "ConcurrentUseError"]

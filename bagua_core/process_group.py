@@ -40,6 +40,7 @@ import ipaddress
 import socket
 import threading
 import time
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -50,6 +51,7 @@ from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
 
 _GENERATION_KEY = "bagua/generation"
+_WORLD_SIZE_KEY = "bagua/world_size"
 
 
 class ProcessGroup:
@@ -205,9 +207,11 @@ class _Context:
         s = self.settings
         if s.world_size == 1:
             return  # nobody to meet: no store, no ports
+        _warn_if_unauthenticated(s)
         if s.rank == 0:
-            self.server = _C.TcpStoreServer(s.master_addr, s.store_port)
-            self.store = _C.TcpStore(s.master_addr, s.store_port, 0, s.timeout_s)
+            self.server = _C.TcpStoreServer(s.master_addr, s.store_port, secret=s.store_secret, **s.store_limits)
+            self.store = _C.TcpStore(s.master_addr, s.store_port, 0, s.timeout_s, s.store_secret)
+            self.store.set(_WORLD_SIZE_KEY, str(s.world_size).encode())  # before the generation: ranks wait for that
             self.store.set(_GENERATION_KEY, str(self.generation).encode())
             return
         # A rank re-initialising quickly may still reach the server of the
@@ -222,7 +226,7 @@ class _Context:
                 )
             store = None
             try:
-                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, remaining)
+                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, remaining, s.store_secret)
                 found = int(store.get(_GENERATION_KEY, remaining))
             except BaguaError:
                 if store is not None:
@@ -232,6 +236,12 @@ class _Context:
                 time.sleep(0.05)
                 continue
             if found == self.generation:
+                theirs = int(store.get(_WORLD_SIZE_KEY, remaining))
+                if theirs != s.world_size:
+                    store.close()
+                    raise config.ConfigError(
+                        f"WORLD_SIZE={s.world_size} on rank {s.rank} but {theirs} on rank 0: every rank must "
+                        "be started with the same WORLD_SIZE")
                 self.store = store
                 return
             store.close()
@@ -285,6 +295,19 @@ class _Context:
                 self.server = None
 
 
+def _warn_if_unauthenticated(s: config.Settings) -> None:
+    """Once per process: a store reachable from other hosts without a secret."""
+    global _warned_secret
+    if s.store_secret or _warned_secret or s.num_nodes == 1:
+        return
+    _warned_secret = True
+    warnings.warn(
+        f"{config.STORE_SECRET_ENV} is not set: Bagua's rendezvous store on {s.master_addr}:{s.store_port} "
+        "accepts any client that reaches it. Set it to the same secret on every node (bagua-run does this "
+        "for single-node jobs).", RuntimeWarning, stacklevel=3)
+
+
+_warned_secret = False
 _lock = threading.RLock()
 _ctx: Optional[_Context] = None
 _generation = 0

@@ -262,12 +262,40 @@ class BaguaDistributedDataParallel:
 
     def _register_hooks(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
+        owners: Dict[int, list] = {}
+        params = {id(p): n for n, p in self.params}
+        for mod_name, m in self.module.named_modules():
+            for leaf, p in m._parameters.items():
+                if p is not None and id(p) in params:
+                    owners.setdefault(id(m), [m, []])[1].append((leaf, p))
+        for m, held in owners.values():
+            self._hooks.append(m.register_load_state_dict_post_hook(
+                functools.partial(self._keep_parameters, held)))
         for n, p in self.params:
             self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, n)))
         for opt in self.optimizers:
             _StepGuard.attach(opt, self)
 
     # ------------------------------------------------------------ hooks
+
+    def _keep_parameters(self, held, module, incompatible_keys) -> None:
+        """``load_state_dict(..., assign=True)`` swaps in new Parameter objects,
+        while the hooks, bucket slots and optimizers hold the wrapped ones: the
+        loaded values are copied into the wrapped Parameters, which go back in
+        place, so training stays synchronised."""
+        for leaf, kept in held:
+            now = module._parameters.get(leaf)
+            if now is kept or now is None:
+                continue
+            if now.shape != kept.shape or now.dtype != kept.dtype or now.device != kept.device:
+                raise ValueError(
+                    f"load_state_dict(assign=True) replaced parameter '{leaf}' of {type(module).__name__} "
+                    f"({tuple(kept.shape)}, {kept.dtype}) by one of {tuple(now.shape)}, {now.dtype} on "
+                    f"{now.device} after with_bagua: the engine's buckets cannot follow; load before wrapping"
+                )
+            with torch.no_grad():
+                kept.copy_(now)
+            module._parameters[leaf] = kept
 
     def _forward_pre_hook(self, module, inputs) -> None:
         if self._closed or not (module.training and torch.is_grad_enabled()):

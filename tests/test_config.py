@@ -52,6 +52,10 @@ def test_booleans(value, expected):
     ({"BAGUA_DEBUG_CHECKS": "maybe"}, "not a boolean"),
     ({"BAGUA_TIMEOUT": "soon"}, "not a number"),
     ({"BAGUA_TIMEOUT": "0"}, "must be >"),
+    ({"BAGUA_TIMEOUT": "inf"}, "BAGUA_TIMEOUT=inf must be at most"),
+    ({"BAGUA_TIMEOUT": "1e300"}, "BAGUA_TIMEOUT=1e300 must be at most"),
+    ({"BAGUA_TIMEOUT": "nan"}, "BAGUA_TIMEOUT"),
+    ({"BAGUA_STORE_MAX_BYTES": "0"}, "BAGUA_STORE_MAX_BYTES=0 must be >= 1"),
     ({"RANK": "0"}, "WORLD_SIZE"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "out of range"),
     ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
@@ -61,3 +65,9 @@ def test_booleans(value, expected):
 def test_bad_values_raise_clear_errors(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)
+
+
+def test_store_settings():
+    s = config.load({"BAGUA_STORE_SECRET": "abc", "BAGUA_STORE_MAX_VALUE_BYTES": "1000"})
+    assert s.store_secret == "abc" and s.store_limits == {"max_value_bytes": 1000}
+    assert config.load({}).store_secret == "" and config.load({}).store_limits == {}

@@ -506,9 +506,11 @@ class Session:
         c.barrier()
 
     def skipped_collective_times_out_then_broken(self):
-        # Rank 1 skips an allreduce. Rank 0 times out (CommTimeoutError) and
-        # closes its connections, so rank 1, waiting in a barrier with a longer
-        # timeout, fails at once with PeerError. Both are broken afterwards.
+        # Rank 1 skips an allreduce (it is late, then calls a barrier). Rank 0
+        # times out (CommTimeoutError) and closes its connections, so rank 1's
+        # barrier fails at once with PeerError. Both are broken afterwards.
+        # (Had rank 1 called the barrier in time, both would raise
+        # MismatchError: see tests/test_misuse.py.)
         np = _np()
         _C = self._C
         c = self.new_comm("skip", timeout_s=1.5 if self.rank == 0 else 20.0)
@@ -518,6 +520,7 @@ class Session:
             if self.rank == 0:
                 c.allreduce(ptr(a), ptr(a), 8, 0, 0)
             else:
+                time.sleep(2.5)
                 c.barrier()
         except _C.CommTimeoutError as e:
             assert self.rank == 0, f"rank {self.rank}: {e}"

@@ -333,3 +333,31 @@ def test_launcher_imports_neither_torch_nor_jax():
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+SECRET_WORKER = """
+import os
+print(os.environ.get("BAGUA_STORE_SECRET", "<unset>"))
+"""
+
+
+def test_single_node_jobs_get_one_store_secret(tmp_path, monkeypatch):
+    monkeypatch.delenv("BAGUA_STORE_SECRET", raising=False)
+    r = _launch("--nproc-per-node", 3, _script(tmp_path, SECRET_WORKER))
+    assert r.returncode == 0, r.stderr
+    seen = {lines[0] for lines in _by_rank(r.stdout).values()}
+    assert len(seen) == 1 and re.fullmatch(r"[0-9a-f]{64}", next(iter(seen))), seen
+    again = _launch("--nproc-per-node", 2, _script(tmp_path, SECRET_WORKER))
+    other = {lines[0] for lines in _by_rank(again.stdout).values()}
+    assert len(other) == 1 and other.isdisjoint(seen)  # one per job
+    monkeypatch.setenv("BAGUA_STORE_SECRET", "mine")
+    r = _launch("--nproc-per-node", 2, _script(tmp_path, SECRET_WORKER))
+    assert {lines[0] for lines in _by_rank(r.stdout).values()} == {"mine"}
+
+
+def test_multi_node_jobs_without_a_secret_warn(tmp_path, monkeypatch):
+    monkeypatch.delenv("BAGUA_STORE_SECRET", raising=False)
+    r = _launch("--nnodes", 2, "--node-rank", 1, "--nproc-per-node", 1, _script(tmp_path, SECRET_WORKER))
+    assert r.returncode == 0, r.stderr
+    assert {lines[0] for lines in _by_rank(r.stdout).values()} == {"<unset>"}
+    assert "BAGUA_STORE_SECRET is not set" in r.stderr

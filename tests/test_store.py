@@ -6,6 +6,8 @@ over raw sockets and check that only the offending connection is dropped.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import random
 import socket
@@ -20,8 +22,8 @@ from tests import mp
 
 HOST = "127.0.0.1"
 MAGIC = 0x54534742
-VERSION = 1
-OP_HELLO, OP_SET, OP_GET, OP_ADD = 1, 2, 3, 4
+VERSION = 2
+OP_HELLO, OP_SET, OP_GET, OP_ADD, OP_AUTH = 1, 2, 3, 4, 9
 MAX_FRAME = (64 << 20) + 4096 + 64
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,10 +65,20 @@ def recv_frame(sock: socket.socket) -> bytes:
     return body
 
 
-def raw_hello(port: int, rank: int) -> socket.socket:
+def proof(secret: bytes, nonce: bytes, rank: int) -> bytes:
+    """The handshake's HMAC, computed with Python's own hmac (an independent
+    reference for the engine's SHA-256)."""
+    return hmac.new(secret, b"bagua-store-auth-v2:" + nonce + struct.pack("<i", rank), hashlib.sha256).digest()
+
+
+def raw_hello(port: int, rank: int, secret: bytes = b"") -> socket.socket:
+    """A raw connection that has said hello and authenticated."""
     sock = raw_connect(port)
     sock.sendall(hello(rank))
-    assert recv_frame(sock) == struct.pack("<BI", 0, MAGIC)
+    reply = recv_frame(sock)
+    assert reply[:5] == struct.pack("<BI", 0, MAGIC) and struct.unpack("<I", reply[5:9])[0] == 32, reply
+    sock.sendall(frame(bytes([OP_AUTH]) + s(proof(secret, reply[9:41], rank))))
+    assert recv_frame(sock) == b"\x00"
     return sock
 
 
@@ -123,8 +135,11 @@ def test_set_get_add_check_wait(server):
     with _C.TcpStore(HOST, server.port, 0, 5.0) as a, _C.TcpStore(HOST, server.port, 1, 5.0) as b:
         a.set("k", b"\x00binary\xffvalue")
         assert b.get("k") == b"\x00binary\xffvalue"
-        a.set("k", b"")  # overwrite, empty value
-        assert b.get("k") == b""
+        a.set("k", b"\x00binary\xffvalue")  # the same value again: fine
+        with pytest.raises(_C.BaguaError, match="written once"):
+            a.set("k", b"")  # another value: keys are written once
+        a.set("empty", b"")
+        assert b.get("empty") == b""
         assert a.add("n", 5) == 5
         assert b.add("n", -7) == -2
         assert a.get("n") == b"-2"  # counters are decimal text, like torch's store

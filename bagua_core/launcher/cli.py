@@ -6,8 +6,10 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import secrets
 from typing import List, Optional, Sequence, Tuple
 
+from bagua_core import config
 from bagua_core.launcher.ports import free_port_pair
 
 MULTI_NODE_DEFAULT_PORT = 29500
@@ -39,6 +41,9 @@ class LaunchConfig:
     module: bool
     script: str
     script_args: Tuple[str, ...]
+    # The rendezvous store's secret handed to the workers (single-node jobs
+    # without one of their own; see bagua_core.config).
+    store_secret: str = ""
 
     @property
     def world_size(self) -> int:
@@ -142,6 +147,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List
     if a.nnodes > 1 and _is_loopback(a.master_addr):
         warnings.append(f"--nnodes {a.nnodes} with a loopback --master-addr {a.master_addr}: "
                         "other machines cannot reach it")
+    secret = ""
+    if not os.environ.get(config.STORE_SECRET_ENV):
+        if a.nnodes == 1:
+            secret = secrets.token_hex(32)  # every worker of this job is started here
+        else:
+            warnings.append(f"{config.STORE_SECRET_ENV} is not set: the rendezvous store accepts any client "
+                            f"that reaches {a.master_addr}; set it to the same secret on every node")
     port = a.master_port
     if port is None:
         port = free_port_pair() if a.nnodes == 1 else MULTI_NODE_DEFAULT_PORT
@@ -157,5 +169,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List
         module=a.module,
         script=a.script,
         script_args=tuple(a.script_args),
+        store_secret=secret,
     )
     return cfg, warnings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Dict, List, Mapping
 
+from bagua_core import config
 from bagua_core.launcher.cli import LaunchConfig
 
 
@@ -22,6 +23,8 @@ def worker_env(cfg: LaunchConfig, local_rank: int, base: Mapping[str, str]) -> D
         MASTER_PORT=str(cfg.master_port),
         PYTHONUNBUFFERED="1",  # prints show up promptly through the pipes
     )
+    if cfg.store_secret and not env.get(config.STORE_SECRET_ENV):
+        env[config.STORE_SECRET_ENV] = cfg.store_secret
     if cfg.nproc_per_node > 1:
         # As torchrun does: N workers each using every core would oversubscribe the machine.
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -85,12 +85,13 @@ void bind_store(py::module_& m) {
   py::class_<TcpStore, Store, std::shared_ptr<TcpStore>>(m, "TcpStore",
                                                           "Client of a TcpStoreServer (connects, retrying, until "
                                                           "timeout_s; says goodbye on close()).")
-      .def(py::init([](const std::string& host, int port, int rank, double timeout_s) {
+      .def(py::init([](const std::string& host, int port, int rank, double timeout_s, const std::string& secret) {
              auto t = to_ms(timeout_s, "timeout_s");
              py::gil_scoped_release release;
-             return std::make_shared<TcpStore>(host, port, rank, t);
+             return std::make_shared<TcpStore>(host, port, rank, t, secret);
            }),
-           py::arg("host"), py::arg("port"), py::arg("rank") = -1, py::arg("timeout_s") = 600.0)
+           py::arg("host"), py::arg("port"), py::arg("rank") = -1, py::arg("timeout_s") = 600.0,
+           py::arg("secret") = "")
       .def("close", &TcpStore::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("host", &TcpStore::host)
       .def_property_readonly("port", &TcpStore::port)
@@ -103,14 +104,27 @@ void bind_store(py::module_& m) {
 
   py::class_<TcpStoreServer, std::shared_ptr<TcpStoreServer>>(
       m, "TcpStoreServer", "Rendezvous store server; serves from a background thread until close().")
-      .def(py::init([](const std::string& host, int port, double io_timeout_s) {
+      .def(py::init([](const std::string& host, int port, double io_timeout_s, const std::string& secret,
+                       size_t max_value_bytes, size_t max_total_bytes, size_t max_connections,
+                       size_t max_handshakes) {
              TcpStoreServerOptions o;
              o.io_timeout = to_ms(io_timeout_s, "io_timeout_s");
+             o.secret = secret;
+             o.max_value_bytes = max_value_bytes;
+             o.max_total_bytes = max_total_bytes;
+             o.max_connections = max_connections;
+             o.max_handshakes = max_handshakes;
              return std::make_shared<TcpStoreServer>(host, port, o);
            }),
-           py::arg("host"), py::arg("port"), py::arg("io_timeout_s") = 30.0,
+           py::arg("host"), py::arg("port"), py::arg("io_timeout_s") = 30.0, py::arg("secret") = "",
+           py::arg("max_value_bytes") = TcpStoreServerOptions{}.max_value_bytes,
+           py::arg("max_total_bytes") = TcpStoreServerOptions{}.max_total_bytes,
+           py::arg("max_connections") = TcpStoreServerOptions{}.max_connections,
+           py::arg("max_handshakes") = TcpStoreServerOptions{}.max_handshakes,
            "Listens on host:port (port 0 picks a free one). io_timeout_s bounds how long a client may take to "
-           "say hello, finish a message or read a reply before it is disconnected.")
+           "say hello and authenticate, finish a message or read a reply before it is disconnected. Clients "
+           "must prove they hold `secret`; a SET may store at most max_value_bytes, and the store at most "
+           "max_total_bytes in all; keys are written once.")
       .def_property_readonly("host", &TcpStoreServer::host)
       .def_property_readonly("port", &TcpStoreServer::port)
       .def("close", &TcpStoreServer::close, py::call_guard<py::gil_scoped_release>())

@@ -4,26 +4,17 @@
 #include <string>
 #include <vector>
 
+#include "comm/call_agreement.h"
 #include "comm/op_desc.h"
 #include "common/error.h"
 
 namespace bagua {
 namespace {
 
-// Wire form of a descriptor: fixed size, int64 words.
-constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1"
-constexpr size_t kWords = 7;
-using Wire = std::array<int64_t, kWords>;
-
-Wire encode(const OpDesc& d, uint64_t seq) {
-  return {kMagic,
-          static_cast<int64_t>(d.kind),
-          static_cast<int64_t>(seq),
-          static_cast<int64_t>(d.dtype),
-          d.count,
-          d.root,
-          static_cast<int64_t>(d.op)};
-}
+// Wire form of a send/recv descriptor (the call descriptor's form).
+using Wire = CallWire;
+constexpr size_t kWords = kCallWords;
+constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1", as in call_agreement.cc
 
 struct Decoded {
   bool valid;
@@ -39,17 +30,6 @@ Decoded decode(const int64_t* w) {
   r.desc.root = w[5];
   r.desc.op = static_cast<ReduceOp>(w[6]);
   return r;
-}
-
-// Do two collective calls agree on everything the ranks must agree on?
-bool same_call(const OpDesc& a, const OpDesc& b) {
-  if (a.kind != b.kind) return false;
-  if (a.has_dtype() && a.dtype != b.dtype) return false;
-  // alltoall_v counts legitimately differ per rank (checked separately).
-  if (a.has_dtype() && a.kind != OpKind::kAlltoallV && a.count != b.count) return false;
-  if (a.has_reduce_op() && a.op != b.op) return false;
-  if (a.has_root() && a.root != b.root) return false;
-  return true;
 }
 
 class CheckedCommunicator : public Communicator {
@@ -139,24 +119,11 @@ class CheckedCommunicator : public Communicator {
   void check(const OpDesc& d, Stream stream) {
     const int n = size();
     const uint64_t seq = seq_++;
-    Wire mine = encode(d, seq);
+    Wire mine = encode_call(d, seq);
     std::vector<int64_t> all(kWords * n);
     inner_->allgather(mine.data(), all.data(), kWords, DType::kInt64, stream);
-    const Decoded ref = decode(all.data());
-    for (int r = 1; r < n; ++r) {
-      const Decoded other = decode(all.data() + kWords * r);
-      if (!other.valid || !ref.valid)
-        mismatch("collective #" + std::to_string(seq) + ": " + who(other.valid ? 0 : r) +
-                 " sent a malformed call descriptor (ranks are out of step)");
-      if (!same_call(other.desc, ref.desc))
-        mismatch(who(r) + " called " + to_string(other.desc) + " while rank 0 called " +
-                 to_string(ref.desc) + " (collective #" + std::to_string(seq) + " of rank " +
-                 std::to_string(rank()) + ")");
-      if (other.seq != ref.seq)
-        mismatch(who(r) + " is at collective #" + std::to_string(other.seq) +
-                 " while rank 0 is at #" + std::to_string(ref.seq) + ", both calling " +
-                 to_string(ref.desc));
-    }
+    const std::string why = call_disagreement(all.data(), n, rank());
+    if (!why.empty()) mismatch(why);
   }
 
   // Every rank sees the whole count matrix, so every rank raises together.
@@ -166,23 +133,11 @@ class CheckedCommunicator : public Communicator {
     if (send_counts.size() != static_cast<size_t>(n) ||
         recv_counts.size() != static_cast<size_t>(n))
       return;  // the wrapped communicator reports the bad argument
-    std::vector<int64_t> mine(2 * n), all(2 * n * n);
-    for (int i = 0; i < n; ++i) {
-      mine[i] = static_cast<int64_t>(send_counts[i]);
-      mine[n + i] = static_cast<int64_t>(recv_counts[i]);
-    }
+    std::vector<int64_t> mine = encode_alltoallv_counts(send_counts, recv_counts);
+    std::vector<int64_t> all(2 * n * n);
     inner_->allgather(mine.data(), all.data(), 2 * n, DType::kInt64, stream);
-    for (int from = 0; from < n; ++from) {
-      for (int to = 0; to < n; ++to) {
-        const int64_t sent = all[2 * n * from + to];
-        const int64_t expected = all[2 * n * to + n + from];
-        if (sent != expected)
-          mismatch("alltoall_v: rank " + std::to_string(from) + " sends " +
-                   std::to_string(sent) + " elements to rank " + std::to_string(to) +
-                   ", which expects " + std::to_string(expected) + " (recv_counts[" +
-                   std::to_string(from) + "])");
-      }
-    }
+    const std::string why = alltoallv_disagreement(all.data(), n);
+    if (!why.empty()) mismatch(why);
   }
 
   void check_p2p(const OpDesc& d, Stream stream) {
@@ -190,7 +145,7 @@ class CheckedCommunicator : public Communicator {
     if (peer < 0 || peer >= size() || peer == rank()) return;  // reported by the wrapped one
     const bool sending = d.kind == OpKind::kSend;
     const uint64_t seq = sending ? send_seq_[peer]++ : recv_seq_[peer]++;
-    Wire mine = encode(d, seq), theirs{};
+    Wire mine = encode_call(d, seq), theirs{};
     // The lower rank speaks first, so two ranks that both send (or both
     // receive) still exchange descriptors instead of waiting on each other.
     if (rank() < peer) {

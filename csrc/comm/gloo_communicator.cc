@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/call_agreement.h"
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
 #include "comm/op_desc.h"
@@ -33,6 +34,9 @@ namespace {
 
 using std::chrono::milliseconds;
 namespace ga = gloo_algorithms;
+
+// gloo/transport/tcp/pair.h: waitUntilConnected() waits timeout_ * 5.
+constexpr int kGlooConnectFactor = 5;
 
 // Gloo's templated setters only use sizeof(T): pick an unsigned type of the
 // element's size.
@@ -113,7 +117,6 @@ class GlooCommunicator : public Communicator {
     check_dtype_op(d);
     check_buffer(d, send, count, "send");
     check_buffer(d, recv, count, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -151,7 +154,6 @@ class GlooCommunicator : public Communicator {
     check_rank(d, root, "root");
     check_buffer(d, send, count, "send");
     if (rank_ == root) check_buffer(d, recv, count, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -184,7 +186,6 @@ class GlooCommunicator : public Communicator {
     check_dtype(d);
     check_rank(d, root, "root");
     check_buffer(d, buf, count, "buffer");
-    if (count == 0) return;
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return;
       with_element_type(dtype_size(dtype), [&](auto t) {
@@ -204,7 +205,6 @@ class GlooCommunicator : public Communicator {
     check_dtype(d);
     check_buffer(d, send, count, "send");
     check_buffer(d, recv, count * size_, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       void* mine = static_cast<uint8_t*>(recv) + rank_ * count * es;
@@ -229,7 +229,6 @@ class GlooCommunicator : public Communicator {
     check_rank(d, root, "root");
     check_buffer(d, send, count, "send");
     if (rank_ == root) check_buffer(d, recv, count * size_, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -253,7 +252,6 @@ class GlooCommunicator : public Communicator {
     check_rank(d, root, "root");
     if (rank_ == root) check_buffer(d, send, count * size_, "send");
     check_buffer(d, recv, count, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -281,7 +279,6 @@ class GlooCommunicator : public Communicator {
     check_dtype_op(d);
     check_buffer(d, send, count * size_, "send");
     check_buffer(d, recv, count, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -301,7 +298,6 @@ class GlooCommunicator : public Communicator {
     check_dtype(d);
     check_buffer(d, send, count * size_, "send");
     check_buffer(d, recv, count * size_, "recv");
-    if (count == 0) return;
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -338,6 +334,7 @@ class GlooCommunicator : public Communicator {
       ro[i] = recv_displs[i] * es;
       rl[i] = recv_counts[i] * es;
     }
+    const std::vector<int64_t> counts = encode_alltoallv_counts(send_counts, recv_counts);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) {
         return copy_bytes(static_cast<uint8_t*>(recv) + ro[0],
@@ -345,7 +342,7 @@ class GlooCommunicator : public Communicator {
       }
       ga::alltoallv_bytes(main(), send, so.data(), sl.data(), recv, ro.data(), rl.data(),
                           ga::make_slot(ga::kAlltoallvSlotPrefix, tag), options_.timeout);
-    });
+    }, &counts);
   }
 
   void send(const void* buf, size_t count, DType dtype, int peer, Stream) override {
@@ -387,12 +384,18 @@ class GlooCommunicator : public Communicator {
         attr.hostname = options_.hostname;
         lane.device = gloo::transport::tcp::CreateDevice(attr);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-        ctx->setTimeout(options_.timeout);
+        // Gloo waits 5 x the context timeout for a peer to connect: a fifth of
+        // ours bounds set-up by our timeout. (The store waits of the
+        // rendezvous keep the full timeout: see GlooStoreAdapter.)
+        ctx->setTimeout(std::max(milliseconds(1), options_.timeout / kGlooConnectFactor));
         GlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i));
         ctx->connectFullMesh(adapter, lane.device);
+        ctx->setTimeout(options_.timeout);
         lane.context = ctx;
       } catch (const TimeoutError& e) {
         throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
+      } catch (const PeerError& e) {
+        throw PeerError(describe() + ": " + e.what(), e.peer());
       } catch (const Error& e) {
         throw Error(describe() + ": rendezvous failed: " + e.what());
       } catch (const std::exception& e) {
@@ -495,13 +498,47 @@ class GlooCommunicator : public Communicator {
 
   // ---- running an operation, and failing well --------------------------------
 
-  // Runs a collective: it takes the next number of the collective sequence.
+  // Runs a collective: it takes the next number of the collective sequence,
+  // and the ranks agree on the call before any data moves (see agree()).
+  // Empty calls end after the agreement, so a rank with an empty array still
+  // meets its peers. `counts` is alltoall_v's count matrix row.
   template <typename Body>
-  void run(const OpDesc& d, int peer, Body&& body) {
+  void run(const OpDesc& d, int peer, Body&& body,
+           const std::vector<int64_t>* counts = nullptr) {
     std::lock_guard<std::mutex> g(mu_);
     check_not_broken(d);
     const uint64_t seq = seq_++;
+    if (size_ > 1) agree(d, seq, peer, counts);
+    if (d.has_dtype() && d.kind != OpKind::kAlltoallV && d.count == 0) return;
     guarded(d, seq, peer, [&] { body(static_cast<uint32_t>(seq)); });
+  }
+
+  // Gloo enforces matching sizes on its I/O thread, where a mismatch ends the
+  // process (std::terminate). A small fixed-size allgather of the call first
+  // turns any disagreement into a MismatchError on every rank; the
+  // communicator stays usable since every rank skips the call.
+  void agree(const OpDesc& d, uint64_t seq, int peer, const std::vector<int64_t>* counts) {
+    // Its own tag range: never the tag of a collective's data.
+    const uint32_t tag = static_cast<uint32_t>(seq) | 0x80000000u;
+    std::vector<int64_t> all(kCallWords * size_);
+    CallWire mine = encode_call(d, seq);
+    guarded(d, seq, peer, [&] { allgather_words(mine.data(), kCallWords, all.data(), tag); });
+    std::string why = call_disagreement(all.data(), size_, rank_);
+    if (why.empty() && counts != nullptr) {
+      std::vector<int64_t> matrix(counts->size() * size_);
+      guarded(d, seq, peer, [&] { allgather_words(counts->data(), counts->size(), matrix.data(), tag); });
+      why = alltoallv_disagreement(matrix.data(), size_);
+    }
+    if (!why.empty()) throw MismatchError(describe() + ": ranks disagree: " + why);
+  }
+
+  void allgather_words(const int64_t* mine, size_t words, int64_t* all, uint32_t tag) {
+    gloo::AllgatherOptions o(main());
+    o.setInput(const_cast<int64_t*>(mine), words);
+    o.setOutput(all, words * size_);
+    o.setTag(tag);
+    o.setTimeout(options_.timeout);
+    gloo::allgather(o);
   }
 
   void check_not_broken(const OpDesc& d) const {

@@ -1,16 +1,18 @@
 // Lets Gloo rendezvous through a bagua::Store.
 //
 // Gloo's connectFullMesh calls get() without a wait() first, so get() blocks
-// (up to the store's timeout). A key prefix keeps the keys of several
+// (up to the store's timeout, or until the store reports a rank dead). A key prefix keeps the keys of several
 // communicators (process groups) apart in one store.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "store/store.h"
 
 namespace bagua {
@@ -25,7 +27,9 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   }
 
   std::vector<char> get(const std::string& key) override {
-    std::vector<uint8_t> v = store_->get(full(key), store_->timeout());
+    std::vector<uint8_t> v;
+    in_slices(store_->timeout(), "get of key '" + full(key) + "'",
+              [&](std::chrono::milliseconds t) { v = store_->get(full(key), t); });
     return std::vector<char>(v.begin(), v.end());
   }
 
@@ -35,7 +39,10 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     std::vector<std::string> full_keys;
     full_keys.reserve(keys.size());
     for (const auto& k : keys) full_keys.push_back(full(k));
-    store_->wait(full_keys, timeout);
+    // Never shorter than the store's timeout: Gloo passes its context
+    // timeout, which the communicator shortens for the connect phase.
+    in_slices(std::max(timeout, store_->timeout()), "wait for " + std::to_string(keys.size()) + " keys",
+              [&](std::chrono::milliseconds t) { store_->wait(full_keys, t); });
   }
 
   const StorePtr& store() const { return store_; }
@@ -43,6 +50,31 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
  private:
   std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "/" + key; }
+
+  // Runs a blocking store call in slices of at most a second and fails fast,
+  // with PeerError naming them, once the store reports ranks dead: their keys
+  // would never come.
+  template <typename Call>
+  void in_slices(std::chrono::milliseconds timeout, const std::string& what, Call&& call) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      try {
+        return call(std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(1000))));
+      } catch (const TimeoutError&) {
+        if (Clock::now() >= deadline) throw;
+      }
+      std::vector<int> dead = store_->dead_ranks();
+      if (!dead.empty()) {
+        std::string ranks;
+        for (int r : dead) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        throw PeerError("rendezvous: store " + what + " cannot complete: rank" + (dead.size() > 1 ? "s " : " ") +
+                            ranks + (dead.size() > 1 ? " have" : " has") + " died",
+                        dead[0]);
+      }
+    }
+  }
 
   StorePtr store_;
   std::string prefix_;

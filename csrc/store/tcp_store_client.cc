@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "store/tcp_store_protocol.h"
 
 namespace bagua {
@@ -181,8 +182,13 @@ namespace {
 constexpr size_t kMaxIdleConns = 8;
 }  // namespace
 
-TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds timeout)
-    : host_(host), port_(port), rank_(rank), timeout_(clamp_timeout(timeout, "__init__")), pid_(getpid()) {
+TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds timeout, std::string secret)
+    : host_(host),
+      port_(port),
+      rank_(rank),
+      timeout_(clamp_timeout(timeout, "__init__")),
+      secret_(std::move(secret)),
+      pid_(getpid()) {
   if (host.empty()) throw InvalidArgument("TcpStore: host must not be empty (give MASTER_ADDR)");
   if (port <= 0 || port > 65535) throw InvalidArgument("TcpStore: port " + std::to_string(port) + " is out of range");
   idle_.push_back(open_conn(Clock::now() + timeout_, /*retry=*/true));
@@ -274,10 +280,28 @@ std::unique_ptr<TcpStore::Conn> TcpStore::open_conn(Clock::time_point deadline, 
         if (status == proto::kError) {
           throw Error("the rendezvous store at " + endpoint() + " refused this client: " + r.str(1 << 20));
         }
-        if (status != proto::kOk || r.u32() != proto::kMagic || !r.ok()) {
+        const bool is_store = status == proto::kOk && r.u32() == proto::kMagic;
+        const std::string nonce = r.str(proto::kNonceSize);
+        if (!is_store || !r.ok() || nonce.size() != proto::kNonceSize) {
           throw Error("the service at " + endpoint() +
                       " is not a Bagua rendezvous store (check MASTER_ADDR and BAGUA_STORE_PORT)");
         }
+        const std::string message = proto::auth_message(nonce, rank_);
+        const Digest mac = hmac_sha256(secret_, message.data(), message.size());
+        std::string proof = proto::Writer().u8(proto::kAuth).str(mac.data(), mac.size()).finish();
+        try {
+          body = conn->exchange(proof, deadline, timeout_, &sent);
+        } catch (const IoTimeout&) {
+          throw TimeoutError("the rendezvous store at " + endpoint() + " did not answer the authentication");
+        } catch (const IoLost&) {
+          throw Error("the rendezvous store at " + endpoint() + " closed the connection during authentication");
+        }
+        proto::Reader a(body.data(), body.size());
+        status = a.u8();
+        if (status == proto::kError) {
+          throw Error("the rendezvous store at " + endpoint() + " refused this client: " + a.str(1 << 20));
+        }
+        if (status != proto::kOk) throw Error("the rendezvous store at " + endpoint() + ": bad authentication reply");
         return conn;
       }
     }
@@ -390,7 +414,10 @@ void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   std::string frame =
       proto::Writer(key.size() + value.size() + 16).u8(proto::kSet).str(key).str(value.data(), value.size()).finish();
   std::string body = roundtrip(frame, Clock::now() + timeout_, "set of key '" + key + "'");
-  if (body.empty() || uint8_t(body[0]) != proto::kOk) lost("protocol error (bad reply to set)");
+  proto::Reader r(body.data(), body.size());
+  uint8_t status = r.u8();
+  if (status == proto::kError) throw Error("TcpStore." + r.str(1 << 20));  // refused: written once, or full
+  if (status != proto::kOk || !r.ok()) lost("protocol error (bad reply to set)");
 }
 
 std::vector<uint8_t> TcpStore::get(const std::string& key, milliseconds timeout) {

@@ -17,8 +17,10 @@ class TcpStore : public Store {
   // may start after its clients). `rank` identifies this process for liveness
   // (dead_ranks); -1 for a client that is not a rank. `timeout` is also the
   // default of every later blocking call. Throws TimeoutError if no server
-  // answers in time.
-  TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout);
+  // answers in time. `secret` is the job's secret the server checks (see
+  // TcpStoreServerOptions::secret); a server that refuses it raises Error.
+  TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout,
+           std::string secret = "");
   ~TcpStore() override;  // close()
 
   TcpStore(const TcpStore&) = delete;
@@ -63,6 +65,7 @@ class TcpStore : public Store {
   const int port_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
+  const std::string secret_;
   const int pid_;  // a forked child must not touch the parent's sockets
 
   std::mutex mu_;

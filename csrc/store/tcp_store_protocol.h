@@ -17,7 +17,12 @@ namespace bagua {
 namespace store_protocol {
 
 constexpr uint32_t kMagic = 0x54534742;  // "BGST"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: challenge-response authentication
+
+// Until it has authenticated, a client may send only tiny frames (hello, auth).
+constexpr size_t kMaxHandshakeFrame = 256;
+constexpr size_t kNonceSize = 32;
+constexpr size_t kMacSize = 32;
 
 constexpr size_t kMaxKeySize = 4096;
 constexpr size_t kMaxValueSize = size_t(64) << 20;  // 64 MiB
@@ -29,7 +34,8 @@ constexpr size_t kMaxFrameSize = kMaxValueSize + kMaxKeySize + 64;
 static_assert(kMaxKeysPerRequest * (kMaxKeySize + 4) + 64 < kMaxFrameSize, "wait fits a frame");
 
 enum Op : uint8_t {
-  kHello = 1,      // u32 magic, u32 version, i32 rank      -> OK u32 magic
+  kHello = 1,      // u32 magic, u32 version, i32 rank      -> OK u32 magic, 32-byte nonce
+  kAuth = 9,       // 32-byte HMAC-SHA256(secret, auth_message(nonce, rank)) -> OK | ERROR
   kSet = 2,        // str key, str value                    -> OK
   kGet = 3,        // str key, i64 timeout_ms               -> OK str value | TIMEOUT
   kAdd = 4,        // str key, i64 delta                    -> OK i64 | ERROR
@@ -118,6 +124,15 @@ class Reader {
   const char* end_;
   bool ok_ = true;
 };
+
+// What a client signs to prove it holds the job's secret: the server's fresh
+// nonce and the rank it claims (so a proof cannot be replayed or re-targeted).
+inline std::string auth_message(const std::string& nonce, int32_t rank) {
+  std::string m = "bagua-store-auth-v2:";
+  m += nonce;
+  m.append(reinterpret_cast<const char*>(&rank), 4);
+  return m;
+}
 
 inline uint32_t frame_length(const char* header) {
   uint32_t n;

@@ -7,6 +7,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/sha256.h"
 #include "store/tcp_store_protocol.h"
 
 namespace bagua {
@@ -48,7 +51,9 @@ struct Conn {
   size_t in_off = 0;    // processed prefix of `in`
   std::string out;      // replies not yet sent
   size_t out_off = 0;
-  bool hello = false;
+  bool hello = false;       // authenticated: may make requests
+  bool challenged = false;  // said hello, was sent `nonce`, owes the proof
+  std::string nonce;
   int rank = -1;
   bool goodbye = false;      // said goodbye: closes cleanly after the reply
   bool closed = false;       // to be removed at the end of the loop iteration
@@ -62,6 +67,8 @@ struct Conn {
   Clock::time_point pending_deadline;
 
   size_t buffered() const { return in.size() - in_off; }
+  // Input buffered at most: a whole frame once authenticated, a tiny one before.
+  size_t max_buffered() const { return hello ? kMaxBuffered : proto::kMaxHandshakeFrame + 4; }
   bool has_output() const { return out_off < out.size(); }
 };
 
@@ -85,6 +92,8 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;
   std::vector<uint64_t> ready;  // connections that may process more input
   std::set<int> dead;
+  size_t stored_bytes = 0;  // keys and values held in `data`
+  size_t max_connections = 0;  // options.max_connections within the descriptor limit
   Clock::time_point accept_paused_until{};
 
   void listen_on(const std::string& h, int p);
@@ -94,6 +103,7 @@ struct TcpStoreServer::Impl {
   void flush(Conn& c);
   void process(Conn& c);
   bool handle(Conn& c, const char* body, size_t size);
+  bool handshake(Conn& c, uint8_t op, proto::Reader& r);
   void reply(Conn& c, std::string frame);
   void reply_status(Conn& c, proto::Status s) { reply(c, proto::Writer().u8(s).finish()); }
   void reply_error(Conn& c, const std::string& msg) {
@@ -172,6 +182,10 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServer
     : impl_(new Impl) {
   impl_->host = host;
   impl_->options = options;
+  impl_->max_connections = options.max_connections;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    impl_->max_connections = std::min<size_t>(impl_->max_connections, std::max<size_t>(8, limit.rlim_cur / 2));
   impl_->listen_on(host, port);
   impl_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->wake_fd < 0) {
@@ -220,7 +234,7 @@ void TcpStoreServer::Impl::run() {
       for (auto& kv : conns) {
         Conn& c = *kv.second;
         short ev = POLLRDHUP;
-        if (c.buffered() < kMaxBuffered) ev |= POLLIN;
+        if (c.buffered() < c.max_buffered()) ev |= POLLIN;
         if (c.has_output()) ev |= POLLOUT;
         fds.push_back({c.fd, ev, 0});
         polled.push_back(&c);
@@ -282,7 +296,19 @@ void TcpStoreServer::Impl::accept_all() {
       }
       return;  // EAGAIN, or a connection that vanished before accept
     }
-    if (conns.size() >= options.max_connections) {
+    // Handshakes beyond the cap evict the oldest one: a stranger holding
+    // connections open cannot lock the ranks out, whose handshakes take a
+    // round trip.
+    Conn* oldest = nullptr;
+    size_t handshakes = 0;
+    for (auto& kv : conns) {
+      Conn& o = *kv.second;
+      if (o.hello || o.closed) continue;
+      ++handshakes;
+      if (!oldest || o.accepted < oldest->accepted) oldest = &o;
+    }
+    if (oldest && handshakes >= options.max_handshakes) drop(*oldest);
+    if (conns.size() >= max_connections) {
       ::close(fd);
       continue;
     }
@@ -308,7 +334,7 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
     c.in.erase(0, c.in_off);
     c.in_off = 0;
   }
-  while (c.buffered() < kMaxBuffered) {
+  while (c.buffered() < c.max_buffered()) {
     size_t at = c.in.size();
     // Read a large message in large pieces: fewer wake-ups on a busy host.
     size_t want = kReadChunk;
@@ -316,7 +342,7 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
       size_t frame_end = 4 + size_t(proto::frame_length(&c.in[c.in_off]));
       if (frame_end > c.buffered()) want = std::clamp(frame_end - c.buffered(), kReadChunk, kMaxReadChunk);
     }
-    want = std::min(want, kMaxBuffered - c.buffered());
+    want = std::min(want, c.max_buffered() - c.buffered());
     c.in.resize(at + want);
     ssize_t n = ::recv(c.fd, &c.in[at], want, 0);
     if (n > 0) {
@@ -376,7 +402,8 @@ void TcpStoreServer::Impl::process(Conn& c) {
   while (!c.closed && c.pending == Conn::Pending::kNone && !c.has_output() && !c.goodbye) {
     size_t avail = c.buffered();
     uint32_t len = avail >= 4 ? proto::frame_length(&c.in[c.in_off]) : 0;
-    if (avail >= 4 && (len == 0 || len > proto::kMaxFrameSize)) {
+    const size_t max_len = c.hello ? proto::kMaxFrameSize : proto::kMaxHandshakeFrame;
+    if (avail >= 4 && (len == 0 || len > max_len)) {
       drop(c);  // garbage or an oversized message
       return;
     }
@@ -409,33 +436,35 @@ void TcpStoreServer::Impl::process(Conn& c) {
 bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
   proto::Reader r(body, size);
   uint8_t op = r.u8();
-  if (!c.hello) {
-    // The first message must be a hello with our magic: anything else is not
-    // a Bagua store client.
-    if (op != proto::kHello) return false;
-    uint32_t magic = r.u32();
-    uint32_t version = r.u32();
-    int32_t rank = r.i32();
-    if (!r.ok() || !r.at_end() || magic != proto::kMagic) return false;
-    if (version != proto::kVersion) {
-      reply_error(c, "store protocol version " + std::to_string(version) + " is not supported (server speaks " +
-                         std::to_string(proto::kVersion) + "); all ranks must run the same Bagua");
-      c.goodbye = true;  // not a death
-      if (!c.has_output()) drop(c);
-      return true;
-    }
-    c.hello = true;
-    c.rank = rank;
-    if (rank >= 0) dead.erase(rank);  // a rank that reconnects is alive again
-    reply(c, proto::Writer().u8(proto::kOk).u32(proto::kMagic).finish());
-    return true;
-  }
+  if (!c.hello) return handshake(c, op, r);
   switch (op) {
     case proto::kSet: {
       std::string key = r.str(proto::kMaxKeySize);
       std::string value = r.str(proto::kMaxValueSize);
       if (!r.ok() || !r.at_end()) return false;
-      data[key] = std::move(value);
+      auto it = data.find(key);
+      if (it != data.end()) {
+        // Written once: a rendezvous cannot be rewritten under its readers.
+        if (it->second == value) {
+          reply_status(c, proto::kOk);
+        } else {
+          reply_error(c, "set: key '" + key + "' is already set (store keys are written once)");
+        }
+        return true;
+      }
+      if (value.size() > options.max_value_bytes) {
+        reply_error(c, "set: a value of " + std::to_string(value.size()) + " bytes exceeds the store's limit of " +
+                           std::to_string(options.max_value_bytes) + " (BAGUA_STORE_MAX_VALUE_BYTES)");
+        return true;
+      }
+      if (stored_bytes + key.size() + value.size() > options.max_total_bytes) {
+        reply_error(c, "set: the store holds " + std::to_string(stored_bytes) + " bytes; key '" + key +
+                           "' would exceed its limit of " + std::to_string(options.max_total_bytes) +
+                           " (BAGUA_STORE_MAX_BYTES)");
+        return true;
+      }
+      stored_bytes += key.size() + value.size();
+      data.emplace(key, std::move(value));
       reply_status(c, proto::kOk);
       wake(key);
       return true;
@@ -484,7 +513,14 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
         reply_error(c, "add: key '" + key + "' would overflow int64");
         return true;
       }
-      data[key] = std::to_string(result);
+      std::string text = std::to_string(result);
+      const size_t before = it == data.end() ? 0 : key.size() + it->second.size();
+      if (stored_bytes - before + key.size() + text.size() > options.max_total_bytes) {
+        reply_error(c, "add: the store is full (BAGUA_STORE_MAX_BYTES=" + std::to_string(options.max_total_bytes) + ")");
+        return true;
+      }
+      stored_bytes = stored_bytes - before + key.size() + text.size();
+      data[key] = std::move(text);
       reply(c, proto::Writer().u8(proto::kOk).i64(result).finish());
       wake(key);
       return true;
@@ -518,6 +554,50 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
     default:
       return false;
   }
+}
+
+// hello (version, rank) -> a fresh nonce; auth (HMAC of nonce and rank under
+// the job's secret) -> the client may make requests. Anything else, or a
+// wrong proof, ends the connection without marking any rank dead.
+bool TcpStoreServer::Impl::handshake(Conn& c, uint8_t op, proto::Reader& r) {
+  if (!c.challenged) {
+    if (op != proto::kHello) return false;  // not a Bagua store client
+    uint32_t magic = r.u32();
+    uint32_t version = r.u32();
+    int32_t rank = r.i32();
+    if (!r.ok() || !r.at_end() || magic != proto::kMagic) return false;
+    if (version != proto::kVersion) {
+      reply_error(c, "store protocol version " + std::to_string(version) + " is not supported (server speaks " +
+                         std::to_string(proto::kVersion) + "); all ranks must run the same Bagua");
+      c.goodbye = true;  // not a death
+      if (!c.has_output()) drop(c);
+      return true;
+    }
+    c.nonce.assign(proto::kNonceSize, '\0');
+    if (getrandom(&c.nonce[0], c.nonce.size(), 0) != ssize_t(c.nonce.size())) return false;
+    c.challenged = true;
+    c.rank = rank;
+    reply(c, proto::Writer().u8(proto::kOk).u32(proto::kMagic).str(c.nonce).finish());
+    return true;
+  }
+  if (op != proto::kAuth) return false;
+  std::string mac = r.str(proto::kMacSize);
+  if (!r.ok() || !r.at_end() || mac.size() != proto::kMacSize) return false;
+  const std::string message = proto::auth_message(c.nonce, c.rank);
+  Digest want = hmac_sha256(options.secret, message.data(), message.size());
+  Digest got;
+  std::memcpy(got.data(), mac.data(), got.size());
+  if (!digests_equal(want, got)) {
+    reply_error(c, "authentication failed: this client does not hold the job's secret (BAGUA_STORE_SECRET "
+                   "must be the same on every rank)");
+    c.goodbye = true;  // a stranger, not a rank that died
+    if (!c.has_output()) drop(c);
+    return true;
+  }
+  c.hello = true;
+  if (c.rank >= 0) dead.erase(c.rank);  // a rank that reconnects is alive again
+  reply_status(c, proto::kOk);
+  return true;
 }
 
 bool TcpStoreServer::Impl::try_complete(Conn& c) {

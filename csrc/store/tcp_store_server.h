@@ -3,8 +3,10 @@
 // One thread serves every connection with poll(), so a client blocked in get()
 // or wait() never holds up the others. A client that sends garbage, an
 // oversized or truncated message, or nothing at all, loses its own connection
-// and nothing else. Clients say hello with their rank; a connection that
-// closes without a goodbye marks that rank dead (see Store::dead_ranks).
+// and nothing else. Clients say hello with their rank and prove they hold the
+// job's secret; a connection that closes without a goodbye marks that rank
+// dead (see Store::dead_ranks). Keys are written once (a SET of an existing
+// key with another value is refused), so a rendezvous cannot be rewritten.
 #pragma once
 
 #include <chrono>
@@ -14,12 +16,24 @@
 namespace bagua {
 
 struct TcpStoreServerOptions {
-  // A new connection must say hello within this time, and a connection that
-  // makes no progress for this long, in the middle of sending a message or
-  // while not reading its replies, is closed.
+  // A new connection must say hello and authenticate within this time, and a
+  // connection that makes no progress for this long, in the middle of sending
+  // a message or while not reading its replies, is closed.
   std::chrono::milliseconds io_timeout{std::chrono::seconds(30)};
-  // More simultaneous connections than this are refused (closed at once).
+  // More simultaneous connections than this are refused (closed at once);
+  // never more than half the process's descriptor limit (RLIMIT_NOFILE), so
+  // the store cannot starve the rank that runs it.
   size_t max_connections = 16384;
+  // At most this many connections may be in their handshake at once (each
+  // buffers at most a tiny frame), so strangers cannot crowd out the ranks.
+  size_t max_handshakes = 64;
+  // The job's secret: a client proves it holds it (HMAC-SHA256 over a fresh
+  // nonce and its rank) before any other request. Empty: any client that
+  // speaks the protocol is accepted.
+  std::string secret;
+  // Largest value a SET may store, and total bytes of keys and values held.
+  size_t max_value_bytes = size_t(64) << 20;
+  size_t max_total_bytes = size_t(256) << 20;
 };
 
 class TcpStoreServer {

@@ -1,0 +1,93 @@
+#include "comm/call_agreement.h"
+
+namespace bagua {
+namespace {
+
+constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1"
+
+struct Decoded {
+  bool valid;
+  OpDesc desc;
+  int64_t seq;
+};
+
+Decoded decode(const int64_t* w) {
+  Decoded r{w[0] == kMagic, {}, w[2]};
+  r.desc.kind = static_cast<OpKind>(w[1]);
+  r.desc.dtype = static_cast<DType>(w[3]);
+  r.desc.count = w[4];
+  r.desc.root = w[5];
+  r.desc.op = static_cast<ReduceOp>(w[6]);
+  return r;
+}
+
+// Do two collective calls agree on everything the ranks must agree on?
+bool same_call(const OpDesc& a, const OpDesc& b) {
+  if (a.kind != b.kind) return false;
+  if (a.has_dtype() && a.dtype != b.dtype) return false;
+  // alltoall_v counts legitimately differ per rank (checked separately).
+  if (a.has_dtype() && a.kind != OpKind::kAlltoallV && a.count != b.count) return false;
+  if (a.has_reduce_op() && a.op != b.op) return false;
+  if (a.has_root() && a.root != b.root) return false;
+  return true;
+}
+
+std::string rank_str(int r) { return "rank " + std::to_string(r); }
+
+}  // namespace
+
+CallWire encode_call(const OpDesc& d, uint64_t seq) {
+  return {kMagic,
+          static_cast<int64_t>(d.kind),
+          static_cast<int64_t>(seq),
+          static_cast<int64_t>(d.dtype),
+          d.count,
+          d.root,
+          static_cast<int64_t>(d.op)};
+}
+
+std::string call_disagreement(const int64_t* all, int size, int my_rank) {
+  const Decoded ref = decode(all);
+  for (int r = 1; r < size; ++r) {
+    const Decoded other = decode(all + kCallWords * r);
+    if (!other.valid || !ref.valid)
+      return "collective #" + std::to_string(ref.seq) + ": " + rank_str(other.valid ? 0 : r) +
+             " sent a malformed call descriptor (ranks are out of step)";
+    if (!same_call(other.desc, ref.desc))
+      return rank_str(r) + " called " + to_string(other.desc) + " while rank 0 called " +
+             to_string(ref.desc) + " (collective #" + std::to_string(ref.seq) + " of rank " +
+             std::to_string(my_rank) + ")";
+    if (other.seq != ref.seq)
+      return rank_str(r) + " is at collective #" + std::to_string(other.seq) +
+             " while rank 0 is at #" + std::to_string(ref.seq) + ", both calling " +
+             to_string(ref.desc);
+  }
+  return "";
+}
+
+std::vector<int64_t> encode_alltoallv_counts(const std::vector<size_t>& send_counts,
+                                             const std::vector<size_t>& recv_counts) {
+  const size_t n = send_counts.size();
+  std::vector<int64_t> mine(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    mine[i] = static_cast<int64_t>(send_counts[i]);
+    mine[n + i] = i < recv_counts.size() ? static_cast<int64_t>(recv_counts[i]) : -1;
+  }
+  return mine;
+}
+
+std::string alltoallv_disagreement(const int64_t* all, int n) {
+  for (int from = 0; from < n; ++from) {
+    for (int to = 0; to < n; ++to) {
+      const int64_t sent = all[2 * n * from + to];
+      const int64_t expected = all[2 * n * to + n + from];
+      if (sent != expected)
+        return "alltoall_v: rank " + std::to_string(from) + " sends " + std::to_string(sent) +
+               " elements to rank " + std::to_string(to) + ", which expects " +
+               std::to_string(expected) + " (recv_counts[" + std::to_string(from) + "])";
+    }
+  }
+  return "";
+}
+
+}  // namespace bagua
