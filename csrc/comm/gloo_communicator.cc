@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/call_agreement.h"
+#include "comm/call_checks.h"
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
 #include "comm/op_desc.h"
@@ -114,9 +115,10 @@ class GlooCommunicator : public Communicator {
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                  Stream) override {
     OpDesc d{OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op};
-    check_dtype_op(d);
-    check_buffer(d, send, count, "send");
-    check_buffer(d, recv, count, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.buffer(send, count, "send");
+    check.buffer(recv, count, "recv");
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -150,10 +152,11 @@ class GlooCommunicator : public Communicator {
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
               Stream) override {
     OpDesc d{OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op};
-    check_dtype_op(d);
-    check_rank(d, root, "root");
-    check_buffer(d, send, count, "send");
-    if (rank_ == root) check_buffer(d, recv, count, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.root();
+    check.buffer(send, count, "send");
+    if (rank_ == root) check.buffer(recv, count, "recv");
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -183,9 +186,10 @@ class GlooCommunicator : public Communicator {
 
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream) override {
     OpDesc d{OpKind::kBroadcast, dtype, static_cast<int64_t>(count), root};
-    check_dtype(d);
-    check_rank(d, root, "root");
-    check_buffer(d, buf, count, "buffer");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.root();
+    check.buffer(buf, count, "buffer");
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return;
       with_element_type(dtype_size(dtype), [&](auto t) {
@@ -202,9 +206,10 @@ class GlooCommunicator : public Communicator {
 
   void allgather(const void* send, void* recv, size_t count, DType dtype, Stream) override {
     OpDesc d{OpKind::kAllgather, dtype, static_cast<int64_t>(count)};
-    check_dtype(d);
-    check_buffer(d, send, count, "send");
-    check_buffer(d, recv, count * size_, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.buffer(send, count, "send");
+    check.buffer(recv, count * size_, "recv");
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       void* mine = static_cast<uint8_t*>(recv) + rank_ * count * es;
@@ -225,10 +230,11 @@ class GlooCommunicator : public Communicator {
   void gather(const void* send, void* recv, size_t count, DType dtype, int root,
               Stream) override {
     OpDesc d{OpKind::kGather, dtype, static_cast<int64_t>(count), root};
-    check_dtype(d);
-    check_rank(d, root, "root");
-    check_buffer(d, send, count, "send");
-    if (rank_ == root) check_buffer(d, recv, count * size_, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.root();
+    check.buffer(send, count, "send");
+    if (rank_ == root) check.buffer(recv, count * size_, "recv");
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -248,10 +254,11 @@ class GlooCommunicator : public Communicator {
   void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
                Stream) override {
     OpDesc d{OpKind::kScatter, dtype, static_cast<int64_t>(count), root};
-    check_dtype(d);
-    check_rank(d, root, "root");
-    if (rank_ == root) check_buffer(d, send, count * size_, "send");
-    check_buffer(d, recv, count, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.root();
+    if (rank_ == root) check.buffer(send, count * size_, "send");
+    check.buffer(recv, count, "recv");
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -276,9 +283,10 @@ class GlooCommunicator : public Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                       Stream) override {
     OpDesc d{OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op};
-    check_dtype_op(d);
-    check_buffer(d, send, count * size_, "send");
-    check_buffer(d, recv, count, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.buffer(send, count * size_, "send");
+    check.buffer(recv, count, "recv");
     const size_t es = dtype_size(dtype);
     ReduceFn fn = cpu_reduce_fn(dtype, op);
     run(d, -1, [&](uint32_t tag) {
@@ -295,9 +303,10 @@ class GlooCommunicator : public Communicator {
 
   void alltoall(const void* send, void* recv, size_t count, DType dtype, Stream) override {
     OpDesc d{OpKind::kAlltoall, dtype, static_cast<int64_t>(count)};
-    check_dtype(d);
-    check_buffer(d, send, count * size_, "send");
-    check_buffer(d, recv, count * size_, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.buffer(send, count * size_, "send");
+    check.buffer(recv, count * size_, "recv");
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
@@ -318,12 +327,13 @@ class GlooCommunicator : public Communicator {
                   const std::vector<size_t>& recv_counts,
                   const std::vector<size_t>& recv_displs, DType dtype, Stream) override {
     OpDesc d{OpKind::kAlltoallV, dtype, 0};
-    check_dtype(d);
-    check_layout(d, send, send_counts, send_displs, "send");
-    check_layout(d, recv, recv_counts, recv_displs, "recv");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.layout(send, send_counts, send_displs, "send");
+    check.layout(recv, recv_counts, recv_displs, "recv");
     for (size_t c : send_counts) d.count += static_cast<int64_t>(c);
     if (send_counts[rank_] != recv_counts[rank_])
-      invalid(d, "send_counts[" + std::to_string(rank_) + "]=" +
+      check.invalid("send_counts[" + std::to_string(rank_) + "]=" +
                      std::to_string(send_counts[rank_]) + " differs from recv_counts[" +
                      std::to_string(rank_) + "]=" + std::to_string(recv_counts[rank_]));
     const size_t es = dtype_size(dtype);
@@ -347,17 +357,19 @@ class GlooCommunicator : public Communicator {
 
   void send(const void* buf, size_t count, DType dtype, int peer, Stream) override {
     OpDesc d{OpKind::kSend, dtype, static_cast<int64_t>(count), peer};
-    check_dtype(d);
-    check_peer(d, peer);
-    check_buffer(d, buf, count, "buffer");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.peer();
+    check.buffer(buf, count, "buffer");
     p2p(d, const_cast<void*>(buf), count * dtype_size(dtype), peer, true);
   }
 
   void recv(void* buf, size_t count, DType dtype, int peer, Stream) override {
     OpDesc d{OpKind::kRecv, dtype, static_cast<int64_t>(count), peer};
-    check_dtype(d);
-    check_peer(d, peer);
-    check_buffer(d, buf, count, "buffer");
+    const CallChecks check(*this, d);
+    check.dtype();
+    check.peer();
+    check.buffer(buf, count, "buffer");
     p2p(d, buf, count * dtype_size(dtype), peer, false);
   }
 
@@ -441,59 +453,6 @@ class GlooCommunicator : public Communicator {
   void* scratch(size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
-  }
-
-  // ---- argument checks ------------------------------------------------------
-
-  [[noreturn]] void invalid(const OpDesc& d, const std::string& why) const {
-    throw InvalidArgument(describe() + ": " + op_kind_name(d.kind) + ": " + why);
-  }
-  void check_dtype(const OpDesc& d) const {
-    if (!is_valid_dtype(static_cast<int>(d.dtype)))
-      invalid(d, "unknown dtype " + std::to_string(static_cast<int>(d.dtype)));
-  }
-  void check_dtype_op(const OpDesc& d) const {
-    check_dtype(d);
-    if (!is_valid_reduce_op(static_cast<int>(d.op)))
-      invalid(d, "unknown reduce op " + std::to_string(static_cast<int>(d.op)));
-  }
-  void check_rank(const OpDesc& d, int r, const char* what) const {
-    if (r < 0 || r >= size_)
-      invalid(d, std::string(what) + " " + std::to_string(r) + " is out of range [0, " +
-                     std::to_string(size_) + ")");
-  }
-  void check_peer(const OpDesc& d, int peer) const {
-    check_rank(d, peer, "peer");
-    if (peer == rank_) invalid(d, "peer is this rank itself");
-  }
-  void check_buffer(const OpDesc& d, const void* p, size_t count, const char* what) const {
-    if (p == nullptr && count > 0)
-      invalid(d, std::string(what) + " pointer is null but holds " + std::to_string(count) +
-                     " elements");
-  }
-  void check_layout(const OpDesc& d, const void* p, const std::vector<size_t>& counts,
-                    const std::vector<size_t>& displs, const char* what) const {
-    const std::string w(what);
-    if (counts.size() != static_cast<size_t>(size_) || displs.size() != static_cast<size_t>(size_))
-      invalid(d, w + "_counts and " + w + "_displs need " + std::to_string(size_) +
-                     " entries (one per rank), got " + std::to_string(counts.size()) + " and " +
-                     std::to_string(displs.size()));
-    constexpr size_t kMax = SIZE_MAX / 16;  // no overflow once scaled to bytes
-    size_t total = 0;
-    for (int i = 0; i < size_; ++i) {
-      if (counts[i] > kMax || displs[i] > kMax - counts[i])
-        invalid(d, w + "_counts/" + w + "_displs[" + std::to_string(i) + "] are out of range");
-      total += counts[i];
-    }
-    check_buffer(d, p, total, what);
-    // Regions must not overlap each other, or a receive would clobber another.
-    std::vector<std::pair<size_t, size_t>> spans;
-    for (int i = 0; i < size_; ++i)
-      if (counts[i] > 0) spans.emplace_back(displs[i], displs[i] + counts[i]);
-    std::sort(spans.begin(), spans.end());
-    for (size_t i = 1; i < spans.size(); ++i)
-      if (spans[i].first < spans[i - 1].second && w == "recv")
-        invalid(d, "recv regions overlap (check recv_displs)");
   }
 
   // ---- running an operation, and failing well --------------------------------

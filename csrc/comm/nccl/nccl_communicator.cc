@@ -410,27 +410,14 @@ void NcclCommunicator::run(const char* op, Stream stream, bool wait, Enqueue&& e
   }
 }
 
-void NcclCommunicator::check_dtype(DType dtype) const {
-  if (!is_valid_dtype(static_cast<int>(dtype))) {
-    throw InvalidArgument(describe() + ": unknown dtype code " + std::to_string(static_cast<int>(dtype)));
-  }
-}
-
-void NcclCommunicator::check_rank(int r, const char* what) const {
-  if (r < 0 || r >= size_) {
-    throw InvalidArgument(describe() + ": " + what + " " + std::to_string(r) +
-                          " is out of range [0, " + std::to_string(size_) + ")");
-  }
-}
-
-void NcclCommunicator::check_buffer(const void* p, size_t count, const char* what,
-                                    const char* op) const {
+// The shared checks, then what only NCCL needs: host memory in an NCCL kernel
+// would corrupt the CUDA context, so memory known to be wrong is refused.
+// Memory CUDA cannot classify (an error here) is left to NCCL, so unusual
+// allocators are not refused.
+void NcclCommunicator::check_device_buffer(const CallChecks& check, const void* p, size_t count,
+                                           const char* what) const {
+  check.buffer(p, count, what);
   if (count == 0) return;
-  const std::string where = describe() + ": " + op + ": " + what;
-  if (p == nullptr) throw InvalidArgument(where + " is null");
-  // Host memory in an NCCL kernel would corrupt the CUDA context: reject what
-  // is known to be wrong. Memory CUDA cannot classify (an error here) is left
-  // to NCCL, so unusual allocators are not refused.
   cudaPointerAttributes attr;
   cudaError_t err = cudaPointerGetAttributes(&attr, p);
   if (err != cudaSuccess) {
@@ -440,15 +427,15 @@ void NcclCommunicator::check_buffer(const void* p, size_t count, const char* wha
   switch (attr.type) {
     case cudaMemoryTypeDevice:
       if (attr.device >= 0 && attr.device != device_) {
-        throw InvalidArgument(where + " lives on cuda:" + std::to_string(attr.device) +
-                              ", not on the communicator's device cuda:" + std::to_string(device_));
+        check.invalid(std::string(what) + " lives on cuda:" + std::to_string(attr.device) +
+                      ", not on the communicator's device cuda:" + std::to_string(device_));
       }
       return;
     case cudaMemoryTypeManaged:
       return;
     default:
-      throw InvalidArgument(where + " is host memory; NCCL needs device memory on cuda:" +
-                            std::to_string(device_));
+      check.invalid(std::string(what) + " is host memory; NCCL needs device memory on cuda:" +
+                    std::to_string(device_));
   }
 }
 
@@ -472,11 +459,13 @@ void NcclCommunicator::divide_if_avg(ReduceOp op, void* data, size_t count, DTyp
 
 void NcclCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype,
                                  ReduceOp op, Stream stream) {
-  check_dtype(dtype);
+  const OpDesc d{OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op};
+  const CallChecks check(*this, d);
+  check.dtype();
   const nccl::ncclRedOp_t nop = nccl_op(op);
   if (count == 0) return;
-  check_buffer(send, count, "send buffer", "allreduce");
-  check_buffer(recv, count, "recv buffer", "allreduce");
+  check_device_buffer(check, send, count, "send buffer");
+  check_device_buffer(check, recv, count, "recv buffer");
   run("allreduce", stream, false,
       [&](cudaStream_t s) { return lib_->AllReduce(send, recv, count, to_nccl(dtype), nop, comm_, s); },
       [&](cudaStream_t s) { divide_if_avg(op, recv, count, dtype, s); });
@@ -484,12 +473,14 @@ void NcclCommunicator::allreduce(const void* send, void* recv, size_t count, DTy
 
 void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                               int root, Stream stream) {
-  check_dtype(dtype);
-  check_rank(root, "root");
+  const OpDesc d{OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.root();
   const nccl::ncclRedOp_t nop = nccl_op(op);
   if (count == 0) return;
-  check_buffer(send, count, "send buffer", "reduce");
-  if (rank_ == root) check_buffer(recv, count, "recv buffer", "reduce");
+  check_device_buffer(check, send, count, "send buffer");
+  if (rank_ == root) check_device_buffer(check, recv, count, "recv buffer");
   run("reduce", stream, false,
       [&](cudaStream_t s) {
         return lib_->Reduce(send, recv, count, to_nccl(dtype), nop, root, comm_, s);
@@ -500,10 +491,12 @@ void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType 
 }
 
 void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
-  check_dtype(dtype);
-  check_rank(root, "root");
+  const OpDesc d{OpKind::kBroadcast, dtype, static_cast<int64_t>(count), root};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.root();
   if (count == 0) return;
-  check_buffer(buf, count, "buffer", "broadcast");
+  check_device_buffer(check, buf, count, "buffer");
   run("broadcast", stream, [&](cudaStream_t s) {
     return lib_->Broadcast(buf, buf, count, to_nccl(dtype), root, comm_, s);
   });
@@ -511,10 +504,12 @@ void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root,
 
 void NcclCommunicator::allgather(const void* send, void* recv, size_t count, DType dtype,
                                  Stream stream) {
-  check_dtype(dtype);
+  const OpDesc d{OpKind::kAllgather, dtype, static_cast<int64_t>(count), -1};
+  const CallChecks check(*this, d);
+  check.dtype();
   if (count == 0) return;
-  check_buffer(send, count, "send buffer", "allgather");
-  check_buffer(recv, count * size_, "recv buffer", "allgather");
+  check_device_buffer(check, send, count, "send buffer");
+  check_device_buffer(check, recv, count * size_, "recv buffer");
   run("allgather", stream, [&](cudaStream_t s) {
     return lib_->AllGather(send, recv, count, to_nccl(dtype), comm_, s);
   });
@@ -522,11 +517,13 @@ void NcclCommunicator::allgather(const void* send, void* recv, size_t count, DTy
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                                       ReduceOp op, Stream stream) {
-  check_dtype(dtype);
+  const OpDesc d{OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op};
+  const CallChecks check(*this, d);
+  check.dtype();
   const nccl::ncclRedOp_t nop = nccl_op(op);
   if (count == 0) return;
-  check_buffer(send, count * size_, "send buffer", "reduce_scatter");
-  check_buffer(recv, count, "recv buffer", "reduce_scatter");
+  check_device_buffer(check, send, count * size_, "send buffer");
+  check_device_buffer(check, recv, count, "recv buffer");
   run("reduce_scatter", stream, false,
       [&](cudaStream_t s) {
         return lib_->ReduceScatter(send, recv, count, to_nccl(dtype), nop, comm_, s);
@@ -561,11 +558,13 @@ void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t s, co
 
 void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType dtype, int root,
                               Stream stream) {
-  check_dtype(dtype);
-  check_rank(root, "root");
+  const OpDesc d{OpKind::kGather, dtype, static_cast<int64_t>(count), root};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.root();
   if (count == 0) return;
-  check_buffer(send, count, "send buffer", "gather");
-  if (rank_ == root) check_buffer(recv, count * size_, "recv buffer", "gather");
+  check_device_buffer(check, send, count, "send buffer");
+  if (rank_ == root) check_device_buffer(check, recv, count * size_, "recv buffer");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
   run("gather", stream, false,
@@ -591,11 +590,13 @@ void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType 
 
 void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType dtype, int root,
                                Stream stream) {
-  check_dtype(dtype);
-  check_rank(root, "root");
+  const OpDesc d{OpKind::kScatter, dtype, static_cast<int64_t>(count), root};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.root();
   if (count == 0) return;
-  if (rank_ == root) check_buffer(send, count * size_, "send buffer", "scatter");
-  check_buffer(recv, count, "recv buffer", "scatter");
+  if (rank_ == root) check_device_buffer(check, send, count * size_, "send buffer");
+  check_device_buffer(check, recv, count, "recv buffer");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
   run("scatter", stream, false,
@@ -621,10 +622,12 @@ void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType
 
 void NcclCommunicator::alltoall(const void* send, void* recv, size_t count, DType dtype,
                                 Stream stream) {
-  check_dtype(dtype);
+  const OpDesc d{OpKind::kAlltoall, dtype, static_cast<int64_t>(count), -1};
+  const CallChecks check(*this, d);
+  check.dtype();
   if (count == 0) return;
-  check_buffer(send, count * size_, "send buffer", "alltoall");
-  check_buffer(recv, count * size_, "recv buffer", "alltoall");
+  check_device_buffer(check, send, count * size_, "send buffer");
+  check_device_buffer(check, recv, count * size_, "recv buffer");
   if (send == recv && size_ > 1) throw InvalidArgument(describe() + ": alltoall cannot run in place");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
@@ -652,25 +655,17 @@ void NcclCommunicator::alltoall_v(const void* send, const std::vector<size_t>& s
                                   const std::vector<size_t>& recv_counts,
                                   const std::vector<size_t>& recv_displs, DType dtype,
                                   Stream stream) {
-  check_dtype(dtype);
-  const size_t n = static_cast<size_t>(size_);
-  if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n ||
-      recv_displs.size() != n) {
-    throw InvalidArgument(describe() + ": alltoall_v needs one count and one displacement per rank (" +
-                          std::to_string(n) + ")");
-  }
-  if (send_counts[rank_] != recv_counts[rank_]) {
-    throw InvalidArgument(describe() + ": alltoall_v sends " + std::to_string(send_counts[rank_]) +
-                          " elements to itself but expects " + std::to_string(recv_counts[rank_]));
-  }
-  size_t send_total = 0, recv_total = 0;
-  for (size_t r = 0; r < n; ++r) {
-    send_total = std::max(send_total, send_displs[r] + send_counts[r]);
-    recv_total = std::max(recv_total, recv_displs[r] + recv_counts[r]);
-  }
+  const OpDesc d{OpKind::kAlltoallV, dtype, 0, -1};
+  const CallChecks check(*this, d);
+  check.dtype();
+  const size_t send_total = check.layout(send, send_counts, send_displs, "send");
+  const size_t recv_total = check.layout(recv, recv_counts, recv_displs, "recv");
+  if (send_counts[rank_] != recv_counts[rank_])
+    check.invalid("send_counts[" + std::to_string(rank_) + "]=" + std::to_string(send_counts[rank_]) +
+                  " differs from recv_counts[" + std::to_string(rank_) + "]=" + std::to_string(recv_counts[rank_]));
   if (send_total == 0 && recv_total == 0) return;
-  check_buffer(send, send_total, "send buffer", "alltoall_v");
-  check_buffer(recv, recv_total, "recv buffer", "alltoall_v");
+  check_device_buffer(check, send, send_total, "send buffer");
+  check_device_buffer(check, recv, recv_total, "recv buffer");
   const size_t esize = dtype_size(dtype);
   const auto dt = to_nccl(dtype);
   run("alltoall_v", stream, false,
@@ -699,22 +694,24 @@ void NcclCommunicator::alltoall_v(const void* send, const std::vector<size_t>& s
 }
 
 void NcclCommunicator::send(const void* buf, size_t count, DType dtype, int peer, Stream stream) {
-  check_dtype(dtype);
-  check_rank(peer, "peer");
-  if (peer == rank_) throw InvalidArgument(describe() + ": send to itself");
+  const OpDesc d{OpKind::kSend, dtype, static_cast<int64_t>(count), peer};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.peer();
   if (count == 0) return;
-  check_buffer(buf, count, "buffer", "send");
+  check_device_buffer(check, buf, count, "buffer");
   run("send", stream, [&](cudaStream_t s) {
     return lib_->Send(buf, count, to_nccl(dtype), peer, comm_, s);
   });
 }
 
 void NcclCommunicator::recv(void* buf, size_t count, DType dtype, int peer, Stream stream) {
-  check_dtype(dtype);
-  check_rank(peer, "peer");
-  if (peer == rank_) throw InvalidArgument(describe() + ": recv from itself");
+  const OpDesc d{OpKind::kRecv, dtype, static_cast<int64_t>(count), peer};
+  const CallChecks check(*this, d);
+  check.dtype();
+  check.peer();
   if (count == 0) return;
-  check_buffer(buf, count, "buffer", "recv");
+  check_device_buffer(check, buf, count, "buffer");
   run("recv", stream, [&](cudaStream_t s) {
     return lib_->Recv(buf, count, to_nccl(dtype), peer, comm_, s);
   });

@@ -29,6 +29,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "comm/call_checks.h"
 #include "comm/communicator.h"
 #include "comm/nccl/nccl_library.h"
 #include "store/store.h"
@@ -119,10 +120,8 @@ class NcclCommunicator : public Communicator {
   void check_alive() const;
   [[noreturn]] void fail(FailureKind kind, const std::string& why);  // takes comm_mu_
 
-  // Argument checks (bagua::InvalidArgument).
-  void check_dtype(DType dtype) const;
-  void check_rank(int r, const char* what) const;
-  void check_buffer(const void* p, size_t count, const char* what, const char* op) const;
+  // comm/call_checks.h, then the memory must be this device's.
+  void check_device_buffer(const CallChecks& check, const void* p, size_t count, const char* what) const;
   nccl::ncclRedOp_t nccl_op(ReduceOp op) const;  // SUM for AVG without native AVG
   void divide_if_avg(ReduceOp op, void* data, size_t count, DType dtype, cudaStream_t s) const;
 
