@@ -13,7 +13,9 @@ Settings (all optional):
                        first jitted step can compile for minutes)
 ``BAGUA_STORE_PORT``   port of the rendezvous store on ``MASTER_ADDR``
                        (default ``MASTER_PORT + 1``, so it never clashes with
-                       torchrun's own store on ``MASTER_PORT``)
+                       torchrun's own store on ``MASTER_PORT``). Alias:
+                       ``BAGUA_SERVICE_PORT`` (Bagua 0.9's one extra port on
+                       the master; values <= 0 mean the default, as there)
 ``BAGUA_HOSTNAME``     address this process listens on for its peers (default:
                        the local address that routes to ``MASTER_ADDR``)
 ``BAGUA_DEBUG_CHECKS`` check op, shape and dtype agreement across ranks before
@@ -24,8 +26,12 @@ Settings (all optional):
 ``BAGUA_BUCKET_SIZE``  bytes of gradients (or weights) per bucket of the
                        default bucket plan (default 10 MiB = 10485760);
                        smaller buckets start communicating earlier in
-                       backward, larger ones make fewer, bigger calls
+                       backward, larger ones make fewer, bigger calls.
+                       Alias: ``BAGUA_DEFAULT_BUCKET_SIZE`` (Bagua 0.9's name)
 =====================  =======================================================
+
+An alias is read when its new name is absent; both set to different values
+raise :class:`ConfigError`.
 
 Booleans accept 1/0, true/false, yes/no, on/off (any case).
 """
@@ -83,6 +89,29 @@ def parse_float(name: str, value: Optional[str], default: float, minimum: float 
     if not x > minimum:
         raise ConfigError(f"{name}={x} must be > {minimum}")
     return x
+
+
+# new name -> the Bagua 0.9 name it also accepts
+ALIASES = {
+    "BAGUA_STORE_PORT": "BAGUA_SERVICE_PORT",
+    "BAGUA_BUCKET_SIZE": "BAGUA_DEFAULT_BUCKET_SIZE",
+}
+
+
+def _aliased(env: Mapping[str, str], name: str) -> tuple:
+    """(name actually used, its value) for a setting with a Bagua 0.9 alias."""
+    old = ALIASES[name]
+    new_value, old_value = env.get(name), env.get(old)
+    if name == "BAGUA_STORE_PORT" and old_value is not None:
+        # Bagua 0.9 launchers set BAGUA_SERVICE_PORT <= 0 for "choose one": our default.
+        try:
+            if int(old_value.strip()) <= 0:
+                old_value = None
+        except ValueError:
+            pass  # reported by the parser below, under its name
+    if new_value is not None and old_value is not None and new_value.strip() != old_value.strip():
+        raise ConfigError(f"{name}={new_value!r} and its alias {old}={old_value!r} disagree: set one of them")
+    return (name, new_value) if new_value is not None else (old, old_value)
 
 
 def _slurm_tasks_per_node(value: Optional[str]) -> Optional[int]:
@@ -147,7 +176,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
 
     master_addr = g("MASTER_ADDR") or DEFAULT_MASTER_ADDR
     master_port = parse_int("MASTER_PORT", g("MASTER_PORT"), DEFAULT_MASTER_PORT, minimum=1)
-    store_port = parse_int("BAGUA_STORE_PORT", g("BAGUA_STORE_PORT"), master_port + 1, minimum=1)
+    store_port = parse_int(*_aliased(env, "BAGUA_STORE_PORT"), master_port + 1, minimum=1)
     if master_port > 65535 or store_port > 65535:
         raise ConfigError(f"port out of range: MASTER_PORT={master_port}, store port={store_port}")
 
@@ -164,5 +193,5 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         hostname=g("BAGUA_HOSTNAME") or None,
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
-        bucket_size=parse_int("BAGUA_BUCKET_SIZE", g("BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
+        bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
     )

@@ -61,3 +61,23 @@ def test_booleans(value, expected):
 def test_bad_values_raise_clear_errors(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)
+
+
+def test_bagua_0_9_names_are_aliases():
+    assert config.load({"BAGUA_DEFAULT_BUCKET_SIZE": "4096"}).bucket_size == 4096
+    assert config.load({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "4096"}).bucket_size == 4096
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="31000")).store_port == 31000
+    # Bagua 0.9's "choose a port" (<= 0) means our default
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="-1")).store_port == 29401
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="0", BAGUA_STORE_PORT="31000")).store_port == 31000
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "8192"}, "disagree"),
+    ({"BAGUA_STORE_PORT": "31000", "BAGUA_SERVICE_PORT": "31001"}, "disagree"),
+    ({"BAGUA_DEFAULT_BUCKET_SIZE": "big"}, "BAGUA_DEFAULT_BUCKET_SIZE='big' is not an integer"),
+    ({"BAGUA_SERVICE_PORT": "x"}, "BAGUA_SERVICE_PORT='x' is not an integer"),
+])
+def test_bad_aliases(env, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(env)
