@@ -40,6 +40,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "pytest>=7" "pytest-timeout>=2"
+	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
 	touch $@
 
 system:

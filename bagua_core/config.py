@@ -137,6 +137,7 @@ class Settings:
     debug_checks: bool
     nccl_library: Optional[str]
     bucket_size: int = DEFAULT_BUCKET_SIZE
+    launched: bool = True  # False: neither a launcher's nor Slurm's variables were found
 
     @property
     def num_nodes(self) -> int:
@@ -164,6 +165,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         node_rank = parse_int("SLURM_NODEID", g("SLURM_NODEID"), None, minimum=0)
     else:
         rank, world_size, local_rank, local_world_size, node_rank = 0, 1, 0, 1, 0
+    launched = g("RANK") is not None or g("SLURM_PROCID") is not None
 
     if rank >= world_size:
         raise ConfigError(f"rank {rank} is out of range for world size {world_size}")
@@ -194,4 +196,5 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
         bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
+        launched=launched,
     )

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
+import logging
 import socket
 import threading
 import time
@@ -327,7 +328,21 @@ def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGro
             ctx.close()
             raise
         _ctx = ctx
+        if not settings.launched:
+            _say_single_process_once()
         return ctx.world
+
+
+_said_single_process = False
+
+
+def _say_single_process_once() -> None:
+    global _said_single_process
+    if not _said_single_process:
+        _said_single_process = True
+        logging.getLogger("bagua").warning(
+            "bagua: no launcher environment (RANK, WORLD_SIZE, ... or Slurm's): this process runs alone, "
+            "as a single process; start several with bagua-run or torchrun")
 
 
 # A process that exits without destroy_process_group() still closes its
@@ -353,7 +368,8 @@ def destroy_process_group() -> None:
 def _context() -> _Context:
     ctx = _ctx
     if ctx is None:
-        raise RuntimeError("bagua_core is not initialised: call bagua_core.init_process_group() first")
+        raise RuntimeError("Bagua is not initialised: call bagua_torch.init_process_group() (PyTorch), "
+                           "bagua_jax.init() (JAX) or bagua_core.init_process_group() first")
     return ctx
 
 

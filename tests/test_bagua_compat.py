@@ -72,6 +72,7 @@ def test_reduce_op_original_values():
     from bagua.torch_api import ReduceOp
 
     assert (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG) == (0, 1, 2, 3, 10)
+    assert (ReduceOp.BOR, ReduceOp.BAND, ReduceOp.BXOR) == (7, 8, 9)
 
 
 def test_algorithm_init_by_name():
@@ -159,6 +160,7 @@ SESSIONS = {"w2": 2, "w3": 3}
 CASES = [
     "torch_distributed_is_ready",
     "primitives_and_reduce_ops",
+    "bitwise_reduce_ops",
     "groups_from_bagua_and_torch",
     "env_matches_the_job",
     "get_backend_is_kept_per_name",
@@ -237,6 +239,32 @@ class Worker:
         obj = b.communication.broadcast_object({"from": self.rank, "list": [1, 2]}, src=self.world - 1)
         assert obj == {"from": self.world - 1, "list": [1, 2]}
         b.barrier()
+
+    def bitwise_reduce_ops(self):
+        import functools
+        import operator
+
+        torch, b = self.torch, self.bagua
+        values = [[1 << r, 0xF0 | r, 3 * r + 1] for r in range(self.world)]  # every rank's data
+        for dtype in (torch.int64, torch.int32, torch.uint8):
+            for op, fn in ((b.ReduceOp.BOR, operator.or_), (b.ReduceOp.BAND, operator.and_),
+                           (b.ReduceOp.BXOR, operator.xor)):
+                want = torch.tensor([functools.reduce(fn, col) for col in zip(*values)], dtype=dtype)
+                x = torch.tensor(values[self.rank], dtype=dtype)
+                b.allreduce_inplace(x, op=op)
+                assert torch.equal(x, want), (dtype, op, x, want)
+                got = b.reduce(torch.tensor(values[self.rank], dtype=dtype), dst=1, op=op)
+                if self.rank == 1:
+                    assert torch.equal(got, want), (dtype, op, got, want)
+        try:
+            b.allreduce_inplace(torch.ones(3), op=b.ReduceOp.BOR)
+        except ValueError as e:
+            assert "BOR needs an integer dtype" in str(e) and "float32" in str(e), e
+        else:
+            raise AssertionError("BOR on float32 did not raise")
+        y = torch.ones(2)  # the group still works after the refused call
+        b.allreduce_inplace(y)
+        assert torch.equal(y, torch.full((2,), float(self.world)))
 
     def groups_from_bagua_and_torch(self):
         torch, b, dist = self.torch, self.bagua, self.dist
@@ -409,6 +437,9 @@ import bagua.torch_api as bagua
 g = bagua.init_process_group()
 assert g.size == 1 and dist.get_world_size() == 1
 dist.barrier()
+import bagua_core
+bagua_core.destroy_process_group()
+bagua.init_process_group()  # the notice comes once per process
 print("OK")
 """
 
@@ -434,6 +465,7 @@ def test_init_with_a_store_and_layout_arguments(kind, tmp_path):
 def test_init_alone_needs_no_port():
     proc = subprocess.run([sys.executable, "-c", ALONE], cwd=REPO, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr
+    assert proc.stderr.count("runs alone, as a single process") == 1, proc.stderr
 
 
 if __name__ == "__main__":

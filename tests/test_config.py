@@ -81,3 +81,9 @@ def test_bagua_0_9_names_are_aliases():
 def test_bad_aliases(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)
+
+
+def test_launched_tells_whether_a_launcher_set_the_environment():
+    assert config.load({}).launched is False
+    assert config.load(torchrun_env()).launched is True
+    assert config.load(dict(SLURM_PROCID="0", SLURM_NTASKS="1")).launched is True

@@ -333,3 +333,12 @@ def test_launcher_imports_neither_torch_nor_jax():
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_version_and_help_name_the_defaults():
+    import bagua_core
+
+    out = _launch("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"bagua-run (bagua {bagua_core.__version__})"
+    out = _launch("--help")
+    assert out.returncode == 0 and "OMP_NUM_THREADS=1 unless it is set" in out.stdout

@@ -8,6 +8,7 @@ import ipaddress
 import os
 from typing import List, Optional, Sequence, Tuple
 
+from bagua_core import __version__
 from bagua_core.launcher.ports import free_port_pair
 
 MULTI_NODE_DEFAULT_PORT = 29500
@@ -16,7 +17,9 @@ DEFAULT_GRACE_PERIOD_S = 10.0
 _EPILOG = """\
 Every worker gets torchrun's environment contract: RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
-PYTHONUNBUFFERED=1). Bagua's store listens on MASTER_PORT + 1 unless
+PYTHONUNBUFFERED=1), and OMP_NUM_THREADS=1 unless it is set, with more than
+one worker per node (as torchrun does: N workers each using every core would
+oversubscribe the machine). Bagua's store listens on MASTER_PORT + 1 unless
 BAGUA_STORE_PORT says otherwise. Everything after SCRIPT is passed to it
 untouched. SIGINT/SIGTERM are forwarded to every worker; when one worker fails
 the others are stopped and bagua-run exits with the failed worker's code.
@@ -110,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time stopped workers get before SIGKILL (default %(default)s)")
     p.add_argument("--no-prefix", action="store_true",
                    help="do not prefix the workers' output lines with their rank")
+    p.add_argument("--version", action="version", version=f"bagua-run (bagua {__version__})")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run like python -m")
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m) to run")

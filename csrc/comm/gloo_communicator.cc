@@ -26,6 +26,7 @@
 #include "comm/op_desc.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
+#include "kernels/scale.h"
 #include "store/gloo_store_adapter.h"
 
 namespace bagua {
@@ -453,6 +454,9 @@ class GlooCommunicator : public Communicator {
     check_dtype(d);
     if (!is_valid_reduce_op(static_cast<int>(d.op)))
       invalid(d, "unknown reduce op " + std::to_string(static_cast<int>(d.op)));
+    if (is_bitwise(d.op) && !is_integer_dtype(d.dtype))
+      invalid(d, std::string(reduce_op_name(d.op)) + " needs an integer dtype (int32, int64, uint8), got " +
+                     dtype_name(d.dtype));
   }
   void check_rank(const OpDesc& d, int r, const char* what) const {
     if (r < 0 || r >= size_)
