@@ -23,6 +23,9 @@ Settings (all optional):
                        allgather per collective)
 ``BAGUA_NCCL_LIBRARY`` full path of ``libnccl.so.2`` (default: the
                        ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_LOG_LEVEL``    level of the ``bagua`` logger: DEBUG, INFO, WARNING,
+                       ERROR or CRITICAL (default: as the application set it;
+                       see :mod:`bagua_core.log`)
 ``BAGUA_BUCKET_SIZE``  bytes of gradients (or weights) per bucket of the
                        default bucket plan (default 10 MiB = 10485760);
                        smaller buckets start communicating earlier in
@@ -138,6 +141,7 @@ class Settings:
     nccl_library: Optional[str]
     bucket_size: int = DEFAULT_BUCKET_SIZE
     launched: bool = True  # False: neither a launcher's nor Slurm's variables were found
+    log_level: Optional[str] = None
 
     @property
     def num_nodes(self) -> int:
@@ -197,4 +201,17 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
         bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
         launched=launched,
+        log_level=_log_level(g("BAGUA_LOG_LEVEL")),
     )
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: Optional[str]) -> Optional[str]:
+    if value is None or not value.strip():
+        return None
+    level = value.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ConfigError(f"BAGUA_LOG_LEVEL={value!r} is not one of {', '.join(_LOG_LEVELS)}")
+    return level

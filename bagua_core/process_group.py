@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
-import logging
 import socket
 import threading
 import time
@@ -45,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from bagua_core import config
+from bagua_core import config, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
@@ -328,9 +327,21 @@ def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGro
             ctx.close()
             raise
         _ctx = ctx
+        log.configure(settings)
         if not settings.launched:
             _say_single_process_once()
+        _log_layout(ctx)
         return ctx.world
+
+
+def _log_layout(ctx: "_Context") -> None:
+    s = ctx.settings
+    local_sizes = {}
+    for node in ctx.node_of:
+        local_sizes[node] = local_sizes.get(node, 0) + 1
+    log.logger.info("rank %d of %d: %d node(s), ranks per node %s; this is node %d, local rank %d",
+                    s.rank, s.world_size, len(local_sizes), [local_sizes[n] for n in sorted(local_sizes)],
+                    s.node_rank, s.local_rank)
 
 
 _said_single_process = False
@@ -340,7 +351,7 @@ def _say_single_process_once() -> None:
     global _said_single_process
     if not _said_single_process:
         _said_single_process = True
-        logging.getLogger("bagua").warning(
+        log.logger.warning(
             "bagua: no launcher environment (RANK, WORLD_SIZE, ... or Slurm's): this process runs alone, "
             "as a single process; start several with bagua-run or torchrun")
 

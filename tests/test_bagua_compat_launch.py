@@ -171,3 +171,20 @@ def test_launch_bad_flags(tmp_path):
     assert got.returncode == 2 and "--nproc_per_node must be >= 1" in got.stderr
     got = _run("bagua.distributed.launch", "missing.py", timeout=50)
     assert got.returncode == 2 and "not found" in got.stderr
+
+
+@pytest.mark.timeout(120)
+def test_info_log_says_layout_algorithm_and_buckets():
+    env_extra = {"BAGUA_LOG_LEVEL": "INFO"}
+    env = _env()
+    env.update(env_extra)
+    got = subprocess.run([sys.executable, "-m", "bagua.distributed.launch", "--nproc_per_node", "2", MNIST,
+                          "--epochs", "1", "--algorithm", "bytegrad"], cwd=REPO, env=env, capture_output=True,
+                         text=True, stdin=subprocess.DEVNULL, timeout=100)
+    assert got.returncode == 0, got.stderr[-3000:]
+    for r in range(2):
+        for text in (f"bagua INFO rank {r}: rank {r} of 2: 1 node(s), ranks per node [2]",
+                     f"bagua INFO rank {r}: engine on 'world': hierarchical",
+                     f"bagua INFO rank {r}: algorithm step 'bytegrad' (average=true;hierarchical=true)",
+                     f"bagua INFO rank {r}: 1 bucket(s), bytes ["):
+            assert got.stderr.count(text) == 1, (text, got.stderr[-3000:])

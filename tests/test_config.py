@@ -87,3 +87,10 @@ def test_launched_tells_whether_a_launcher_set_the_environment():
     assert config.load({}).launched is False
     assert config.load(torchrun_env()).launched is True
     assert config.load(dict(SLURM_PROCID="0", SLURM_NTASKS="1")).launched is True
+
+
+def test_log_level():
+    assert config.load({}).log_level is None
+    assert config.load({"BAGUA_LOG_LEVEL": "info"}).log_level == "INFO"
+    with pytest.raises(config.ConfigError, match="BAGUA_LOG_LEVEL='loud' is not one of DEBUG"):
+        config.load({"BAGUA_LOG_LEVEL": "loud"})
