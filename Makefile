@@ -17,6 +17,7 @@ NPROC  ?= 2
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
+	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo_jax.py --algorithm all
 
 test: build
 	$(PY) -m pytest -q -ra
@@ -39,7 +40,8 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q "jax>=0.6" "optax>=0.2" "pytest>=7" "pytest-timeout>=2"
+	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
+	$(PIP) install -q "lmdb>=1.4" "redis>=5"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
 	touch $@
 
@@ -50,6 +52,14 @@ system:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgloo-dev; \
 	  else \
 	    echo "Gloo is missing. Run:  sudo apt-get update && sudo apt-get install -y libgloo-dev"; exit 1; \
+	  fi; \
+	fi
+	@if ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server (the Redis cache tests start it)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else \
+	    echo "redis-server is missing: its tests skip. Run:  sudo apt-get install -y redis-server"; \
 	  fi; \
 	fi
 

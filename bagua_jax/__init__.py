@@ -1,12 +1,20 @@
-"""Bagua for JAX: collectives on jax arrays that work eagerly and inside
-``jax.jit``, through XLA FFI handlers of the Bagua engine.
+"""Bagua for JAX: Bagua's algorithms as an optax transformation, and
+collectives on jax arrays; both work eagerly and inside ``jax.jit``, through
+XLA FFI handlers of the Bagua engine.
 
-    import bagua_jax
-    bagua_jax.init()                      # default process group from the environment
+    import bagua_jax, optax
+    bagua_jax.init_process_group()        # default process group from the environment
+    tx = optax.chain(bagua_jax.transform(bagua_jax.ByteGradAlgorithm()), optax.adam(1e-3))
+    state = tx.init(params)
 
     @jax.jit
-    def step(grads):
-        return bagua_jax.allreduce(grads, op="avg")
+    def train_step(params, state, batch):
+        grads = jax.grad(loss)(params, batch)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+Gradient algorithms go before the optimizer in the chain; weight algorithms
+(``DecentralizedAlgorithm``) go after it and need ``params``.
 
 Sharp bits:
 
@@ -21,25 +29,35 @@ Sharp bits:
   ``UNAVAILABLE: bagua allreduce: PeerError: ...`` (``DEADLINE_EXCEEDED`` for
   ``CommTimeoutError``).
 - The group's communicator is read when a function is traced: after
-  ``bagua_core.destroy_process_group()`` and a new ``init()``, functions jitted
+  ``bagua_core.destroy_process_group()`` and a new ``init_process_group()``, functions jitted
   before fail with a clear error; jit them again.
 """
 
 from bagua_core import ReduceOp
 
 from bagua_jax._src.ffi import register_targets as _register_targets
-from bagua_jax._src.groups import GroupNotInitializedError, init
+from bagua_jax._src.groups import GroupNotInitializedError, init, init_process_group
 from bagua_jax._src.collective_ops.allgather import allgather
 from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
+from bagua_jax._src.transform import BaguaState, transform
+from bagua_jax import algorithms
+from bagua_jax.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm
 
 _register_targets()
 
 __all__ = [
+    "BaguaState",
+    "ByteGradAlgorithm",
+    "DecentralizedAlgorithm",
+    "GradientAllReduceAlgorithm",
     "GroupNotInitializedError",
     "ReduceOp",
+    "algorithms",
     "allgather",
     "allreduce",
     "broadcast",
     "init",
+    "init_process_group",
+    "transform",
 ]

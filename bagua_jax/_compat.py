@@ -112,14 +112,14 @@ def lowering_platforms(ctx: Any) -> Sequence[str]:
     return tuple(ctx.platforms or ctx.module_context.platforms)
 
 
-def lower_ffi_with_token(ctx: Any, target: str, operand: Any, *,
+def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
                          alias: bool, **attributes: Any) -> Any:
-    """Emits the FFI call ``target(operand, token) -> (result, token)``.
+    """Emits the FFI call ``target(*operands, token) -> (result, token)``.
 
     The token comes from the lowering context (the previous collective's) and
     the new one is handed back to JAX, which chains it into the next collective.
-    With ``alias`` the result reuses the operand's buffer (no copy when the
-    operand is donated; XLA inserts one otherwise).
+    With ``alias`` the result reuses the first operand's buffer (no copy when
+    the operand is donated; XLA inserts one otherwise).
     """
     token = ctx.tokens_in.get(collective_effect)
     token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
@@ -129,7 +129,7 @@ def lower_ffi_with_token(ctx: Any, target: str, operand: Any, *,
         has_side_effect=True,
         operand_output_aliases={0: 0} if alias else None,
     )
-    result, token_out = rule(token_ctx, operand, token, **attributes)
+    result, token_out = rule(token_ctx, *operands, token, **attributes)
     ctx.set_tokens_out(mlir.TokenSet({collective_effect: token_out}))
     return [result]
 

@@ -52,11 +52,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
+
+import _launch  # benchmarks/_launch.py: the script is its own driver
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized",
@@ -99,49 +99,6 @@ def parse_args(argv=None):
     if 32 >> len(args.channels) < 1:
         p.error("at most 5 conv layers (32x32 inputs, one pooling after each)")
     return args
-
-
-# ---------------------------------------------------------------- driver ---
-
-class _Stopped(Exception):
-    pass
-
-
-def _raise_stopped(signum, _frame):
-    raise _Stopped(signum)
-
-
-def drive(argv) -> int:
-    """Starts the workers through the launcher and waits for them (with a timeout)."""
-    args = parse_args(argv)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(args.nproc), "--no-prefix",
-           os.path.abspath(__file__), *argv]
-    # Same process group as this driver, so that a signal to the group reaches the launcher too.
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, _raise_stopped)
-    try:
-        return proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"train_throughput: no result after {args.timeout:.0f} s, stopping the run", file=sys.stderr, flush=True)
-        _stop(proc)
-        return 124
-    except (KeyboardInterrupt, _Stopped):
-        _stop(proc)
-        return 130
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """The launcher forwards SIGTERM to the workers; if it is killed, they die with it (PDEATHSIG)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # ---------------------------------------------------------------- worker ---
@@ -325,5 +282,4 @@ def work(argv) -> int:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    sys.exit(work(argv) if "RANK" in os.environ else drive(argv))
+    sys.exit(_launch.main(__file__, work, parse_args))

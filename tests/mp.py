@@ -7,7 +7,7 @@ and returns their exit codes and output. Nothing is left behind.
 
 Workers report per-case results with ``tests.worker.report`` as JSON lines;
 ``Run.cases()`` collects them, so one multi-process session can check many cases
-and pytest can still report each case on its own (see ``session_cases``).
+and pytest can still report each case on its own (see ``session_tests``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import functools
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_PREFIX = "BAGUA-CASE "
@@ -169,3 +170,63 @@ def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[
             err.close()
         if tmp is not None:
             os.unlink(tmp.name)
+
+
+@dataclass(frozen=True)
+class Session:
+    """One multi-process run of a case-based test file: its world size, the
+    processes per emulated node (None: one node) and extra environment."""
+
+    world_size: int
+    local_world_size: Optional[int] = None
+    env: Optional[Mapping[str, str]] = None
+
+
+def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
+                  case_names: Callable[[str], Sequence[str]], *, timeout: float = 90.0,
+                  test_timeout: float = 180.0, requires: Sequence[str] = (),
+                  reporting_ranks: Optional[Callable[[str, str], int]] = None,
+                  returncode: Optional[Callable[[str, int], int]] = None):
+    """The two pytest tests of a case-based test file (which is also the
+    worker script, started as ``script SESSION_NAME``):
+
+    * ``test_case[SESSION-CASE]``: the case passed on every rank (or on
+      ``reporting_ranks(session, case)`` ranks);
+    * ``test_session_exits_cleanly[SESSION]``: no timeout, every worker exited
+      with 0 (or ``returncode(session, rank)``).
+
+    Each session runs once, on first use. ``requires`` names modules whose
+    absence skips the tests. Use as
+    ``test_case, test_session_exits_cleanly = session_tests(__file__, ...)``.
+    """
+    import pytest
+
+    specs = {n: s if isinstance(s, Session) else Session(int(s)) for n, s in sessions.items()}
+    script = os.path.abspath(script)
+
+    @functools.lru_cache(maxsize=None)
+    def session(name: str) -> Run:
+        for module in requires:
+            pytest.importorskip(module)
+        spec = specs[name]
+        return launch(script, spec.world_size, timeout=timeout, args=[name],
+                      local_world_size=spec.local_world_size, env=spec.env)
+
+    params = [pytest.param(n, c, id=f"{n}-{c}") for n in specs for c in case_names(n)]
+
+    @pytest.mark.timeout(test_timeout)
+    @pytest.mark.parametrize("name,case", params)
+    def test_case(name, case):
+        ranks = reporting_ranks(name, case) if reporting_ranks else specs[name].world_size
+        session(name).check_case(case, ranks)
+
+    @pytest.mark.timeout(test_timeout)
+    @pytest.mark.parametrize("name", list(specs))
+    def test_session_exits_cleanly(name):
+        run = session(name)
+        assert not run.timed_out, run.summary()
+        for w in run.workers:
+            want = returncode(name, w.rank) if returncode else 0
+            assert w.returncode == want, run.summary()
+
+    return test_case, test_session_exits_cleanly

@@ -11,18 +11,16 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
 import zlib
 
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import Session, session_tests  # noqa: E402
 from tests.worker import threads, wait_for_threads  # noqa: E402
 
 # session -> (world size, local world size, env)
@@ -488,35 +486,10 @@ def worker_main():
 # ---------------------------------------------------------------- pytest side
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    world, local, env = SESSIONS[name]
-    return launch(os.path.abspath(__file__), world, timeout=90, args=[name], local_world_size=local, env=env)
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in case_names(s)]
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    run = session(name)
-    world = SESSIONS[name][0]
-    run.check_case(case, world - 1 if case == "dead_peer_raises_on_survivors" else world)
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    for w in run.workers:
-        if name == "fail3" and w.rank == 2:
-            assert w.returncode == 3, run.summary()  # the peer that died on purpose
-        else:
-            assert w.returncode == 0, run.summary()
-
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, local, env) for name, (world, local, env) in SESSIONS.items()}, case_names,
+    reporting_ranks=lambda name, case: SESSIONS[name][0] - (case == "dead_peer_raises_on_survivors"),
+    returncode=lambda name, rank: 3 if (name, rank) == ("fail3", 2) else 0)  # fail3: rank 2 dies on purpose
 
 if __name__ == "__main__":
     worker_main()

@@ -18,16 +18,14 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import Session, session_tests  # noqa: E402
 
 # session -> (world size, local world size)
 SESSIONS = {
@@ -322,30 +320,8 @@ def worker_main():
 # ---------------------------------------------------------------- pytest side
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    world, local = SESSIONS[name]
-    return launch(os.path.abspath(__file__), world, timeout=90, args=[name], local_world_size=local)
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in case_names(s)]
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    run = session(name)
-    run.check_case(case, SESSIONS[name][0])
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    assert all(w.returncode == 0 for w in run.workers), run.summary()
-
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names)
 
 if __name__ == "__main__":
     worker_main()

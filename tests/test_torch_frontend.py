@@ -11,16 +11,14 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import session_tests  # noqa: E402
 from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
@@ -452,29 +450,7 @@ def worker_main():
 # ---------------------------------------------------------------- pytest side
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    return launch(os.path.abspath(__file__), SESSIONS[name], timeout=90, args=[name])
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in case_names(s)]
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    run = session(name)
-    run.check_case(case, SESSIONS[name])
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    assert all(w.returncode == 0 for w in run.workers), run.summary()
-
+test_case, test_session_exits_cleanly = session_tests(__file__, SESSIONS, case_names)
 
 if __name__ == "__main__":
     worker_main()

@@ -11,17 +11,15 @@ file is also the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
 
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import Session, session_tests  # noqa: E402
 from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
 from tests.worker import threads, wait_for_threads  # noqa: E402
 
@@ -330,29 +328,9 @@ def worker_main():
 # ---------------------------------------------------------------- pytest side
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    return launch(os.path.abspath(__file__), SESSIONS[name], timeout=150, args=[name], env=ENV)
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in CASES]
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    run = session(name)
-    run.check_case(case, SESSIONS[name])
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    assert all(w.returncode == 0 for w in run.workers), run.summary()
-
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, env=ENV) for name, world in SESSIONS.items()}, lambda _: CASES,
+    timeout=150, test_timeout=200)
 
 if __name__ == "__main__":
     worker_main()

@@ -33,6 +33,8 @@ from bagua_core.algorithms._base import (
     AFTER_OPTIMIZER_STEP,
     BACKWARD,
     FORWARD_START,
+    GRADIENTS,
+    WEIGHTS,
     Plan,
     as_description,
     by_name,
@@ -45,6 +47,7 @@ from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
 AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized]
 
 __all__ = [
-    "AFTER_OPTIMIZER_STEP", "BACKWARD", "FORWARD_START", "PEER_SELECTION_MODES", "AlgorithmDescription",
+    "AFTER_OPTIMIZER_STEP", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
+    "AlgorithmDescription",
     "ByteGrad", "Decentralized", "GradientAllReduce", "Plan", "as_description", "by_name", "names",
 ]

@@ -1,8 +1,12 @@
 // CPU handlers: buffers are host memory, the communicator is Gloo.
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
+#include "ffi/step_thread.h"
+#include "ffi/steps.h"
 
 namespace bagua {
 namespace ffi {
@@ -25,6 +29,33 @@ xffi::Error broadcast_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
 xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                           xffi::Result<xffi::Token>, int64_t comm) {
   return allgather(kCpu, comm, in, out);
+}
+
+// Checked at once; run on the step thread (ffi/step_thread.h), completing the
+// returned future, so XLA goes on with independent work meanwhile.
+xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
+                      xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
+                      int64_t intra, int64_t inter) {
+  xffi::Promise promise;
+  xffi::Future future(promise);
+  const std::string what = "step " + std::string(name);
+  std::shared_ptr<PreparedStep> call;
+  xffi::Error checked = guarded(what.c_str(), [&] {
+    call = std::make_shared<PreparedStep>(prepare_step(kCpu, name, params, comm, intra, inter, data, step, out));
+  });
+  if (checked.failure()) {
+    promise.SetError(std::move(checked));
+    return future;
+  }
+  run_on_step_thread([call, promise, what]() mutable {
+    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
+    if (done.failure()) {
+      promise.SetError(std::move(done));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
 }
 
 }  // namespace
@@ -58,3 +89,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu, bagua::ffi::allgather_cpu
                                   .Ret<xffi::AnyBuffer>()
                                   .Ret<xffi::Token>()
                                   .Attr<int64_t>("comm"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
+                              xffi::Ffi::Bind()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::Token>()
+                                  .Ret<xffi::AnyBuffer>()
+                                  .Ret<xffi::Token>()
+                                  .Attr<std::string_view>("step")
+                                  .Attr<std::string_view>("params")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("intra")
+                                  .Attr<int64_t>("inter"));

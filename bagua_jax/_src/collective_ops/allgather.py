@@ -25,7 +25,7 @@ def allgather(x: Any, group: Optional[Any] = None) -> Any:
 
     Args:
       x: array of a supported dtype (see ``allreduce``).
-      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init()`` made.
+      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init_process_group()`` made.
     """
     g = groups.resolve(group)
     x = jnp.asarray(x)

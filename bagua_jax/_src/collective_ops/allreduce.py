@@ -30,7 +30,7 @@ def allreduce(x: Any, op: Any = "sum", group: Optional[Any] = None) -> Any:
     Args:
       x: array of dtype float32, float64, float16, bfloat16, int32, int64 or uint8.
       op: "sum", "avg", "min", "max", "prod" (any case) or a ``bagua_core.ReduceOp``.
-      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init()`` made.
+      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init_process_group()`` made.
 
     Returns:
       An array with the shape and dtype of ``x``.

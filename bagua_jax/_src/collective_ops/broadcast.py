@@ -27,7 +27,7 @@ def broadcast(x: Any, root: int = 0, group: Optional[Any] = None) -> Any:
     Args:
       x: array of a supported dtype (see ``allreduce``).
       root: rank (within ``group``) whose data is sent.
-      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init()`` made.
+      group: a ``bagua_core`` process group; default: the one ``bagua_jax.init_process_group()`` made.
     """
     g = groups.resolve(group)
     root = _check_root(root, g)

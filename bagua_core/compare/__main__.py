@@ -1,0 +1,70 @@
+"""Command line of ``bagua-compare`` (see :mod:`bagua_core.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Sequence
+
+from bagua_core.algorithms import names as algorithm_names
+from bagua_core.compare import report
+from bagua_core.compare.problem import Problem
+
+FRONTENDS = {"torch": "bagua_torch.compare_worker", "jax": "bagua_jax.compare_worker"}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None):
+    p = argparse.ArgumentParser(prog="bagua-compare", description=__doc__.splitlines()[0])
+    p.add_argument("--algorithm", default="all", choices=[*algorithm_names(), "all"],
+                   help="an algorithm by its original name, or all of them")
+    p.add_argument("--nproc", type=int, default=2, help="processes per run")
+    p.add_argument("--out", default="bagua-compare", help="directory for compare.json and compare.png")
+    p.add_argument("--print-every", type=int, default=10, help="loss rows shown per algorithm")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run before it is stopped")
+    Problem.add_args(p)
+    args = p.parse_args(argv)
+    if args.nproc < 1:
+        p.error("--nproc must be >= 1")
+    if args.steps <= report.WARMUP_STEPS:
+        p.error(f"--steps must be > {report.WARMUP_STEPS}")
+    return args
+
+
+def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, timeout: float) -> dict:
+    """Runs one frontend's worker on ``nproc`` processes; returns rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="bagua-compare-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(nproc), "-m", FRONTENDS[frontend],
+               f"--algorithm={algorithm}", f"--out={out}", *problem.to_args()]
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"bagua-compare: the {frontend} run of {algorithm} took over {timeout:.0f} s") from None
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"bagua-compare: the {frontend} run of {algorithm} failed (exit {proc.returncode}):\n"
+                               + proc.stdout[-4000:])
+        with open(out) as f:
+            return json.load(f)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    problem = Problem.from_args(args)
+    chosen: List[str] = list(algorithm_names()) if args.algorithm == "all" else [args.algorithm]
+    results = {}
+    for name in chosen:
+        print(f"bagua-compare: {name}: torch, then jax, on {args.nproc} processes", flush=True)
+        runs = {fe: run_workers(fe, name, problem, args.nproc, args.timeout) for fe in FRONTENDS}
+        results[name] = {**runs, "summary": report.summarise(runs["torch"], runs["jax"])}
+    report.print_report(results, max(1, args.print_every))
+    for path in report.write(results, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

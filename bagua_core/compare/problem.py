@@ -1,0 +1,82 @@
+"""The problem both frontends train in ``bagua-compare``: an MLP's initial
+weights and every rank's batches, drawn with numpy from fixed seeds, so the
+torch and JAX runs start identical and see identical data.
+
+Weights are listed in torch's ``named_parameters()`` order with torch's
+layouts (a linear layer's weight is ``(out, in)``): the JAX worker keeps the
+same list, so both frontends lay out the same buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Tuple
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    features: int = 32
+    hidden: int = 128
+    classes: int = 8
+    batch_size: int = 32  # per rank
+    steps: int = 50
+    lr: float = 0.05
+    seed: int = 0
+
+    @property
+    def sizes(self) -> List[Tuple[int, int]]:
+        """(in, out) of each linear layer; ReLU between them."""
+        return [(self.features, self.hidden), (self.hidden, self.hidden), (self.hidden, self.classes)]
+
+    def initial_weights(self) -> List[np.ndarray]:
+        """[w0, b0, w1, b1, ...] float32, w of shape (out, in) (torch's default init)."""
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for fan_in, fan_out in self.sizes:
+            bound = 1.0 / np.sqrt(fan_in)
+            out.append(rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32))
+            out.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+        return out
+
+    def batch(self, step: int, rank: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s batch at ``step``: overlapping Gaussian clusters."""
+        centres = np.random.default_rng(self.seed + 1234).standard_normal((self.classes, self.features)) * 0.5
+        rng = np.random.default_rng([self.seed, step, rank])
+        y = rng.integers(0, self.classes, self.batch_size)
+        x = centres[y] + rng.standard_normal((self.batch_size, self.features))
+        return x.astype(np.float32), y.astype(np.int64)
+
+    def to_args(self) -> List[str]:
+        return [f"--{f.name.replace('_', '-')}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        for f in dataclasses.fields(cls):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+
+    @classmethod
+    def from_args(cls, args) -> "Problem":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def worker_arguments(argv=None):
+    """Parses a worker's command line: the problem, ``--algorithm`` and ``--out``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="a bagua-compare worker")
+    p.add_argument("--algorithm", required=True)
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    Problem.add_args(p)
+    args = p.parse_args(argv)
+    return args, Problem.from_args(args)
+
+
+def write_result(path: str, framework: str, algorithm: str, world: int, losses, step_times) -> None:
+    """What rank 0 of a worker run hands back to the tool."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump({"framework": framework, "algorithm": algorithm, "world_size": world,
+                   "losses": [float(v) for v in losses], "step_times_s": [float(t) for t in step_times]}, f)

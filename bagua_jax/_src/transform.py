@@ -1,0 +1,188 @@
+"""bagua_jax.transform: any Bagua algorithm as an optax gradient transformation.
+
+The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
+
+* gradient algorithms (GradientAllReduce, ByteGrad) transform the updates they
+  receive: put them *before* the optimizer, ``optax.chain(transform(algo),
+  optax.adam(lr))``;
+* weight algorithms (Decentralized) average the weights with peers and fold
+  the average into the updates, ``updates + (average(params) - params)``, so
+  ``optax.apply_updates`` gives ``average(x_t) - lr * g(x_t)`` exactly as the
+  torch frontend does: put them *after* the optimizer, ``optax.chain(
+  optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``.
+
+The leaves are grouped into buckets exactly as ``bagua_torch`` lays out its
+engine buckets for the same tensors (reverse leaf order, ``BAGUA_BUCKET_SIZE``
+bytes, one dtype per bucket, zero padding to the step's alignment), and each
+bucket runs the engine's step through the ``bagua_step`` FFI target: the same
+C++ code, hence the same numbers, as the torch frontend.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bagua_core import agreement, steps
+from bagua_core.algorithms._base import GRADIENTS, WEIGHTS
+from bagua_core.engine import default_bucket_bytes, plan_buckets
+
+from bagua_jax import algorithms
+from bagua_jax._src import groups, validation
+from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step
+
+# dtypes the steps average (every algorithm so far works on floating data)
+FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16))
+
+
+class BaguaState(NamedTuple):
+    """The transform's state: ``step``, the number of updates so far (int32
+    scalar). It decides which steps communicate (``communication_interval``)
+    and ``shift_one``'s partner, so it is checkpointed with the optimizer state."""
+
+    step: Any
+
+
+class _Layout(NamedTuple):
+    """Buckets of a list of leaves: leaf indices per bucket and padded sizes."""
+
+    buckets: Tuple[Tuple[int, ...], ...]
+    padded: Tuple[int, ...]
+
+
+def _leaf_signature(path, leaf) -> Tuple[str, str, tuple, str]:
+    return ("leaf", jax.tree_util.keystr(path), tuple(np.shape(leaf)), str(np.dtype(leaf.dtype)))
+
+
+def _check_leaves(what: str, flat: Sequence[Tuple[Any, Any]], group_info) -> None:
+    for path, leaf in flat:
+        name = jax.tree_util.keystr(path) or "<root>"
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            raise TypeError(f"bagua_jax.transform: {what} leaf {name} is a {type(leaf).__name__}, not an array")
+        dtype = np.dtype(leaf.dtype)
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"bagua_jax.transform: {what} leaf {name} has dtype {dtype}; the algorithms "
+                            f"average floating data ({', '.join(str(t) for t in FLOAT_DTYPES)})")
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            validation.check_platform(f"transform ({what} leaf {name})",
+                                      {d.platform for d in leaf.devices()}, group_info)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(shapes: Tuple[tuple, ...], dtypes: Tuple[str, ...], one_per_dtype: bool,
+            bucket_bytes: int, alignment: int) -> _Layout:
+    """bagua_torch's bucket layout for tensors in registration (leaf) order:
+    buckets take them in reverse order, the order backward produces them."""
+    order = list(reversed(range(len(shapes))))
+    if one_per_dtype:
+        by_dtype: dict = {}
+        for i in order:
+            by_dtype.setdefault(dtypes[i], []).append(i)
+        buckets = [tuple(v) for v in by_dtype.values()]
+    else:
+        decls = [(str(i), int(np.prod(shapes[i], dtype=np.int64)), dtypes[i]) for i in order]
+        buckets = [tuple(int(n) for n in names) for names in plan_buckets(decls, bucket_bytes)]
+    padded = []
+    for b in buckets:
+        n = sum(int(np.prod(shapes[i], dtype=np.int64)) for i in b)
+        padded.append(-(-n // alignment) * alignment)
+    return _Layout(tuple(buckets), tuple(padded))
+
+
+def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.GradientTransformationExtraArgs:
+    """Runs ``algorithm`` as an optax gradient transformation.
+
+    Args:
+      algorithm: a ``bagua_jax.algorithms`` algorithm (e.g. ``ByteGradAlgorithm()``),
+        a ``bagua_core.algorithms`` description or a registered name ("bytegrad", ...).
+      process_group: a ``bagua_core`` process group; default: the one
+        :func:`bagua_jax.init_process_group` made.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``. ``init(params)`` checks,
+      on every rank at once, that all ranks hold pytrees of the same
+      structure, shapes and dtypes; ``update(updates, state, params)`` works
+      eagerly and inside ``jax.jit`` (``params`` is required by weight
+      algorithms). Every rank must call ``transform`` and ``init`` in the same
+      order: binding a hierarchical algorithm creates the intra- and
+      inter-node groups collectively.
+
+    Raises:
+      GroupNotInitializedError: before ``init_process_group``.
+      TypeError / KeyError: a wrong algorithm argument or unknown name.
+      ValueError: the algorithm cannot run on this group (e.g. ``shift_one``
+        with an odd number of peers).
+    """
+    algo = algorithms.as_algorithm(algorithm)
+    plan = algo.to_core().plan()
+    if plan.communicates not in (GRADIENTS, WEIGHTS):
+        raise NotImplementedError(f"bagua_jax.transform: {algo!r} communicates {plan.communicates}")
+    what = f"bagua_jax.transform({algo!r})"
+    group = groups.process_group(process_group, what)
+    flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
+    info = steps.check_plan(plan, group, comms=tuple(None if g is None else g.comm
+                                                     for g in (flat_group, intra, inter)))
+    group_info = groups.resolve(group)
+    bound = BoundStep(plan.step, plan.params_text(), group_info,
+                      -1 if intra is None else int(intra.handle),
+                      -1 if inter is None else int(inter.handle), info.has_result)
+    weights = plan.communicates == WEIGHTS
+    bucket_bytes = default_bucket_bytes()
+
+    def init_fn(params):
+        flat, _ = jax.tree_util.tree_flatten_with_path(params)
+        _check_leaves("params", flat, group_info)
+        agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
+                                        f"the pytree given to {what}.init")
+        return BaguaState(step=jnp.zeros([], jnp.int32))
+
+    def communicate(leaves: List[Any], step) -> List[Any]:
+        layout = _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
+                         plan.one_bucket_per_dtype, bucket_bytes, info.alignment)
+        out: List[Any] = [None] * len(leaves)
+        for bucket, padded in zip(layout.buckets, layout.padded):
+            parts = [jnp.ravel(leaves[i]) for i in bucket]
+            used = sum(int(p.size) for p in parts)
+            if padded > used:
+                parts.append(jnp.zeros([padded - used], parts[0].dtype))
+            result = algorithm_step(jnp.concatenate(parts) if len(parts) > 1 else parts[0], step, bound)
+            offset = 0
+            for i in bucket:
+                n = int(np.prod(leaves[i].shape, dtype=np.int64))
+                out[i] = result[offset:offset + n].reshape(leaves[i].shape)
+                offset += n
+        return out
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args
+        if not isinstance(state, BaguaState):
+            raise TypeError(f"{what}.update: state must be the BaguaState from init, got {type(state).__name__}")
+        if weights and params is None:
+            raise ValueError(
+                f"{what}.update needs params: {algo.name} averages the weights. Call "
+                "tx.update(grads, state, params) and place the transform after the optimizer, "
+                "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))")
+        flat_updates, treedef = jax.tree_util.tree_flatten_with_path(updates)
+        _check_leaves("updates", flat_updates, group_info)
+        update_leaves = [x for _, x in flat_updates]
+        if weights:
+            flat_params, params_def = jax.tree_util.tree_flatten_with_path(params)
+            if params_def != treedef:
+                raise ValueError(f"{what}.update: params and updates have different tree structures")
+            _check_leaves("params", flat_params, group_info)
+            param_leaves = [x for _, x in flat_params]
+            averaged = communicate(param_leaves, state.step)
+            # x + (u + (avg - x)) == avg + u: the optimizer's update applied to the average
+            new_leaves = [(u + (a - p).astype(u.dtype)) for u, a, p in zip(update_leaves, averaged, param_leaves)]
+        else:
+            new_leaves = communicate(update_leaves, state.step)
+        return (jax.tree_util.tree_unflatten(treedef, new_leaves),
+                BaguaState(step=state.step + jnp.asarray(1, jnp.int32)))
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

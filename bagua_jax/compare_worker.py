@@ -1,0 +1,68 @@
+"""The JAX side of ``bagua-compare`` (run by it under ``bagua-run``): trains
+:class:`bagua_core.compare.problem.Problem`'s MLP with
+``bagua_jax.transform`` and plain SGD (the transform before the optimizer
+for gradient algorithms, after it for weight algorithms); rank 0 writes
+every step's loss (mean over ranks) and time."""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")  # one core per rank, as torch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import bagua_jax  # noqa: E402
+from bagua_core.algorithms import WEIGHTS  # noqa: E402
+from bagua_core.compare.problem import worker_arguments, write_result  # noqa: E402
+
+
+def forward(params, x):
+    """The MLP with torch's layouts: params = [w0, b0, w1, b1, ...], w (out, in)."""
+    n = len(params) // 2
+    for i in range(n):
+        x = x @ params[2 * i].T + params[2 * i + 1]
+        if i + 1 < n:
+            x = jax.nn.relu(x)
+    return x
+
+
+def main(argv=None) -> None:
+    args, problem = worker_arguments(argv)
+    group = bagua_jax.init_process_group()
+    algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm)
+    bagua = bagua_jax.transform(algorithm)
+    sgd = optax.sgd(problem.lr)
+    weights = algorithm.to_core().plan().communicates == WEIGHTS
+    tx = optax.chain(sgd, bagua) if weights else optax.chain(bagua, sgd)
+    params = [jnp.asarray(w) for w in problem.initial_weights()]
+    state = tx.init(params)
+
+    def loss_fn(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(forward(p, x), y).mean()
+
+    @jax.jit
+    def step(p, s, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+        updates, s = tx.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, loss
+
+    losses, times = [], []
+    for t in range(problem.steps):
+        x, y = problem.batch(t, group.rank)
+        start = time.perf_counter()
+        params, state, loss = step(params, state, x, y.astype(np.int32))
+        loss.block_until_ready()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    mean = bagua_jax.allreduce(jnp.asarray(losses, jnp.float32), op="avg")
+    if group.rank == 0:
+        write_result(args.out, "jax", args.algorithm, group.size, np.asarray(mean).tolist(), times)
+
+
+if __name__ == "__main__":
+    main()

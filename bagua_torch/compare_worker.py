@@ -1,0 +1,52 @@
+"""The torch side of ``bagua-compare`` (run by it under ``bagua-run``):
+trains :class:`bagua_core.compare.problem.Problem`'s MLP with
+``with_bagua`` and plain SGD; rank 0 writes every step's loss (mean over
+ranks) and time."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import bagua_torch
+from bagua_core.compare.problem import worker_arguments, write_result
+from bagua_torch.algorithms import Algorithm
+
+
+def main(argv=None) -> None:
+    args, problem = worker_arguments(argv)
+    torch.set_num_threads(1)
+    group = bagua_torch.init_process_group()
+    layers = []
+    for i, (fan_in, fan_out) in enumerate(problem.sizes):
+        layers.append(torch.nn.Linear(fan_in, fan_out))
+        if i + 1 < len(problem.sizes):
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), problem.initial_weights()):
+            p.copy_(torch.from_numpy(w))
+    opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
+    model = model.with_bagua([opt], Algorithm.init(args.algorithm))
+
+    losses, times = [], []
+    for step in range(problem.steps):
+        x, y = (torch.from_numpy(a) for a in problem.batch(step, group.rank))
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    mean = torch.tensor(np.asarray(losses, np.float64))
+    bagua_torch.allreduce_inplace(mean, op=bagua_torch.ReduceOp.AVG)
+    if group.rank == 0:
+        write_result(args.out, "torch", args.algorithm, group.size, mean.tolist(), times)
+
+
+if __name__ == "__main__":
+    main()
