@@ -30,7 +30,7 @@ ORIGINAL_TOP_LEVEL = [
     "broadcast", "gather", "gather_inplace", "reduce", "reduce_inplace", "reduce_scatter",
     "reduce_scatter_inplace", "scatter", "scatter_inplace", "ReduceOp", "BaguaModule", "BaguaTensor",
     "get_local_rank", "get_local_size", "get_rank", "get_world_size",
-    "communication", "algorithms", "checkpoint", "data_parallel", "env",
+    "communication", "algorithms", "checkpoint", "contrib", "data_parallel", "env",
 ]
 ORIGINAL_COMMUNICATION = ["new_group", "from_torch_group", "is_initialized", "broadcast_object", "get_backend",
                           "allreduce_inplace", "ReduceOp", "init_process_group", "barrier"]
@@ -66,6 +66,15 @@ def test_original_module_paths_and_names():
     assert data_parallel.BaguaDistributedDataParallel is bagua_torch.BaguaDistributedDataParallel
     assert checkpoint.save_checkpoint is bagua_torch.checkpoint.save_checkpoint
     assert q_adam.QAdamAlgorithm and async_model_average.AsyncModelAverageAlgorithm
+    from bagua.torch_api.contrib import CacheLoader, CachedDataset, LoadBalancingDistributedSampler
+    from bagua.torch_api.contrib.fuse.optimizer import fuse_optimizer
+    from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
+    from bagua.torch_api.contrib.utils.redis_store import RedisStore
+
+    import bagua_torch.contrib as tc
+    assert (CacheLoader, CachedDataset, LoadBalancingDistributedSampler, fuse_optimizer, SyncBatchNorm) == \
+        (tc.CacheLoader, tc.CachedDataset, tc.LoadBalancingDistributedSampler, tc.fuse_optimizer, tc.SyncBatchNorm)
+    assert RedisStore is bagua_torch.contrib.utils.redis_store.RedisStore
 
 
 def test_reduce_op_original_values():

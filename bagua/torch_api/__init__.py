@@ -4,13 +4,13 @@ Scripts written for Bagua 0.9.2 (``import bagua.torch_api as bagua``) run
 unchanged: ``bagua.init_process_group()`` (which, as there, also initialises
 torch's default process group), the communication primitives,
 ``model.with_bagua([optimizer], algorithm)``, and the submodules
-``communication``, ``algorithms``, ``data_parallel``, ``env`` and
-``checkpoint``. ``BaguaTensor`` and the algorithms not built yet (QAdam,
+``communication``, ``algorithms``, ``data_parallel``, ``env``, ``checkpoint``
+and ``contrib``. ``BaguaTensor`` and the algorithms not built yet (QAdam,
 asynchronous model average, low-precision decentralized) import, and raise
 ``NotImplementedError`` naming themselves when used.
 """
 
-from bagua.torch_api import algorithms, checkpoint, communication, data_parallel, env
+from bagua.torch_api import algorithms, checkpoint, communication, contrib, data_parallel, env
 from bagua.torch_api._not_built import not_built
 from bagua.torch_api.communication import (
     ReduceOp,
@@ -48,5 +48,5 @@ __all__ = [
     "broadcast", "gather", "gather_inplace", "reduce", "reduce_inplace", "reduce_scatter",
     "reduce_scatter_inplace", "scatter", "scatter_inplace", "ReduceOp", "BaguaModule", "BaguaTensor",
     "get_local_rank", "get_local_size", "get_rank", "get_world_size",
-    "communication", "algorithms", "checkpoint", "data_parallel", "env",
+    "communication", "algorithms", "checkpoint", "contrib", "data_parallel", "env",
 ]
