@@ -49,11 +49,15 @@ class ReduceOp(enum.IntEnum):
     PRODUCT = 1  # the original's name
     MIN = 2
     MAX = 3
+    BOR = 7  # bitwise or, and, xor: integer dtypes, Gloo groups
+    BAND = 8
+    BXOR = 9
     AVG = 10
 
 
 _OP_NAMES = {"sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "product": ReduceOp.PROD,
-             "min": ReduceOp.MIN, "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG}
+             "min": ReduceOp.MIN, "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG,
+             "bor": ReduceOp.BOR, "band": ReduceOp.BAND, "bxor": ReduceOp.BXOR}
 
 
 def _op(op) -> int:

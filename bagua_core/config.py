@@ -13,7 +13,9 @@ Settings (all optional):
                                  first jitted step can compile for minutes)
 ``BAGUA_STORE_PORT``             port of the rendezvous store on ``MASTER_ADDR``
                                  (default ``MASTER_PORT + 1``, so it never clashes with
-                                 torchrun's own store on ``MASTER_PORT``)
+                                 torchrun's own store on ``MASTER_PORT``). Alias:
+                                 ``BAGUA_SERVICE_PORT`` (Bagua 0.9's one extra port on
+                                 the master; values <= 0 mean the default, as there)
 ``BAGUA_HOSTNAME``               address this process listens on for its peers (default:
                                  the local address that routes to ``MASTER_ADDR``)
 ``BAGUA_DEBUG_CHECKS``           also check send/recv pairs and collective sequence
@@ -23,10 +25,14 @@ Settings (all optional):
                                  collective and a round trip per send/recv)
 ``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (default: the
                                  ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_LOG_LEVEL``              level of the ``bagua`` logger: DEBUG, INFO, WARNING,
+                                 ERROR or CRITICAL (default: as the application set it;
+                                 see :mod:`bagua_core.log`)
 ``BAGUA_BUCKET_SIZE``            bytes of gradients (or weights) per bucket of the
                                  default bucket plan (default 10 MiB = 10485760);
                                  smaller buckets start communicating earlier in
-                                 backward, larger ones make fewer, bigger calls
+                                 backward, larger ones make fewer, bigger calls.
+                                 Alias: ``BAGUA_DEFAULT_BUCKET_SIZE`` (Bagua 0.9's name)
 ``BAGUA_STORE_SECRET``           the job's secret: a rendezvous store client must
                                  prove it holds it (HMAC-SHA256 challenge) before
                                  anything else. ``bagua-run`` makes one for
@@ -39,6 +45,9 @@ Settings (all optional):
 ``BAGUA_STORE_MAX_BYTES``        total bytes of keys and values the store holds
                                  (default 256 MiB)
 ===============================  =======================================================
+
+An alias is read when its new name is absent; both set to different values
+raise :class:`ConfigError`.
 
 Booleans accept 1/0, true/false, yes/no, on/off (any case).
 """
@@ -103,6 +112,29 @@ def parse_float(name: str, value: Optional[str], default: float, minimum: float 
     return x
 
 
+# new name -> the Bagua 0.9 name it also accepts
+ALIASES = {
+    "BAGUA_STORE_PORT": "BAGUA_SERVICE_PORT",
+    "BAGUA_BUCKET_SIZE": "BAGUA_DEFAULT_BUCKET_SIZE",
+}
+
+
+def _aliased(env: Mapping[str, str], name: str) -> tuple:
+    """(name actually used, its value) for a setting with a Bagua 0.9 alias."""
+    old = ALIASES[name]
+    new_value, old_value = env.get(name), env.get(old)
+    if name == "BAGUA_STORE_PORT" and old_value is not None:
+        # Bagua 0.9 launchers set BAGUA_SERVICE_PORT <= 0 for "choose one": our default.
+        try:
+            if int(old_value.strip()) <= 0:
+                old_value = None
+        except ValueError:
+            pass  # reported by the parser below, under its name
+    if new_value is not None and old_value is not None and new_value.strip() != old_value.strip():
+        raise ConfigError(f"{name}={new_value!r} and its alias {old}={old_value!r} disagree: set one of them")
+    return (name, new_value) if new_value is not None else (old, old_value)
+
+
 def _slurm_tasks_per_node(value: Optional[str]) -> Optional[int]:
     # "4(x2),3" -> 4 : the count on this job's first node group.
     if not value:
@@ -129,6 +161,8 @@ class Settings:
     store_secret: str = ""
     store_max_value_bytes: Optional[int] = None  # None: the store's own default
     store_max_bytes: Optional[int] = None
+    launched: bool = True  # False: neither a launcher's nor Slurm's variables were found
+    log_level: Optional[str] = None
 
     @property
     def store_limits(self) -> dict:
@@ -166,6 +200,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         node_rank = parse_int("SLURM_NODEID", g("SLURM_NODEID"), None, minimum=0)
     else:
         rank, world_size, local_rank, local_world_size, node_rank = 0, 1, 0, 1, 0
+    launched = g("RANK") is not None or g("SLURM_PROCID") is not None
 
     if rank >= world_size:
         raise ConfigError(f"rank {rank} is out of range for world size {world_size}")
@@ -178,7 +213,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
 
     master_addr = g("MASTER_ADDR") or DEFAULT_MASTER_ADDR
     master_port = parse_int("MASTER_PORT", g("MASTER_PORT"), DEFAULT_MASTER_PORT, minimum=1)
-    store_port = parse_int("BAGUA_STORE_PORT", g("BAGUA_STORE_PORT"), master_port + 1, minimum=1)
+    store_port = parse_int(*_aliased(env, "BAGUA_STORE_PORT"), master_port + 1, minimum=1)
     if master_port > 65535 or store_port > 65535:
         raise ConfigError(f"port out of range: MASTER_PORT={master_port}, store port={store_port}")
 
@@ -195,9 +230,23 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         hostname=g("BAGUA_HOSTNAME") or None,
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
-        bucket_size=parse_int("BAGUA_BUCKET_SIZE", g("BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
+        bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
         store_secret=g(STORE_SECRET_ENV) or "",
         store_max_value_bytes=parse_int("BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None,
                                         minimum=1),
         store_max_bytes=parse_int("BAGUA_STORE_MAX_BYTES", g("BAGUA_STORE_MAX_BYTES"), None, minimum=1),
+        launched=launched,
+        log_level=_log_level(g("BAGUA_LOG_LEVEL")),
     )
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: Optional[str]) -> Optional[str]:
+    if value is None or not value.strip():
+        return None
+    level = value.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ConfigError(f"BAGUA_LOG_LEVEL={value!r} is not one of {', '.join(_LOG_LEVELS)}")
+    return level

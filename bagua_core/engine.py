@@ -58,7 +58,7 @@ import math
 import weakref
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from bagua_core import config, steps
+from bagua_core import config, log, steps
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType, as_dtype
 
@@ -229,6 +229,8 @@ class Engine:
             own.close()
             raise
         engine._group = own
+        log.logger.info("engine on %r: %s", group.name, "hierarchical (within each node, then between node "
+                        "leaders)" if hierarchical else "flat (every rank together)")
         own._on_close.append(engine._core.close)  # destroy_process_group() stops the thread first
         # No reference to the engine itself: it may still be collected.
         engine._release = weakref.finalize(engine, _release, engine._core, own)
@@ -245,7 +247,10 @@ class Engine:
         engine's communicators: raises ValueError when it cannot run on them,
         else returns its :class:`bagua_core.steps.StepInfo` (e.g. the bucket
         alignment it needs)."""
-        return steps.check_plan(plan, None, comms=self._comms)
+        info = steps.check_plan(plan, None, comms=self._comms)
+        log.logger.info("algorithm step %r (%s), communicates %s in phase %s", plan.step, plan.params_text(),
+                        plan.communicates, plan.phase)
+        return info
 
     # ---- buckets ----
     def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype, alignment: int = 1) -> Bucket:
@@ -273,6 +278,7 @@ class Engine:
         for names in plan:
             dtype = by_name[names[0]][1]
             out.append(self.add_bucket(str(len(self._buckets)), [(n, by_name[n][0]) for n in names], dtype, alignment))
+        log.logger.info("%d bucket(s), bytes %s", len(out), [b.nbytes for b in out])
         return out
 
     @property

@@ -45,13 +45,33 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from bagua_core import config
+from bagua_core import config, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
 
 _GENERATION_KEY = "bagua/generation"
 _WORLD_SIZE_KEY = "bagua/world_size"
+_PRESENT_KEY = "bagua/present"
+_ATTEMPT_S = 0.25  # longest blocking store call while waiting for peers: Ctrl-C is seen between calls
+_NOTICE_EVERY_S = 10.0
+
+
+class _WaitNotice:
+    """While waiting: one line every 10 s saying what for (``what``: text, or a
+    function giving it)."""
+
+    def __init__(self, what, rank: int, deadline: float):
+        self._what, self._rank, self._deadline = what, rank, deadline
+        self._next = time.monotonic() + _NOTICE_EVERY_S
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + _NOTICE_EVERY_S
+            what = self._what() if callable(self._what) else self._what
+            log.logger.warning("bagua: rank %d is waiting for %s; timeout in %.0f s (BAGUA_TIMEOUT)",
+                               self._rank, what, max(0.0, self._deadline - now))
 
 
 class ProcessGroup:
@@ -216,23 +236,29 @@ class _Context:
             return
         # A rank re-initialising quickly may still reach the server of the
         # previous generation, before rank 0 closed it: wait for the new one.
+        # Short attempts keep Ctrl-C working while rank 0 is not there yet.
         deadline = time.monotonic() + s.timeout_s
+        waiting = _WaitNotice(f"rank 0's rendezvous store at {s.master_addr}:{s.store_port} (is rank 0 running, "
+                              "with the same MASTER_ADDR and MASTER_PORT?)", s.rank, deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _C.CommTimeoutError(
                     f"no rendezvous store of generation {self.generation} at "
-                    f"{s.master_addr}:{s.store_port} within {s.timeout_s} s"
+                    f"{s.master_addr}:{s.store_port} within {s.timeout_s} s (is rank 0 running, and are "
+                    "MASTER_ADDR and BAGUA_STORE_PORT the same on every rank?)"
                 )
             store = None
             try:
-                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, remaining, s.store_secret)
-                found = int(store.get(_GENERATION_KEY, remaining))
+                # short attempts; later calls keep the full timeout
+                attempt = min(remaining, _ATTEMPT_S)
+                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, s.timeout_s, s.store_secret,
+                                    connect_timeout_s=attempt)
+                found = int(store.get(_GENERATION_KEY, attempt))
             except BaguaError:
                 if store is not None:
                     store.close()
-                if time.monotonic() + 0.05 >= deadline:
-                    raise
+                waiting.tick()
                 time.sleep(0.05)
                 continue
             if found == self.generation:
@@ -251,6 +277,32 @@ class _Context:
                     f"{self.generation}: every rank must call init_process_group() the same number of times"
                 )
             time.sleep(0.05)
+
+    def wait_for_everyone(self) -> None:
+        """Returns once every rank reached the store; while some have not, Ctrl-C
+        works and one line every 10 s names them (the communicators' own
+        rendezvous, in C++, then finds everyone there)."""
+        s = self.settings
+        if s.world_size == 1:
+            return
+        self.store.set(f"{_PRESENT_KEY}/{s.rank}", b"1")
+        keys = [f"{_PRESENT_KEY}/{r}" for r in range(s.world_size)]
+        deadline = time.monotonic() + s.timeout_s
+        waiting = None
+        pause = 0.005
+        while not self.store.check(keys):
+            if waiting is None:
+                waiting = _WaitNotice(lambda: f"ranks {self._missing(keys)} to join the job at "
+                                      f"{s.master_addr}:{s.store_port}", s.rank, deadline)
+            if time.monotonic() >= deadline:
+                raise _C.CommTimeoutError(f"ranks {self._missing(keys)} did not join within {s.timeout_s} s "
+                                          f"(rendezvous at {s.master_addr}:{s.store_port})")
+            waiting.tick()
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
+
+    def _missing(self, keys: List[str]) -> List[int]:
+        return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
     def make_group(self, name: str, ranks: Sequence[int]) -> ProcessGroup:
         g = ProcessGroup(self, name, ranks)
@@ -344,13 +396,40 @@ def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGro
         ctx = _Context(settings, _generation)
         try:
             ctx.connect_store()
+            ctx.wait_for_everyone()
             ctx.world = ctx.make_group("world", range(settings.world_size))
             ctx.exchange_node_identities()
         except BaseException:
             ctx.close()
             raise
         _ctx = ctx
+        log.configure(settings)
+        if not settings.launched:
+            _say_single_process_once()
+        _log_layout(ctx)
         return ctx.world
+
+
+def _log_layout(ctx: "_Context") -> None:
+    s = ctx.settings
+    local_sizes = {}
+    for node in ctx.node_of:
+        local_sizes[node] = local_sizes.get(node, 0) + 1
+    log.logger.info("rank %d of %d: %d node(s), ranks per node %s; this is node %d, local rank %d",
+                    s.rank, s.world_size, len(local_sizes), [local_sizes[n] for n in sorted(local_sizes)],
+                    s.node_rank, s.local_rank)
+
+
+_said_single_process = False
+
+
+def _say_single_process_once() -> None:
+    global _said_single_process
+    if not _said_single_process:
+        _said_single_process = True
+        log.logger.warning(
+            "bagua: no launcher environment (RANK, WORLD_SIZE, ... or Slurm's): this process runs alone, "
+            "as a single process; start several with bagua-run or torchrun")
 
 
 # A process that exits without destroy_process_group() still closes its
@@ -376,7 +455,8 @@ def destroy_process_group() -> None:
 def _context() -> _Context:
     ctx = _ctx
     if ctx is None:
-        raise RuntimeError("bagua_core is not initialised: call bagua_core.init_process_group() first")
+        raise RuntimeError("Bagua is not initialised: call bagua_torch.init_process_group() (PyTorch), "
+                           "bagua_jax.init() (JAX) or bagua_core.init_process_group() first")
     return ctx
 
 

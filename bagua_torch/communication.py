@@ -18,12 +18,13 @@ from typing import Optional, Sequence
 import torch
 
 import bagua_core
+from bagua_torch import _torch_group
 from bagua_core import comm as _core
 from bagua_core.comm import ReduceOp
 from bagua_core.process_group import ProcessGroup
 
 __all__ = [
-    "ReduceOp", "init_process_group", "is_initialized", "new_group", "get_default_group",
+    "ReduceOp", "init_process_group", "is_initialized", "new_group", "from_torch_group", "get_default_group",
     "get_rank", "get_world_size", "get_local_rank", "get_local_size", "get_node_rank",
     "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
     "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
@@ -32,15 +33,36 @@ __all__ = [
 ]
 
 
-def init_process_group() -> ProcessGroup:
+def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1, *,
+                       torch_distributed: bool = False) -> ProcessGroup:
     """Joins the job described by the environment (torchrun's contract, as set
-    by ``bagua-run``) and returns the world group. Safe to call twice."""
-    return bagua_core.init_process_group()
+    by ``bagua-run``) and returns the world group. Safe to call twice.
+
+    The arguments are Bagua 0.9's: ``rank``, ``world_size`` and
+    ``local_world_size`` (all three, or none) replace the environment's
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (written to
+    ``os.environ``, as the original did). ``store`` (a ``torch.distributed``
+    store) tells where to meet when ``MASTER_ADDR`` is unset: a ``TCPStore``'s
+    host and port become ``MASTER_ADDR``/``MASTER_PORT``; with any other
+    store, rank 0 publishes its address and a free port in it.
+
+    ``torch_distributed=True`` (what ``bagua.torch_api`` passes) also
+    initialises torch's default process group when nobody has (gloo, plus
+    nccl for CUDA tensors when CUDA is available) on ``MASTER_PORT`` (or on
+    ``store``), so ``torch.distributed.barrier()`` and ``DistributedSampler``
+    work; a default group the caller made first is used as it is.
+    """
+    _torch_group.apply_layout(store, rank, world_size, local_world_size)
+    group = bagua_core.init_process_group()
+    if torch_distributed:
+        _torch_group.init_torch_default_group(store, group)
+    return group
 
 
 is_initialized = bagua_core.is_initialized
 new_group = bagua_core.new_group
 get_default_group = bagua_core.get_default_group
+from_torch_group = _torch_group.from_torch_group
 get_rank = bagua_core.get_rank
 get_world_size = bagua_core.get_world_size
 get_local_rank = bagua_core.get_local_rank

@@ -71,3 +71,36 @@ def test_store_settings():
     s = config.load({"BAGUA_STORE_SECRET": "abc", "BAGUA_STORE_MAX_VALUE_BYTES": "1000"})
     assert s.store_secret == "abc" and s.store_limits == {"max_value_bytes": 1000}
     assert config.load({}).store_secret == "" and config.load({}).store_limits == {}
+
+
+def test_bagua_0_9_names_are_aliases():
+    assert config.load({"BAGUA_DEFAULT_BUCKET_SIZE": "4096"}).bucket_size == 4096
+    assert config.load({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "4096"}).bucket_size == 4096
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="31000")).store_port == 31000
+    # Bagua 0.9's "choose a port" (<= 0) means our default
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="-1")).store_port == 29401
+    assert config.load(torchrun_env(BAGUA_SERVICE_PORT="0", BAGUA_STORE_PORT="31000")).store_port == 31000
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "8192"}, "disagree"),
+    ({"BAGUA_STORE_PORT": "31000", "BAGUA_SERVICE_PORT": "31001"}, "disagree"),
+    ({"BAGUA_DEFAULT_BUCKET_SIZE": "big"}, "BAGUA_DEFAULT_BUCKET_SIZE='big' is not an integer"),
+    ({"BAGUA_SERVICE_PORT": "x"}, "BAGUA_SERVICE_PORT='x' is not an integer"),
+])
+def test_bad_aliases(env, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(env)
+
+
+def test_launched_tells_whether_a_launcher_set_the_environment():
+    assert config.load({}).launched is False
+    assert config.load(torchrun_env()).launched is True
+    assert config.load(dict(SLURM_PROCID="0", SLURM_NTASKS="1")).launched is True
+
+
+def test_log_level():
+    assert config.load({}).log_level is None
+    assert config.load({"BAGUA_LOG_LEVEL": "info"}).log_level == "INFO"
+    with pytest.raises(config.ConfigError, match="BAGUA_LOG_LEVEL='loud' is not one of DEBUG"):
+        config.load({"BAGUA_LOG_LEVEL": "loud"})

@@ -361,3 +361,45 @@ def test_multi_node_jobs_without_a_secret_warn(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert {lines[0] for lines in _by_rank(r.stdout).values()} == {"<unset>"}
     assert "BAGUA_STORE_SECRET is not set" in r.stderr
+
+
+def test_version_and_help_name_the_defaults():
+    import bagua_core
+
+    out = _launch("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"bagua-run (bagua {bagua_core.__version__})"
+    out = _launch("--help")
+    assert out.returncode == 0 and "OMP_NUM_THREADS=1 unless it is set" in out.stdout
+
+
+def test_carriage_returns_pass_through_live_with_the_prefix(tmp_path):
+    # a progress bar (tqdm) redraws its line after \r: each redraw shows at once, prefixed
+    go = tmp_path / "go"
+    script = _script(tmp_path, f"""
+        import os, sys, time
+        sys.stderr.write("\\r10%")
+        sys.stderr.flush()
+        deadline = time.monotonic() + 10
+        while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the test saw 10%
+        sys.stderr.write("\\r50%\\r100%\\r\\n")
+        print("done")
+    """)
+    proc = subprocess.Popen(_cmd("--nproc-per-node", 1, script), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        first = b""
+        while b"10%" not in first:
+            more = proc.stderr.read1(4096)
+            assert more, first
+            first += more
+        go.touch()
+        err = first + proc.stderr.read()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first == b"[rank 0] \r[rank 0] 10%", first
+    assert err == b"[rank 0] \r[rank 0] 10%\r[rank 0] 50%\r[rank 0] 100%\r\n", err
+    assert out == b"[rank 0] done\n"

@@ -309,3 +309,31 @@ def test_killed_peer_fails_every_survivor(world_size, victim):
 
 if __name__ == "__main__":
     sys.exit(worker_main(sys.argv[1]))
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_waiting_at_rendezvous_stops_at_once_and_says_what_it_waits_for():
+    # rank 1 without rank 0 waits for the store; rank 0 without rank 1 waits for rank 1
+    import subprocess
+    import time
+
+    waits = {1: "rank 1 is waiting for rank 0's rendezvous store at 127.0.0.1:", 0: "rank 0 is waiting for ranks [1]"}
+    procs = {}
+    for rank in (0, 1):
+        env = mp.worker_env(rank, 2, mp.free_port_pair(), extra={"BAGUA_TIMEOUT": "50"})
+        procs[rank] = subprocess.Popen([sys.executable, "-c", "import bagua_core; bagua_core.init_process_group()"],
+                                       env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=mp.REPO,
+                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for rank, p in procs.items():
+            line = p.stderr.readline().decode()  # the first notice, after 10 s
+            assert waits[rank] in line and "timeout in" in line, line
+            start = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=5)
+            assert time.monotonic() - start < 2.0
+            assert b"KeyboardInterrupt" in p.stderr.read()
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

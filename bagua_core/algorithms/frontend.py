@@ -16,6 +16,12 @@ from typing import Dict, List
 from bagua_core.algorithms._base import is_description
 
 
+# Bagua 0.9's registered names. One not built here yet raises NotImplementedError
+# from init(), so that a script written for Bagua 0.9 learns what is missing.
+ORIGINAL_NAMES = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
+                  "async")
+
+
 class FrontendAlgorithm:
     """An algorithm under its original name: its constructor arguments are the
     description's fields, validated by the description."""
@@ -69,6 +75,10 @@ class FrontendAlgorithm:
         try:
             algo_cls = cls._registry[name]
         except KeyError:
+            if name in ORIGINAL_NAMES:
+                raise NotImplementedError(
+                    f"algorithm {name!r} of Bagua 0.9 is not built in this Bagua yet; available: "
+                    f"{', '.join(sorted(cls._registry))}") from None
             raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(cls._registry))}") from None
         return algo_cls(**hyperparameters)
 

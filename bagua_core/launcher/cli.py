@@ -9,7 +9,7 @@ import os
 import secrets
 from typing import List, Optional, Sequence, Tuple
 
-from bagua_core import config
+from bagua_core import __version__, config
 from bagua_core.launcher.ports import free_port_pair
 
 MULTI_NODE_DEFAULT_PORT = 29500
@@ -18,7 +18,9 @@ DEFAULT_GRACE_PERIOD_S = 10.0
 _EPILOG = """\
 Every worker gets torchrun's environment contract: RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT (and
-PYTHONUNBUFFERED=1). Bagua's store listens on MASTER_PORT + 1 unless
+PYTHONUNBUFFERED=1), and OMP_NUM_THREADS=1 unless it is set, with more than
+one worker per node (as torchrun does: N workers each using every core would
+oversubscribe the machine). Bagua's store listens on MASTER_PORT + 1 unless
 BAGUA_STORE_PORT says otherwise. Everything after SCRIPT is passed to it
 untouched. SIGINT/SIGTERM are forwarded to every worker; when one worker fails
 the others are stopped and bagua-run exits with the failed worker's code.
@@ -44,6 +46,11 @@ class LaunchConfig:
     # The rendezvous store's secret handed to the workers (single-node jobs
     # without one of their own; see bagua_core.config).
     store_secret: str = ""
+    # Set by the Bagua 0.9 launchers (bagua.distributed.launch / .run):
+    no_python: bool = False  # run SCRIPT itself, not through the Python interpreter
+    local_rank_arg: bool = False  # append --local_rank=N to the script's arguments
+    log_dir: Optional[str] = None  # each worker's output to files there instead of the prefixed stream
+    extra_env: Tuple[Tuple[str, str], ...] = ()  # settings given as flags, for every worker
 
     @property
     def world_size(self) -> int:
@@ -110,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time stopped workers get before SIGKILL (default %(default)s)")
     p.add_argument("--no-prefix", action="store_true",
                    help="do not prefix the workers' output lines with their rank")
+    p.add_argument("--version", action="version", version=f"bagua-run (bagua {__version__})")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run like python -m")
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m) to run")
@@ -134,41 +142,54 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List
     """
     parser = build_parser()
     a = parser.parse_args(argv)
-    if a.node_rank >= a.nnodes:
-        parser.error(f"--node-rank {a.node_rank} is out of range for --nnodes {a.nnodes} (0..{a.nnodes - 1})")
-    if not a.master_addr.strip():
+    return make_config(parser, nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
+                       master_addr=a.master_addr, master_port=a.master_port, module=a.module, script=a.script,
+                       script_args=a.script_args, grace_period_s=a.grace_period, prefix=not a.no_prefix)
+
+
+def make_config(parser: argparse.ArgumentParser, *, nproc_per_node: int, nnodes: int, node_rank: int,
+                master_addr: str, master_port: Optional[int], module: bool, script: str,
+                script_args: Sequence[str], grace_period_s: float = DEFAULT_GRACE_PERIOD_S, prefix: bool = True,
+                no_python: bool = False, **launcher_fields) -> Tuple[LaunchConfig, List[str]]:
+    """The checks and defaults of every launcher (``bagua-run`` and Bagua 0.9's):
+    errors through ``parser.error``, the config, and warnings to print."""
+    if node_rank >= nnodes:
+        parser.error(f"--node-rank {node_rank} is out of range for --nnodes {nnodes} (0..{nnodes - 1})")
+    if not master_addr.strip():
         parser.error("--master-addr must not be empty")
-    if not a.module and not os.path.exists(a.script):
-        parser.error(f"script {a.script!r} not found (use -m to run a module)")
-    if a.module and not a.script.strip():
+    if not module and not no_python and not os.path.exists(script):
+        parser.error(f"script {script!r} not found (use -m to run a module)")
+    if module and not script.strip():
         parser.error("-m needs a module name")
 
     warnings = []
-    if a.nnodes > 1 and _is_loopback(a.master_addr):
-        warnings.append(f"--nnodes {a.nnodes} with a loopback --master-addr {a.master_addr}: "
+    if nnodes > 1 and _is_loopback(master_addr):
+        warnings.append(f"--nnodes {nnodes} with a loopback --master-addr {master_addr}: "
                         "other machines cannot reach it")
     secret = ""
     if not os.environ.get(config.STORE_SECRET_ENV):
-        if a.nnodes == 1:
+        if nnodes == 1:
             secret = secrets.token_hex(32)  # every worker of this job is started here
         else:
             warnings.append(f"{config.STORE_SECRET_ENV} is not set: the rendezvous store accepts any client "
-                            f"that reaches {a.master_addr}; set it to the same secret on every node")
-    port = a.master_port
+                            f"that reaches {master_addr}; set it to the same secret on every node")
+    port = master_port
     if port is None:
-        port = free_port_pair() if a.nnodes == 1 else MULTI_NODE_DEFAULT_PORT
+        port = free_port_pair() if nnodes == 1 else MULTI_NODE_DEFAULT_PORT
 
     cfg = LaunchConfig(
-        nproc_per_node=a.nproc_per_node,
-        nnodes=a.nnodes,
-        node_rank=a.node_rank,
-        master_addr=a.master_addr.strip(),
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr.strip(),
         master_port=port,
-        grace_period_s=a.grace_period,
-        prefix=not a.no_prefix,
-        module=a.module,
-        script=a.script,
-        script_args=tuple(a.script_args),
+        grace_period_s=grace_period_s,
+        prefix=prefix,
+        module=module,
+        script=script,
+        script_args=tuple(script_args),
+        no_python=no_python,
         store_secret=secret,
+        **launcher_fields,
     )
     return cfg, warnings

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Tuple
 
 from bagua_core import config
 from bagua_core.launcher.cli import LaunchConfig
@@ -12,6 +13,7 @@ from bagua_core.launcher.cli import LaunchConfig
 def worker_env(cfg: LaunchConfig, local_rank: int, base: Mapping[str, str]) -> Dict[str, str]:
     """``base`` (the launcher's environment) plus the contract for ``local_rank``."""
     env = dict(base)
+    env.update(cfg.extra_env)
     env.update(
         RANK=str(cfg.rank(local_rank)),
         WORLD_SIZE=str(cfg.world_size),
@@ -31,6 +33,15 @@ def worker_env(cfg: LaunchConfig, local_rank: int, base: Mapping[str, str]) -> D
     return env
 
 
-def worker_command(cfg: LaunchConfig) -> List[str]:
+def worker_command(cfg: LaunchConfig, local_rank: int = 0) -> List[str]:
+    extra = [f"--local_rank={local_rank}"] if cfg.local_rank_arg else []
+    if cfg.no_python:
+        return [cfg.script, *cfg.script_args, *extra]
     target = ["-m", cfg.script] if cfg.module else [cfg.script]
-    return [sys.executable, *target, *cfg.script_args]
+    return [sys.executable, *target, *cfg.script_args, *extra]
+
+
+def log_paths(cfg: LaunchConfig, local_rank: int) -> Tuple[str, str]:
+    """stdout and stderr files of a worker under ``cfg.log_dir`` (Bagua 0.9's names)."""
+    base = os.path.join(cfg.log_dir, f"node_{cfg.node_rank}_local_rank_{local_rank}")
+    return base + "_stdout", base + "_stderr"

@@ -1,7 +1,13 @@
-"""Copies a worker's output to the launcher's, one whole line at a time, prefixed with its rank."""
+"""Copies a worker's output to the launcher's, one whole line at a time, prefixed with its rank.
+
+A line ends at ``\n`` or at ``\r``. Progress bars (tqdm) redraw their line
+after a ``\r``: each redraw is passed on as it comes, with the prefix, so the
+bar stays live and still shows its rank (such lines may mix with other ranks'
+output; whole lines never do)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import BinaryIO, TextIO
 
@@ -39,16 +45,42 @@ class LineSink:
                 self._broken = True
 
 
+_AFTER_LINE_END = re.compile(rb"(?<=\n)|(?<=\r)(?!\n)")
+
+
+def _split_lines(buf: bytes):
+    """(complete lines, each ending with \n, \r\n or \r; the rest)."""
+    *lines, rest = _AFTER_LINE_END.split(buf)
+    return lines, rest
+
+
 def pump(pipe: BinaryIO, prefix: bytes, sink: LineSink) -> None:
     """Reads ``pipe`` to its end; a last line without a newline is completed with one."""
+    pending = b""
+    after_cr = False  # the last line ended with \r (a progress bar redraws)
+    open_line = False  # part of a redrawn line is out already, with its prefix
     with pipe:
         while True:
-            line = pipe.readline(MAX_LINE_BYTES)
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            sink.write_line(prefix + line)
+            chunk = pipe.read1(MAX_LINE_BYTES)  # what is there now, without waiting for more
+            if not chunk:
+                break
+            lines, pending = _split_lines(pending + chunk)
+            for line in lines:
+                # a \n alone after \r completes a \r\n split across reads
+                bare = open_line or (after_cr and line == b"\n")
+                sink.write_line(line if bare else prefix + line)
+                open_line, after_cr = False, line.endswith(b"\r")
+            if pending and (after_cr or open_line):
+                # a redraw: show it now, not at the next \r (other lines still wait for their end)
+                sink.write_line(pending if open_line else prefix + pending)
+                pending, open_line = b"", True
+            elif len(pending) >= MAX_LINE_BYTES:
+                sink.write_line(prefix + pending + b"\n")
+                pending = b""
+    if pending:
+        sink.write_line(prefix + pending + b"\n")
+    elif after_cr or open_line:
+        sink.write_line(b"\n")  # leave the terminal on a fresh line
 
 
 def start_pump(pipe: BinaryIO, prefix: str, sink: LineSink, name: str) -> threading.Thread:

@@ -21,7 +21,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from bagua_core.launcher.cli import LaunchConfig
-from bagua_core.launcher.contract import worker_command, worker_env
+from bagua_core.launcher.contract import log_paths, worker_command, worker_env
 from bagua_core.launcher.output import LineSink, start_pump
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -132,24 +132,35 @@ class Supervisor:
     # -- life cycle ------------------------------------------------------------
 
     def _start(self) -> None:
-        capture = subprocess.PIPE if self.cfg.prefix else None
+        to_files = self.cfg.log_dir is not None
+        pumped = self.cfg.prefix and not to_files
+        capture = subprocess.PIPE if pumped else None
         hook = _die_with_parent_hook()
-        cmd = worker_command(self.cfg)
+        if to_files:
+            os.makedirs(self.cfg.log_dir, exist_ok=True)
         for local_rank in range(self.cfg.nproc_per_node):
             if self._signals:
                 return  # interrupted while starting: start no more
-            proc = subprocess.Popen(
-                cmd,
-                env=worker_env(self.cfg, local_rank, os.environ),
-                stdin=subprocess.DEVNULL,
-                stdout=capture,
-                stderr=capture,
-                start_new_session=True,
-                preexec_fn=hook,
-            )
+            out = err = capture
+            if to_files:
+                out, err = (open(p, "wb") for p in log_paths(self.cfg, local_rank))
+            try:
+                proc = subprocess.Popen(
+                    worker_command(self.cfg, local_rank),
+                    env=worker_env(self.cfg, local_rank, os.environ),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=hook,
+                )
+            finally:
+                if to_files:  # the worker holds its own copies
+                    out.close()
+                    err.close()
             self.workers.append(Worker(local_rank, self.cfg.rank(local_rank), proc))
         # Threads only after every fork: preexec_fn is not safe while other threads run.
-        if self.cfg.prefix:
+        if pumped:
             out, err = LineSink(self._stdout), LineSink(self._stderr)
             for w in self.workers:
                 prefix = f"[rank {w.rank}] "

@@ -85,13 +85,15 @@ void bind_store(py::module_& m) {
   py::class_<TcpStore, Store, std::shared_ptr<TcpStore>>(m, "TcpStore",
                                                           "Client of a TcpStoreServer (connects, retrying, until "
                                                           "timeout_s; says goodbye on close()).")
-      .def(py::init([](const std::string& host, int port, int rank, double timeout_s, const std::string& secret) {
+      .def(py::init([](const std::string& host, int port, int rank, double timeout_s, const std::string& secret,
+                       std::optional<double> connect_timeout_s) {
              auto t = to_ms(timeout_s, "timeout_s");
+             auto c = connect_timeout_s ? to_ms(*connect_timeout_s, "connect_timeout_s") : std::chrono::milliseconds(0);
              py::gil_scoped_release release;
-             return std::make_shared<TcpStore>(host, port, rank, t, secret);
+             return std::make_shared<TcpStore>(host, port, rank, t, secret, c);
            }),
            py::arg("host"), py::arg("port"), py::arg("rank") = -1, py::arg("timeout_s") = 600.0,
-           py::arg("secret") = "")
+           py::arg("secret") = "", py::arg("connect_timeout_s") = py::none())
       .def("close", &TcpStore::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("host", &TcpStore::host)
       .def_property_readonly("port", &TcpStore::port)

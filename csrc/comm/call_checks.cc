@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "kernels/scale.h"  // is_integer_dtype
 
 namespace bagua {
 
@@ -15,8 +16,12 @@ void CallChecks::invalid(const std::string& why) const {
 const CallChecks& CallChecks::dtype() const {
   if (!is_valid_dtype(static_cast<int>(call_.dtype)))
     invalid("unknown dtype " + std::to_string(static_cast<int>(call_.dtype)));
-  if (call_.has_reduce_op() && !is_valid_reduce_op(static_cast<int>(call_.op)))
+  if (!call_.has_reduce_op()) return *this;
+  if (!is_valid_reduce_op(static_cast<int>(call_.op)))
     invalid("unknown reduce op " + std::to_string(static_cast<int>(call_.op)));
+  if (is_bitwise(call_.op) && !is_integer_dtype(call_.dtype))
+    invalid(std::string(reduce_op_name(call_.op)) + " needs an integer dtype (int32, int64, uint8), got " +
+            dtype_name(call_.dtype));
   return *this;
 }
 

@@ -28,6 +28,7 @@
 #include "comm/op_desc.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
+#include "kernels/scale.h"
 #include "store/gloo_store_adapter.h"
 
 namespace bagua {

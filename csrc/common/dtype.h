@@ -23,6 +23,9 @@ enum class ReduceOp : int {
   kProd = 1,
   kMin = 2,
   kMax = 3,
+  kBor = 7,  // bitwise or, and, xor: integer dtypes only
+  kBand = 8,
+  kBxor = 9,
   kAvg = 10,
 };
 
@@ -64,13 +67,20 @@ inline const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kProd: return "PROD";
     case ReduceOp::kMin: return "MIN";
     case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kBor: return "BOR";
+    case ReduceOp::kBand: return "BAND";
+    case ReduceOp::kBxor: return "BXOR";
     case ReduceOp::kAvg: return "AVG";
   }
   return "unknown";
 }
 
 inline bool is_valid_reduce_op(int op) {
-  return op == 0 || op == 1 || op == 2 || op == 3 || op == 10;
+  return (op >= 0 && op <= 3) || (op >= 7 && op <= 10);
+}
+
+inline bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::kBor || op == ReduceOp::kBand || op == ReduceOp::kBxor;
 }
 
 inline bool is_valid_dtype(int t) { return t >= 0 && t <= 6; }

@@ -1,6 +1,7 @@
 // CPU loops over the element math of kernels/reduce.h. Each (dtype, op) pair
 // is its own instantiation with a plain loop the compiler can vectorise.
 #include <string>
+#include <type_traits>
 
 #include "common/error.h"
 #include "kernels/reduce.h"
@@ -28,6 +29,16 @@ ReduceFn pick_op(ReduceOp op) {
       return &reduce_loop<MinOp, T>;
     case ReduceOp::kMax:
       return &reduce_loop<MaxOp, T>;
+    case ReduceOp::kBor:
+    case ReduceOp::kBand:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::kBor) return &reduce_loop<BorOp, T>;
+        if (op == ReduceOp::kBand) return &reduce_loop<BandOp, T>;
+        return &reduce_loop<BxorOp, T>;
+      } else {
+        throw InvalidArgument(std::string(reduce_op_name(op)) + " needs an integer dtype (int32, int64, uint8)");
+      }
   }
   throw InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)));
 }

@@ -54,6 +54,20 @@ struct MaxOp {
   BAGUA_HD static C apply(C a, C b) { return a < b ? b : a; }
 };
 
+// Bitwise operators: instantiated for integer types only (cpu_reduce.cc refuses others).
+struct BorOp {
+  template <typename C>
+  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a | b); }
+};
+struct BandOp {
+  template <typename C>
+  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a & b); }
+};
+struct BxorOp {
+  template <typename C>
+  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a ^ b); }
+};
+
 // out = a (op) b for one element of storage type T.
 template <typename Op, typename T>
 BAGUA_HD T reduce_element(T a, T b) {

@@ -182,7 +182,8 @@ namespace {
 constexpr size_t kMaxIdleConns = 8;
 }  // namespace
 
-TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds timeout, std::string secret)
+TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds timeout, std::string secret,
+                   milliseconds connect_timeout)
     : host_(host),
       port_(port),
       rank_(rank),
@@ -191,7 +192,8 @@ TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds tim
       pid_(getpid()) {
   if (host.empty()) throw InvalidArgument("TcpStore: host must not be empty (give MASTER_ADDR)");
   if (port <= 0 || port > 65535) throw InvalidArgument("TcpStore: port " + std::to_string(port) + " is out of range");
-  idle_.push_back(open_conn(Clock::now() + timeout_, /*retry=*/true));
+  const milliseconds connect = connect_timeout.count() > 0 ? std::min(connect_timeout, timeout_) : timeout_;
+  idle_.push_back(open_conn(Clock::now() + connect, /*retry=*/true));
 }
 
 TcpStore::~TcpStore() {

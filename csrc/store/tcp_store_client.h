@@ -19,8 +19,10 @@ class TcpStore : public Store {
   // default of every later blocking call. Throws TimeoutError if no server
   // answers in time. `secret` is the job's secret the server checks (see
   // TcpStoreServerOptions::secret); a server that refuses it raises Error.
+  // A positive `connect_timeout` bounds the first connection instead (short
+  // attempts, e.g. to keep Ctrl-C responsive while the server is not up).
   TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout,
-           std::string secret = "");
+           std::string secret = "", std::chrono::milliseconds connect_timeout = std::chrono::milliseconds::zero());
   ~TcpStore() override;  // close()
 
   TcpStore(const TcpStore&) = delete;

@@ -446,6 +446,11 @@ nccl::ncclRedOp_t NcclCommunicator::nccl_op(ReduceOp op) const {
     case ReduceOp::kMin: return nccl::ncclMin;
     case ReduceOp::kMax: return nccl::ncclMax;
     case ReduceOp::kAvg: return native_avg_ ? nccl::ncclAvg : nccl::ncclSum;
+    case ReduceOp::kBor:
+    case ReduceOp::kBand:
+    case ReduceOp::kBxor:
+      throw InvalidArgument(describe() + ": NCCL has no " + reduce_op_name(op) +
+                            " reduction (bitwise reductions run on Gloo groups)");
   }
   throw InvalidArgument(describe() + ": unknown reduce op code " + std::to_string(static_cast<int>(op)));
 }

@@ -1,0 +1,68 @@
+"""What the Bagua 0.9 launchers share: their Bagua flags, the notice for flags
+without meaning here, and the step from parsed flags to ``bagua-run``'s
+supervisor (:mod:`bagua_core.launcher`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from bagua_core.launcher.cli import make_config
+from bagua_core.launcher.supervisor import Supervisor
+
+_NO_AUTOTUNE = "this Bagua has no autotune service"
+# flag -> why it does nothing here
+NO_EFFECT = {
+    "autotune_level": _NO_AUTOTUNE,
+    "is_output_autotune_log": _NO_AUTOTUNE,
+    "autotune_max_samples": _NO_AUTOTUNE,
+    "autotune_sampling_confidence_time": _NO_AUTOTUNE,
+    "autotune_warmup_time": _NO_AUTOTUNE,
+    "report_metrics": "it had no effect in Bagua 0.9 either",
+    "enable_bagua_net": "Bagua-Net is not built; Gloo's TCP transport is used",
+}
+
+
+def add_bagua_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bagua_service_port", type=int, default=None,
+                   help="the one extra port Bagua uses on the master: its store (default MASTER_PORT + 1); "
+                        "sets BAGUA_SERVICE_PORT")
+    p.add_argument("--default_bucket_size", type=int, default=None,
+                   help="bytes per bucket; sets BAGUA_DEFAULT_BUCKET_SIZE (default 10 MiB)")
+    p.add_argument("--autotune_level", type=int, default=None, help="accepted, no effect (no autotune)")
+    p.add_argument("--is_output_autotune_log", action="store_const", const=True, default=None,
+                   help="accepted, no effect")
+    p.add_argument("--report_metrics", action="store_const", const=True, default=None, help="accepted, no effect")
+    p.add_argument("--autotune_max_samples", type=int, default=None, help="accepted, no effect")
+    p.add_argument("--autotune_sampling_confidence_time", type=float, default=None, help="accepted, no effect")
+    p.add_argument("--autotune_warmup_time", type=float, default=None, help="accepted, no effect")
+    p.add_argument("--enable_bagua_net", action="store_const", const=True, default=None,
+                   help="accepted, no effect (Bagua-Net is not built)")
+
+
+def notices(prog: str, args: argparse.Namespace, more: dict) -> List[str]:
+    """One line per given flag that has no effect here (``more``: flag -> why)."""
+    reasons = {**NO_EFFECT, **more}
+    return [f"{prog}: --{flag} has no effect here: {why}" for flag, why in reasons.items()
+            if getattr(args, flag, None) not in (None, False)]
+
+
+def bagua_env(args: argparse.Namespace) -> tuple:
+    """The settings given as flags, as the environment the workers get."""
+    env = []
+    if args.bagua_service_port is not None:
+        env.append(("BAGUA_SERVICE_PORT", str(args.bagua_service_port)))
+    if args.default_bucket_size is not None:
+        env.append(("BAGUA_DEFAULT_BUCKET_SIZE", str(args.default_bucket_size)))
+    return tuple(env)
+
+
+def run(parser: argparse.ArgumentParser, messages: List[str], *, master_port: Optional[int], **fields) -> int:
+    """Checks the launch like ``bagua-run`` does and runs the workers to the end."""
+    if master_port is not None and not 1 <= master_port <= 65534:
+        parser.error(f"--master_port must be in 1..65534 (the store uses MASTER_PORT + 1), got {master_port}")
+    cfg, warnings = make_config(parser, master_port=master_port, **fields)
+    for m in messages + [f"{parser.prog}: warning: {w}" for w in warnings]:
+        print(m, file=sys.stderr, flush=True)
+    return Supervisor(cfg).run()

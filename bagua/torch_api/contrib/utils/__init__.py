@@ -1,0 +1,1 @@
+"""``bagua.torch_api.contrib.utils`` (:mod:`bagua_torch.contrib.utils`)."""
