@@ -88,7 +88,9 @@ def train(name, args, data, test, rank, world):
     x, y = data
     model = make_model(args.features, args.classes)
     if name == "qadam":  # QAdam communicates its own optimizer's momentum
-        opt = QAdamOptimizer(model.parameters(), lr=args.lr / 20, warmup_steps=20)
+        # eps bounds m / sqrt(v) where the frozen second moment is tiny: there
+        # the 8-bit momentum's quantisation noise would otherwise make huge steps
+        opt = QAdamOptimizer(model.parameters(), lr=args.lr / 20, warmup_steps=100, eps=1e-3)
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -77,7 +77,8 @@ def optimizer(name, lr):
     """The placement rule: gradients are communicated before the optimizer,
     weights after it; QAdam's transform is the whole optimizer."""
     if name == "qadam":
-        return bagua_jax.transform(QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=20)))
+        # eps bounds m / sqrt(v) where the frozen second moment is tiny (8-bit momentum noise)
+        return bagua_jax.transform(QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3)))
     algorithm = ALGORITHMS[name]()
     sgd = optax.sgd(lr, momentum=0.9)
     if algorithm.to_core().plan().communicates == WEIGHTS:
