@@ -27,7 +27,7 @@ SGD with momentum, in the same processes:
                           bytes, changes that)
     Bagua LowPrecisionDecentralized
                           the same (after the optimizer step, 8-bit differences on a ring)
-    Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3) with QAdamAlgorithm(); its warm-up lasts
+    Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
                           the untimed steps, so the timed ones communicate compressed momentum
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
@@ -175,7 +175,8 @@ class Trainer:
         model = build_model(args.channels, args.hidden)
         if name == "Bagua QAdam":
             from bagua_torch.algorithms import QAdamOptimizer
-            self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, args.warmup))
+            # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
+            self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, args.warmup), eps=1e-3)
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.net, self.close = wrap(name, model, self.opt)
