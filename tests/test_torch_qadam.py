@@ -4,7 +4,8 @@ tensors, gradients averaged with torch.distributed during the warm-up, and
 afterwards the momentum averaged with the MinMaxUInt8 scatter-reduce-gather
 built from tests/reference's numpy compressor and torch.distributed
 all_gather. Group sizes 2 and 3; the run crosses the warm-up switch (and uses
-the gradient of the switching step). Also: QAdamOptimizer alone is Adam when
+the gradient of the switching step); hierarchical QAdam (4 ranks as 2 nodes)
+trains. Also: QAdamOptimizer alone is Adam when
 the warm-up outlasts training; bad input raises at wrap time; a checkpoint
 taken after the switch resumes bitwise; the loss goes down.
 """
@@ -24,10 +25,12 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 from tests.mp import launch  # noqa: E402
 from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
-SESSIONS = {"w2": (2, None), "w3": (3, None)}
+SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
 
 def case_names(session: str):
+    if session == "w4n2":  # hierarchical (the default): trains, same weights within a node
+        return ["loss_goes_down"]
     return ["optimizer_alone_is_adam", "equals_reference_through_switch", "bad_input_refused",
             "state_dict_resumes_bitwise", "loss_goes_down"]
 
@@ -197,6 +200,7 @@ class Worker(TorchWorker):
         with torch.no_grad():
             after = torch.nn.functional.cross_entropy(model(ex), ey).item()
         assert after < 0.6 * before, f"loss {before:.4f} -> {after:.4f}"
+        self.same_everywhere(self.flat(model))  # every step averages the momentum; all ranks step alike
         model.bagua_ddp.close()
 
 
