@@ -19,6 +19,7 @@ class StepInfo(NamedTuple):
     description: str  # e.g. "bytegrad(hierarchical=false, average=true)"
     alignment: int  # element counts must be a multiple of it
     has_result: bool  # writes a separate result (weights -> peer average) instead of working in place
+    num_state: int = 0  # state spans of the data's size the step keeps between runs (e.g. replicas)
 
 
 def names() -> Tuple[str, ...]:
@@ -48,4 +49,4 @@ def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
     if comms is None:
         comms = communicators(group, bool(plan.params.get("hierarchical", False)))
     info = _C.step_info(plan.step, dict(plan.params), *comms)
-    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]))
+    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]))

@@ -42,7 +42,9 @@ from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
-from bagua_jax.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm
+from bagua_jax.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
+                                  LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
 
@@ -52,12 +54,16 @@ __all__ = [
     "DecentralizedAlgorithm",
     "GradientAllReduceAlgorithm",
     "GroupNotInitializedError",
+    "LowPrecisionDecentralizedAlgorithm",
+    "QAdamAlgorithm",
+    "QAdamState",
     "ReduceOp",
     "algorithms",
     "allgather",
     "allreduce",
     "broadcast",
     "init",
+    "qadam",
     "init_process_group",
     "transform",
 ]

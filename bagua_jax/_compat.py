@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 from jax.extend.core import Primitive  # noqa: F401  (re-exported)
@@ -113,25 +113,30 @@ def lowering_platforms(ctx: Any) -> Sequence[str]:
 
 
 def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
-                         alias: bool, **attributes: Any) -> Any:
-    """Emits the FFI call ``target(*operands, token) -> (result, token)``.
+                         alias: bool, aliases: Optional[dict] = None, **attributes: Any) -> Any:
+    """Emits the FFI call ``target(*operands, token) -> (*results, token)``
+    (one result per output aval of ``ctx``).
 
     The token comes from the lowering context (the previous collective's) and
     the new one is handed back to JAX, which chains it into the next collective.
-    With ``alias`` the result reuses the first operand's buffer (no copy when
-    the operand is donated; XLA inserts one otherwise).
+    With ``alias`` the first result reuses the first operand's buffer (no copy
+    when the operand is donated; XLA inserts one otherwise); ``aliases``
+    ({operand index: result index}) adds more such pairs.
     """
     token = ctx.tokens_in.get(collective_effect)
     token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
                             avals_out=[*ctx.avals_out, abstract_token])
+    pairs = dict(aliases or {})
+    if alias:
+        pairs[0] = 0
     rule = jax.ffi.ffi_lowering(
         target,
         has_side_effect=True,
-        operand_output_aliases={0: 0} if alias else None,
+        operand_output_aliases=pairs or None,
     )
-    result, token_out = rule(token_ctx, *operands, token, **attributes)
+    *results, token_out = rule(token_ctx, *operands, token, **attributes)
     ctx.set_tokens_out(mlir.TokenSet({collective_effect: token_out}))
-    return [result]
+    return list(results)
 
 
 def register_ffi_target(name: str, capsule: Any, platform: str) -> None:

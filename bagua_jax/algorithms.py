@@ -48,9 +48,48 @@ class DecentralizedAlgorithm(Algorithm):
                          communication_interval=communication_interval)
 
 
+class LowPrecisionDecentralizedAlgorithm(Algorithm):
+    """Low-precision decentralized SGD: after the optimizer step, weights move
+    towards the ring neighbours' average with MinMaxUInt8-compressed
+    differences, every ``communication_interval`` steps. A weight algorithm of
+    the after-optimizer phase: it goes *after* the optimizer in the chain and
+    needs ``params``; its replicas live in the transform's state."""
+
+    core_type = core.LowPrecisionDecentralized
+
+    def __init__(self, hierarchical: bool = True, communication_interval: int = 1):
+        super().__init__(hierarchical=hierarchical, communication_interval=communication_interval)
+
+
+class QAdamAlgorithm(Algorithm):
+    """QAdam's communication for ``q_adam_optimizer`` (what
+    :func:`bagua_jax.qadam` returns): ``bagua_jax.transform(QAdamAlgorithm(tx))``
+    is then the whole optimizer (communication and update; use it in place of
+    ``tx``). Gradients are averaged while ``t < warmup_steps``, then the
+    momentum is updated with the local gradient and averaged with MinMaxUInt8
+    compression."""
+
+    core_type = core.QAdam
+
+    def __init__(self, q_adam_optimizer, hierarchical: bool = True):
+        from bagua_jax._src.qadam import hyperparameters_of
+
+        hp = hyperparameters_of(q_adam_optimizer)
+        self.optimizer = q_adam_optimizer
+        super().__init__(hierarchical=hierarchical, warmup_steps=hp.warmup_steps, beta1=hp.b1)
+
+    @classmethod
+    def from_description(cls, description):
+        raise TypeError("QAdam needs its optimizer: pass QAdamAlgorithm(bagua_jax.qadam(...)), not a description")
+
+    def __repr__(self) -> str:
+        return f"QAdamAlgorithm(q_adam_optimizer=<bagua_jax.qadam>, hierarchical={self._description.hierarchical!r})"
+
+
 def as_algorithm(algorithm) -> Algorithm:
     """A JAX algorithm from an instance, a ``bagua_core.algorithms`` description or a name."""
     return Algorithm.coerce(algorithm, accept_names=True)
 
 
-__all__ = ["Algorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm", "as_algorithm"]
+__all__ = ["Algorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
+           "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "as_algorithm"]

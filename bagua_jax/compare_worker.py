@@ -1,7 +1,8 @@
 """The JAX side of ``bagua-compare`` (run by it under ``bagua-run``): trains
 :class:`bagua_core.compare.problem.Problem`'s MLP with
 ``bagua_jax.transform`` and plain SGD (the transform before the optimizer
-for gradient algorithms, after it for weight algorithms); rank 0 writes
+for gradient algorithms, after it for weight algorithms; QAdam's transform
+is the whole optimizer); rank 0 writes
 every step's loss (mean over ranks) and time."""
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ def forward(params, x):
 def main(argv=None) -> None:
     args, problem = worker_arguments(argv)
     group = bagua_jax.init_process_group()
-    algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm)
-    bagua = bagua_jax.transform(algorithm)
-    sgd = optax.sgd(problem.lr)
-    weights = algorithm.to_core().plan().communicates == WEIGHTS
-    tx = optax.chain(sgd, bagua) if weights else optax.chain(bagua, sgd)
+    if args.algorithm == "qadam":  # the transform is the whole optimizer
+        tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
+            bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
+    else:
+        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm)
+        bagua = bagua_jax.transform(algorithm)
+        sgd = optax.sgd(problem.lr)
+        weights = algorithm.to_core().plan().communicates == WEIGHTS
+        tx = optax.chain(sgd, bagua) if weights else optax.chain(bagua, sgd)
     params = [jnp.asarray(w) for w in problem.initial_weights()]
     state = tx.init(params)
 

@@ -1,6 +1,6 @@
 """The torch side of ``bagua-compare`` (run by it under ``bagua-run``):
 trains :class:`bagua_core.compare.problem.Problem`'s MLP with
-``with_bagua`` and plain SGD; rank 0 writes every step's loss (mean over
+``with_bagua`` and plain SGD (QAdam: its own optimizer); rank 0 writes every step's loss (mean over
 ranks) and time."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import bagua_torch
 from bagua_core.compare.problem import worker_arguments, write_result
-from bagua_torch.algorithms import Algorithm
+from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 
 def main(argv=None) -> None:
@@ -29,8 +29,13 @@ def main(argv=None) -> None:
     with torch.no_grad():
         for p, w in zip(model.parameters(), problem.initial_weights()):
             p.copy_(torch.from_numpy(w))
-    opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-    model = model.with_bagua([opt], Algorithm.init(args.algorithm))
+    if args.algorithm == "qadam":  # communicates its own optimizer's momentum
+        opt = QAdamOptimizer(model.parameters(), lr=problem.adam_lr, warmup_steps=problem.warmup_steps)
+        algorithm = QAdamAlgorithm(opt)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
+        algorithm = Algorithm.init(args.algorithm)
+    model = model.with_bagua([opt], algorithm)
 
     losses, times = [], []
     for step in range(problem.steps):

@@ -41,7 +41,7 @@ import torch
 
 import bagua_core
 from bagua_core import agreement
-from bagua_core.algorithms import BACKWARD, FORWARD_START
+from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START
 from bagua_core.dtypes import as_dtype
 from bagua_core.engine import Engine
 from bagua_core.errors import BaguaError
@@ -105,9 +105,13 @@ class _StepGuard:
             optimizer._bagua_original_step = optimizer.step
 
             def step(self, *args, **kwargs):
-                for owner in list(self._bagua_ddps):
+                owners = list(self._bagua_ddps)
+                for owner in owners:
                     owner.finish_step()
-                return self._bagua_original_step(*args, **kwargs)
+                out = self._bagua_original_step(*args, **kwargs)
+                for owner in owners:
+                    owner.after_optimizer_step()
+                return out
 
             optimizer.step = types.MethodType(step, optimizer)
         optimizer._bagua_ddps.add(ddp)
@@ -165,8 +169,12 @@ class BaguaDistributedDataParallel:
         self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
         self.impl = self.algorithm.reify(group)
         self.plan = self.impl.plan
-        if self.plan.phase not in (BACKWARD, FORWARD_START):
+        if self.plan.phase not in (BACKWARD, FORWARD_START, AFTER_OPTIMIZER_STEP):
             raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
+        if self.plan.phase == AFTER_OPTIMIZER_STEP:
+            self._check_one_optimizer_updates_all()
+        if self.plan.optimizer_state:
+            self._check_own_optimizer()
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         try:
@@ -197,6 +205,63 @@ class BaguaDistributedDataParallel:
                                  f"{self.process_group.device_type}")
             as_dtype(p.dtype)  # TypeError for dtypes the engine cannot carry
         return params
+
+    def _check_own_optimizer(self) -> None:
+        """Algorithms that share their optimizer's state (QAdam's momentum)
+        need exactly that optimizer, updating every parameter."""
+        own = getattr(self.algorithm, "optimizer", None)
+        name = type(self.algorithm).__name__
+        if len(self.optimizers) != 1 or self.optimizers[0] is not own:
+            got = ", ".join(type(o).__name__ for o in self.optimizers) or "none"
+            raise ValueError(f"{name} communicates the state of the optimizer it was built with, so pass exactly "
+                             f"that optimizer to with_bagua; got {got}")
+        self._check_one_optimizer_updates_all()
+
+    def _share_optimizer_state(self) -> None:
+        """Makes the optimizer's per-parameter state ``plan.optimizer_state``
+        (QAdam: exp_avg) a view of the engine step's state, so both update
+        the same memory; again after optimizer.load_state_dict() replaced it.
+        The step counter follows the optimizer's."""
+        opt = self.optimizers[0]
+        key = self.plan.optimizer_state
+        relinked = False
+        with torch.no_grad():
+            for p, view in self._shared_state:
+                current = opt.init_state(p).get(key)
+                if current is not view:
+                    if current is not None:
+                        view.copy_(current)
+                    opt.state[p][key] = view
+                    relinked = True
+        if relinked:
+            for op in self.impl.ops:
+                op.step = opt.step_id()
+
+    def _link_optimizer_state(self) -> None:
+        self._shared_state = []
+        for b, op in zip(self.buckets, self.impl.ops):
+            state = _torch_view(op.state_view())[0]
+            with torch.no_grad():
+                state.zero_()
+            base = b.flat_view().address
+            for n in b.tensor_names:
+                slot = self.slots[n]
+                off = (slot.data_ptr() - base) // slot.element_size()
+                self._shared_state.append((self._by_name[n], state[off:off + slot.numel()].view(slot.shape)))
+        self._share_optimizer_state()
+
+    def _check_one_optimizer_updates_all(self) -> None:
+        """Algorithms that communicate after ``optimizer.step()`` run once per
+        step of exactly one optimizer, which must update every parameter."""
+        if len(self.optimizers) != 1:
+            raise ValueError(f"{type(self.algorithm).__name__} communicates after the optimizer step, so it needs "
+                             f"exactly one optimizer; got {len(self.optimizers)}")
+        owned = {id(p) for g in self.optimizers[0].param_groups for p in g["params"]}
+        missing = [n for n, p in self.params if id(p) not in owned]
+        if missing:
+            raise ValueError(f"{type(self.algorithm).__name__}: parameter(s) {', '.join(repr(n) for n in missing[:8])} "
+                             "are not updated by the optimizer; add them to it or list them in "
+                             "module._bagua_params_and_buffers_to_ignore")
 
     def _buffers(self) -> List[torch.Tensor]:
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
@@ -255,6 +320,8 @@ class BaguaDistributedDataParallel:
                         p.grad = slot
         # after the weights sit in the buckets: weight steps copy them at bind time
         self.impl.ops = [b.append_op(self.plan.step, **self.plan.params) for b in buckets]
+        if self.plan.optimizer_state:
+            self._link_optimizer_state()
 
     @property
     def communicates_weights(self) -> bool:
@@ -304,6 +371,8 @@ class BaguaDistributedDataParallel:
             self.attach_gradients()
             return
         self.finish_step()  # a step left open (backward never ran)
+        if self.plan.optimizer_state:
+            self._share_optimizer_state()
         if self.broadcast_buffers:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
@@ -386,6 +455,17 @@ class BaguaDistributedDataParallel:
                 "them, or list them in module._bagua_params_and_buffers_to_ignore"
             )
 
+    def after_optimizer_step(self) -> None:
+        """Called after each step of a wrapped optimizer: algorithms of the
+        AFTER_OPTIMIZER_STEP phase communicate the updated weights now (the
+        step decides whether this step communicates) and wait for it."""
+        if self._closed or self.plan.phase != AFTER_OPTIMIZER_STEP or not self.require_backward_grad_sync:
+            return
+        self.copy_weights_to_slots()
+        self.engine.mark_all_ready()
+        self.step_pending = True
+        self.finish_step()
+
     def finish_step(self) -> None:
         """Ends the open step: waits for the engine (re-raising its failure)
         and applies the results (e.g. decentralized copy-back)."""
@@ -402,6 +482,10 @@ class BaguaDistributedDataParallel:
         """After engine.wait(): the results into the tensors torch uses."""
         if not self.communicates_weights:
             self.copy_slots_to_gradients()
+            return
+        if self.plan.phase == AFTER_OPTIMIZER_STEP:  # in place on the weights' slots
+            if any(op.last_communicated for op in self.impl.ops):
+                self.copy_slots_to_weights()
             return
         copied = [op.copy_back() for op in self.impl.ops]
         if any(copied):
@@ -501,6 +585,10 @@ class BaguaDistributedDataParallel:
                     p.grad = slot.clone()
                 if _same_memory(p.data, slot):
                     p.data = slot.clone()
+            for p, view in getattr(self, "_shared_state", ()):
+                state = self.optimizers[0].state.get(p, {})
+                if state.get(self.plan.optimizer_state) is view:
+                    state[self.plan.optimizer_state] = view.clone()
         self.engine.close()
 
     def __repr__(self) -> str:

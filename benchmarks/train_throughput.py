@@ -25,6 +25,10 @@ SGD with momentum, in the same processes:
                           ``model.with_bagua([opt], Algorithm())`` with the original defaults
                           (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
                           bytes, changes that)
+    Bagua LowPrecisionDecentralized
+                          the same (after the optimizer step, 8-bit differences on a ring)
+    Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
+                          the untimed steps, so the timed ones communicate compressed momentum
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
                           ``bucket_cap_mb=25``, DDP's bucket size
@@ -59,7 +63,7 @@ import time
 import _launch  # benchmarks/_launch.py: the script is its own driver
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
-           "Bagua ByteGrad", "Bagua Decentralized",
+           "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
            "no communication")
 BASELINE = "DDP"
 POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
@@ -150,9 +154,13 @@ def wrap(name, model, opt):
         ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
                                                   bucket_cap_mb=25)
         return ddp, ddp.close
-    algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
-                 "Bagua ByteGrad": A.ByteGradAlgorithm,
-                 "Bagua Decentralized": A.DecentralizedAlgorithm}[name]()
+    if name == "Bagua QAdam":
+        algorithm = A.QAdamAlgorithm(opt)
+    else:
+        algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
+                     "Bagua ByteGrad": A.ByteGradAlgorithm,
+                     "Bagua Decentralized": A.DecentralizedAlgorithm,
+                     "Bagua LowPrecisionDecentralized": A.LowPrecisionDecentralizedAlgorithm}[name]()
     model = model.with_bagua([opt], algorithm)
     return model, model.bagua_ddp.close
 
@@ -165,7 +173,12 @@ class Trainer:
         self.name, self.batches, self.i = name, batches, 0
         torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
         model = build_model(args.channels, args.hidden)
-        self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if name == "Bagua QAdam":
+            from bagua_torch.algorithms import QAdamOptimizer
+            # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
+            self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, args.warmup), eps=1e-3)
+        else:
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.net, self.close = wrap(name, model, self.opt)
         self.loss = float("nan")
 

@@ -17,12 +17,15 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_torch.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm
+from bagua_torch.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
+                                    LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
     "bytegrad": ByteGradAlgorithm,
     "decentralized": DecentralizedAlgorithm,
+    "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+    "qadam": QAdamAlgorithm,
 }
 
 
@@ -84,8 +87,15 @@ class ProgressBar:
 def train(name, args, data, test, rank, world):
     x, y = data
     model = make_model(args.features, args.classes)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    model = model.with_bagua([opt], ALGORITHMS[name]())
+    if name == "qadam":  # QAdam communicates its own optimizer's momentum
+        # eps bounds m / sqrt(v) where the frozen second moment is tiny: there
+        # the 8-bit momentum's quantisation noise would otherwise make huge steps
+        opt = QAdamOptimizer(model.parameters(), lr=args.lr / 20, warmup_steps=100, eps=1e-3)
+        algorithm = QAdamAlgorithm(opt)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        algorithm = ALGORITHMS[name]()
+    model = model.with_bagua([opt], algorithm)
 
     steps = math.ceil(x.shape[0] / args.batch_size)
     order = torch.Generator().manual_seed(rank)

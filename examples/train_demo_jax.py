@@ -30,12 +30,15 @@ from flax import linen as nn  # noqa: E402
 
 import bagua_jax  # noqa: E402
 from bagua_core.algorithms import WEIGHTS  # noqa: E402
-from bagua_jax.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm  # noqa: E402
+from bagua_jax.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
+                                  LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
     "bytegrad": ByteGradAlgorithm,
     "decentralized": DecentralizedAlgorithm,
+    "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+    "qadam": QAdamAlgorithm,
 }
 
 
@@ -72,7 +75,10 @@ class MLP(nn.Module):
 
 def optimizer(name, lr):
     """The placement rule: gradients are communicated before the optimizer,
-    weights after it."""
+    weights after it; QAdam's transform is the whole optimizer."""
+    if name == "qadam":
+        # eps bounds m / sqrt(v) where the frozen second moment is tiny (8-bit momentum noise)
+        return bagua_jax.transform(QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3)))
     algorithm = ALGORITHMS[name]()
     sgd = optax.sgd(lr, momentum=0.9)
     if algorithm.to_core().plan().communicates == WEIGHTS:

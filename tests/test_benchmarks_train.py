@@ -16,7 +16,8 @@ pytest.importorskip("torch")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "train_throughput.py")
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
-           "Bagua ByteGrad", "Bagua Decentralized", "no communication")
+           "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
+           "no communication")
 
 pytestmark = pytest.mark.timeout(90)
 

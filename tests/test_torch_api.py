@@ -38,8 +38,18 @@ def test_core_descriptions_defaults_and_validation():
         core.Decentralized(communication_interval=0)
     with pytest.raises(TypeError, match="communication_interval must be an int"):
         core.Decentralized(communication_interval=1.5)
-    with pytest.raises(KeyError, match="available: bytegrad, decentralized, gradient_allreduce"):
-        core.by_name("qadam")
+    with pytest.raises(KeyError, match="available: bytegrad, decentralized, gradient_allreduce, "
+                                       "low_precision_decentralized, qadam"):
+        core.by_name("async")
+    assert core.LowPrecisionDecentralized() == core.LowPrecisionDecentralized(hierarchical=True,
+                                                                              communication_interval=1)
+    with pytest.raises(ValueError, match="communication_interval must be >= 1"):
+        core.LowPrecisionDecentralized(communication_interval=0)
+    assert core.QAdam().plan().params == {"hierarchical": True, "warmup_steps": 100, "beta1": "0.9"}
+    with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
+        core.QAdam(warmup_steps=0)
+    with pytest.raises(ValueError, match=r"beta1 must be in \[0, 1\)"):
+        core.QAdam(beta1=1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         core.ByteGrad().average = False
     # constraints that depend on the group (shift_one's even peer count) are

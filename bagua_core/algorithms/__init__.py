@@ -19,6 +19,13 @@ What each algorithm communicates, and when:
   "shift_one": one rotating partner) concurrently with forward/backward, the
   average replacing the weights before the optimizer step; every
   ``communication_interval`` steps.
+* :class:`LowPrecisionDecentralized`: weights, after the optimizer step, on a
+  ring: MinMaxUInt8-compressed differences to the left and right neighbours,
+  whose replicas each rank keeps (algorithm state); every
+  ``communication_interval`` steps.
+* :class:`QAdam`: gradients allreduced during a warm-up, then the Adam
+  momentum, MinMaxUInt8-compressed (scatter-reduce-gather), with the second
+  moment frozen.
 
 ``hierarchical=True`` communicates within each node first (to a node leader),
 then among node leaders, then back within the node. Constraints that depend
@@ -43,11 +50,13 @@ from bagua_core.algorithms._base import (
 from bagua_core.algorithms.bytegrad import ByteGrad
 from bagua_core.algorithms.decentralized import PEER_SELECTION_MODES, Decentralized
 from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
+from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecentralized
+from bagua_core.algorithms.qadam import QAdam
 
-AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized]
+AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized, LowPrecisionDecentralized, QAdam]
 
 __all__ = [
     "AFTER_OPTIMIZER_STEP", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
     "AlgorithmDescription",
-    "ByteGrad", "Decentralized", "GradientAllReduce", "Plan", "as_description", "by_name", "names",
+    "ByteGrad", "Decentralized", "GradientAllReduce", "LowPrecisionDecentralized", "Plan", "QAdam", "as_description", "by_name", "names",
 ]

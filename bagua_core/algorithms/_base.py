@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Dict, Mapping, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 # Phases of a training step in which a plan's tensors travel.
 BACKWARD = "backward"  # each tensor as backward produces it; the step ends with backward
@@ -29,6 +29,10 @@ class Plan:
         else buckets of ``BAGUA_BUCKET_SIZE`` bytes in backward order.
       counts_steps: the step number decides what happens (communication
         interval, rotating peers), so it is algorithm state to checkpoint.
+      optimizer_state: the name of the optimizer's per-parameter state the
+        step's state holds (QAdam: ``"exp_avg"``, the momentum); the frontend
+        makes the optimizer and the step share it. None: the step's state, if
+        any, is the algorithm's own.
     """
 
     step: str
@@ -37,6 +41,7 @@ class Plan:
     phase: str = BACKWARD
     one_bucket_per_dtype: bool = False
     counts_steps: bool = False
+    optimizer_state: Optional[str] = None
 
     def params_text(self) -> str:
         """The parameters as the engine's ``key=value;...`` form."""

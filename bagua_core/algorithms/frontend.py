@@ -66,8 +66,14 @@ class FrontendAlgorithm:
         """This frontend's algorithm for a :mod:`bagua_core.algorithms` description."""
         for algo_cls in cls._registry.values():
             if type(description) is algo_cls.core_type:
-                return algo_cls(**dataclasses.asdict(description))
+                return algo_cls.from_description(description)
         raise TypeError(f"no {cls.frontend} algorithm for {description!r}")
+
+    @classmethod
+    def from_description(cls, description) -> "FrontendAlgorithm":
+        """This class built from its own description's fields; algorithms that
+        need more than the description (QAdam: its optimizer) refuse."""
+        return cls(**dataclasses.asdict(description))
 
     @classmethod
     def init(cls, name: str, **hyperparameters) -> "FrontendAlgorithm":

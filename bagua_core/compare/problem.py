@@ -24,6 +24,9 @@ class Problem:
     steps: int = 50
     lr: float = 0.05
     seed: int = 0
+    # algorithms that bring their own optimizer (QAdam: Adam's learning rate, warm-up)
+    adam_lr: float = 0.005
+    warmup_steps: int = 10
 
     @property
     def sizes(self) -> List[Tuple[int, int]]:

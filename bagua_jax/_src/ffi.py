@@ -17,6 +17,7 @@ ALLREDUCE = "bagua_allreduce"
 BROADCAST = "bagua_broadcast"
 ALLGATHER = "bagua_allgather"
 STEP = "bagua_step"
+STEP_STATE = "bagua_step_state"  # steps with state (csrc/ffi/steps.h)
 
 # jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
 _JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}

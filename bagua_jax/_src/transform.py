@@ -9,7 +9,12 @@ The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
   the average into the updates, ``updates + (average(params) - params)``, so
   ``optax.apply_updates`` gives ``average(x_t) - lr * g(x_t)`` exactly as the
   torch frontend does: put them *after* the optimizer, ``optax.chain(
-  optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``.
+  optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``;
+* weight algorithms of the after-optimizer-step phase (LowPrecisionDecentralized)
+  run on the weights the optimizer's updates give, ``params + updates``, and
+  return ``new - params``; they also go after the optimizer. Their step's state
+  (the replicas) lives in :class:`BaguaState`, initialised by ``init`` from the
+  params it is given, which must be equal on every rank (as after a broadcast).
 
 The leaves are grouped into buckets exactly as ``bagua_torch`` lays out its
 engine buckets for the same tensors (reverse leaf order, ``BAGUA_BUCKET_SIZE``
@@ -30,12 +35,12 @@ import jax.numpy as jnp
 import optax
 
 from bagua_core import agreement, steps
-from bagua_core.algorithms._base import GRADIENTS, WEIGHTS
+from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS
 from bagua_core.engine import default_bucket_bytes, plan_buckets
 
 from bagua_jax import algorithms
 from bagua_jax._src import groups, validation
-from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step
+from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step, algorithm_step_with_state
 
 # dtypes the steps average (every algorithm so far works on floating data)
 FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16))
@@ -44,9 +49,13 @@ FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16
 class BaguaState(NamedTuple):
     """The transform's state: ``step``, the number of updates so far (int32
     scalar). It decides which steps communicate (``communication_interval``)
-    and ``shift_one``'s partner, so it is checkpointed with the optimizer state."""
+    and ``shift_one``'s partner, so it is checkpointed with the optimizer state.
+    ``step_state``: per bucket, the state of stateful steps (low-precision
+    decentralized's replicas W, L, R: one 1-D array of 3 x the bucket's padded
+    size), empty otherwise."""
 
     step: Any
+    step_state: Tuple[Any, ...] = ()
 
 
 class _Layout(NamedTuple):
@@ -95,6 +104,48 @@ def _layout(shapes: Tuple[tuple, ...], dtypes: Tuple[str, ...], one_per_dtype: b
     return _Layout(tuple(buckets), tuple(padded))
 
 
+def _with_optimizer(algo, what: str, bound: BoundStep, info, buckets_of, group, group_info):
+    """The transformation of an algorithm that shares its optimizer's state
+    (QAdam): the engine step runs on the gradients with the optimizer's
+    momentum as its state, then the optimizer updates. Its state is the
+    optimizer's (the step number is the optimizer's count)."""
+    from bagua_jax._src import qadam
+
+    tx = algo.optimizer
+    qadam.hyperparameters_of(tx)
+
+    def init_fn(params):
+        flat, _ = jax.tree_util.tree_flatten_with_path(params)
+        _check_leaves("params", flat, group_info)
+        agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
+                                        f"the pytree given to {what}.init")
+        return tx.init(params)
+
+    def update_fn(updates, state, params=None, **extra_args):
+        if not isinstance(state, qadam.QAdamState):
+            raise TypeError(f"{what}.update: state must be the QAdamState from init, got {type(state).__name__}")
+        flat_updates, treedef = jax.tree_util.tree_flatten_with_path(updates)
+        _check_leaves("updates", flat_updates, group_info)
+        grads = [x for _, x in flat_updates]
+        mu, mu_def = jax.tree_util.tree_flatten(state.mu)
+        if mu_def != treedef:
+            raise ValueError(f"{what}.update: the optimizer state and the updates have different tree structures")
+        new_grads: List[Any] = [None] * len(grads)
+        new_mu: List[Any] = [None] * len(grads)
+        for (bucket, g_flat), (_, m_flat) in zip(buckets_of(grads), buckets_of(mu)):
+            g_out, m_out = algorithm_step_with_state(g_flat, state.count, m_flat, bound)
+            offset = 0
+            for i in bucket:
+                n = int(np.prod(grads[i].shape, dtype=np.int64))
+                new_grads[i] = g_out[offset:offset + n].reshape(grads[i].shape)
+                new_mu[i] = m_out[offset:offset + n].reshape(grads[i].shape)
+                offset += n
+        state = state._replace(mu=jax.tree_util.tree_unflatten(treedef, new_mu))
+        return tx.update(jax.tree_util.tree_unflatten(treedef, new_grads), state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
 def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.GradientTransformationExtraArgs:
     """Runs ``algorithm`` as an optax gradient transformation.
 
@@ -131,8 +182,9 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
     group_info = groups.resolve(group)
     bound = BoundStep(plan.step, plan.params_text(), group_info,
                       -1 if intra is None else int(intra.handle),
-                      -1 if inter is None else int(inter.handle), info.has_result)
+                      -1 if inter is None else int(inter.handle), info.has_result, info.num_state)
     weights = plan.communicates == WEIGHTS
+    after_step = plan.phase == AFTER_OPTIMIZER_STEP
     bucket_bytes = default_bucket_bytes()
 
     def init_fn(params):
@@ -140,24 +192,44 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
         _check_leaves("params", flat, group_info)
         agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
                                         f"the pytree given to {what}.init")
-        return BaguaState(step=jnp.zeros([], jnp.int32))
+        step_state = ()
+        if info.num_state:
+            leaves = [jnp.asarray(x) for _, x in flat]
+            step_state = tuple(jnp.tile(b, info.num_state) for _, b in buckets_of(leaves))
+        return BaguaState(step=jnp.zeros([], jnp.int32), step_state=step_state)
 
-    def communicate(leaves: List[Any], step) -> List[Any]:
+    def buckets_of(leaves: List[Any]):
+        """(leaf indices, flat padded bucket) of each bucket of ``leaves``."""
         layout = _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
                          plan.one_bucket_per_dtype, bucket_bytes, info.alignment)
-        out: List[Any] = [None] * len(leaves)
         for bucket, padded in zip(layout.buckets, layout.padded):
             parts = [jnp.ravel(leaves[i]) for i in bucket]
             used = sum(int(p.size) for p in parts)
             if padded > used:
                 parts.append(jnp.zeros([padded - used], parts[0].dtype))
-            result = algorithm_step(jnp.concatenate(parts) if len(parts) > 1 else parts[0], step, bound)
+            yield bucket, (jnp.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    def communicate(leaves: List[Any], step, step_state) -> Tuple[List[Any], Tuple[Any, ...]]:
+        out: List[Any] = [None] * len(leaves)
+        new_state = []
+        for k, (bucket, flat) in enumerate(buckets_of(leaves)):
+            if info.num_state:
+                if k >= len(step_state) or step_state[k].shape != (info.num_state * flat.size,):
+                    raise ValueError(f"{what}.update: the state does not fit these leaves (init it with "
+                                     "params of the same structure)")
+                result, st = algorithm_step_with_state(flat, step, step_state[k], bound)
+                new_state.append(st)
+            else:
+                result = algorithm_step(flat, step, bound)
             offset = 0
             for i in bucket:
                 n = int(np.prod(leaves[i].shape, dtype=np.int64))
                 out[i] = result[offset:offset + n].reshape(leaves[i].shape)
                 offset += n
-        return out
+        return out, tuple(new_state)
+
+    if plan.optimizer_state:
+        return _with_optimizer(algo, what, bound, info, buckets_of, group, group_info)
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
@@ -177,12 +249,18 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
                 raise ValueError(f"{what}.update: params and updates have different tree structures")
             _check_leaves("params", flat_params, group_info)
             param_leaves = [x for _, x in flat_params]
-            averaged = communicate(param_leaves, state.step)
-            # x + (u + (avg - x)) == avg + u: the optimizer's update applied to the average
-            new_leaves = [(u + (a - p).astype(u.dtype)) for u, a, p in zip(update_leaves, averaged, param_leaves)]
+            if after_step:
+                # the step runs on the weights the optimizer made, x + u, in the weights' dtype
+                stepped = [jnp.asarray(p + u).astype(p.dtype) for u, p in zip(update_leaves, param_leaves)]
+                new, step_state = communicate(stepped, state.step, state.step_state)
+                new_leaves = [(n - p).astype(u.dtype) for u, n, p in zip(update_leaves, new, param_leaves)]
+            else:
+                averaged, step_state = communicate(param_leaves, state.step, state.step_state)
+                # x + (u + (avg - x)) == avg + u: the optimizer's update applied to the average
+                new_leaves = [(u + (a - p).astype(u.dtype)) for u, a, p in zip(update_leaves, averaged, param_leaves)]
         else:
-            new_leaves = communicate(update_leaves, state.step)
+            new_leaves, step_state = communicate(update_leaves, state.step, state.step_state)
         return (jax.tree_util.tree_unflatten(treedef, new_leaves),
-                BaguaState(step=state.step + jnp.asarray(1, jnp.int32)))
+                BaguaState(step=state.step + jnp.asarray(1, jnp.int32), step_state=step_state))
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -246,7 +246,16 @@ Engine.wait().)doc")
         if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
         if (!o.has_result()) throw InvalidArgument(o.describe() + " works in place: it has no result buffer");
         return MemoryView{o.result_memory(), o.result_memory().get(), {static_cast<int64_t>(b->numel())}, b->dtype()};
-      }, "Zero-copy 1-D view of the result buffer (the bucket's layout).");
+      }, "Zero-copy 1-D view of the result buffer (the bucket's layout).")
+      .def_property_readonly("num_state", &StepOp::num_state, "Number of state spans of the step (0: stateless).")
+      .def("state_view", [](const StepOp& o) {
+        const BucketPtr& b = o.bucket();
+        if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
+        if (o.num_state() == 0) throw InvalidArgument(o.describe() + " keeps no state");
+        return MemoryView{o.state_memory(), o.state_memory().get(),
+                          {static_cast<int64_t>(o.num_state()), static_cast<int64_t>(b->numel())}, b->dtype()};
+      }, "Zero-copy (num_state, bucket numel) view of the step's state (e.g. replicas); read or write it only "
+         "between steps.");
 
   m.def("step_names", &step_names, "Names of the registered algorithm steps.");
   m.def(
@@ -259,11 +268,12 @@ Engine.wait().)doc")
         d["description"] = s->describe();
         d["alignment"] = s->alignment();
         d["has_result"] = s->has_result();
+        d["num_state"] = s->num_state();
         return d;
       },
       py::arg("name"), py::arg("params"), py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr,
       "Makes the step over these communicators (raising ValueError for bad parameters or a group it cannot run "
-      "on) and describes it: description, alignment, has_result.");
+      "on) and describes it: description, alignment, has_result, num_state.");
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness

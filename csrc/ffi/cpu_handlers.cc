@@ -58,6 +58,34 @@ xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, x
   return future;
 }
 
+// As step_cpu, for steps with state (ffi/steps.h).
+xffi::Future step_state_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::AnyBuffer state, xffi::Token,
+                            xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::AnyBuffer> state_out,
+                            xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
+                            int64_t intra, int64_t inter) {
+  xffi::Promise promise;
+  xffi::Future future(promise);
+  const std::string what = "step " + std::string(name);
+  std::shared_ptr<PreparedStep> call;
+  xffi::Error checked = guarded(what.c_str(), [&] {
+    call = std::make_shared<PreparedStep>(
+        prepare_step_with_state(kCpu, name, params, comm, intra, inter, data, step, state, out, state_out));
+  });
+  if (checked.failure()) {
+    promise.SetError(std::move(checked));
+    return future;
+  }
+  run_on_step_thread([call, promise, what]() mutable {
+    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
+    if (done.failure()) {
+      promise.SetError(std::move(done));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
+}
+
 }  // namespace
 }  // namespace ffi
 }  // namespace bagua
@@ -95,6 +123,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
                                   .Arg<xffi::AnyBuffer>()
                                   .Arg<xffi::AnyBuffer>()
                                   .Arg<xffi::Token>()
+                                  .Ret<xffi::AnyBuffer>()
+                                  .Ret<xffi::Token>()
+                                  .Attr<std::string_view>("step")
+                                  .Attr<std::string_view>("params")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("intra")
+                                  .Attr<int64_t>("inter"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_state_cpu, bagua::ffi::step_state_cpu,
+                              xffi::Ffi::Bind()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .Arg<xffi::Token>()
+                                  .Ret<xffi::AnyBuffer>()
                                   .Ret<xffi::AnyBuffer>()
                                   .Ret<xffi::Token>()
                                   .Attr<std::string_view>("step")

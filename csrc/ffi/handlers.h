@@ -18,3 +18,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_broadcast_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
 // Algorithm steps (ffi/steps.h): operands data and step number, then the token.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_state_cpu);

@@ -1,6 +1,7 @@
 #include "ops/elementwise.h"
 
 #include <string>
+#include <type_traits>
 
 #include "common/error.h"
 
@@ -12,7 +13,66 @@ void average_loop(T* __restrict acc, const T* __restrict other, size_t count) {
   for (size_t i = 0; i < count; ++i) acc[i] = AverageMath<T>::average(acc[i], other[i]);
 }
 
+inline float to_acc(float x) { return x; }
+inline double to_acc(double x) { return x; }
+
+template <typename T>
+void diff_loop(T* t, const T* w, const T* l, const T* r, size_t count) {
+  for (size_t i = 0; i < count; ++i) t[i] = ReplicaMath<T>::diff(t[i], w[i], l[i], r[i]);
+}
+
+template <typename T>
+void add_loop(T* __restrict acc, const T* __restrict other, size_t count) {
+  for (size_t i = 0; i < count; ++i) acc[i] = ReplicaMath<T>::add(acc[i], other[i]);
+}
+
+// Calls f(T*) with T the element type of a floating dtype.
+template <typename F>
+void with_floating(DType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case DType::kFloat64: return f(static_cast<double*>(nullptr));
+    case DType::kFloat16: return f(static_cast<Half*>(nullptr));
+    case DType::kBFloat16: return f(static_cast<BFloat16*>(nullptr));
+    default: throw InvalidArgument(std::string(what) + " needs a floating dtype, got " + dtype_name(dtype));
+  }
+}
+
+template <typename T, typename A>
+void momentum_loop(T* __restrict m, const T* __restrict g, size_t count, double beta) {
+  const A b = static_cast<A>(beta);
+  const A c = static_cast<A>(1.0 - beta);
+  for (size_t i = 0; i < count; ++i)
+    m[i] = static_cast<T>(MomentumMath<A>::update(static_cast<A>(to_acc(m[i])), static_cast<A>(to_acc(g[i])), b, c));
+}
+
 }  // namespace
+
+void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return momentum_loop<float, float>(static_cast<float*>(m), static_cast<const float*>(g), count, beta);
+    case DType::kFloat64:
+      return momentum_loop<double, double>(static_cast<double*>(m), static_cast<const double*>(g), count, beta);
+    default:
+      throw InvalidArgument(std::string("QAdam's momentum needs float32 or float64, got ") + dtype_name(dtype));
+  }
+}
+
+void replica_diff_cpu(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype) {
+  with_floating(dtype, "the replica difference", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    diff_loop(static_cast<T*>(t), static_cast<const T*>(w), static_cast<const T*>(l), static_cast<const T*>(r),
+              count);
+  });
+}
+
+void add_into_cpu(void* acc, const void* other, size_t count, DType dtype) {
+  with_floating(dtype, "adding", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    add_loop(static_cast<T*>(acc), static_cast<const T*>(other), count);
+  });
+}
 
 bool is_floating(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||

@@ -25,6 +25,44 @@ struct AverageMath<BFloat16> {
   }
 };
 
+// Low-precision decentralized SGD's difference (ops/low_precision_decentralized.h):
+//   t = t + l / 3 + r / 3 - w * (5 / 3)
+// evaluated left to right in float32 (float64 for float64 data).
+template <typename T>
+struct ReplicaMath {
+  static BAGUA_HD T diff(T t, T w, T l, T r) { return t + l / T(3) + r / T(3) - w * (T(5) / T(3)); }
+  static BAGUA_HD T add(T a, T b) { return a + b; }
+};
+template <>
+struct ReplicaMath<Half> {
+  static BAGUA_HD Half diff(Half t, Half w, Half l, Half r) {
+    return to_half(ReplicaMath<float>::diff(to_float(t), to_float(w), to_float(l), to_float(r)));
+  }
+  static BAGUA_HD Half add(Half a, Half b) { return to_half(to_float(a) + to_float(b)); }
+};
+template <>
+struct ReplicaMath<BFloat16> {
+  static BAGUA_HD BFloat16 diff(BFloat16 t, BFloat16 w, BFloat16 l, BFloat16 r) {
+    return to_bfloat16(ReplicaMath<float>::diff(to_float(t), to_float(w), to_float(l), to_float(r)));
+  }
+  static BAGUA_HD BFloat16 add(BFloat16 a, BFloat16 b) { return to_bfloat16(to_float(a) + to_float(b)); }
+};
+
+// QAdam's momentum update (ops/qadam.h), in float32 (float64 for float64):
+//   m = beta * m + (1 - beta) * g, with beta and 1 - beta rounded to that type once.
+template <typename T>
+struct MomentumMath {
+  static BAGUA_HD T update(T m, T g, T beta, T one_minus_beta) { return beta * m + one_minus_beta * g; }
+};
+
+// m[i] = MomentumMath::update(m[i], g[i], beta, 1 - beta) on host memory (floating dtypes).
+void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta);
+
+// t[i] = ReplicaMath::diff(t[i], w[i], l[i], r[i]) on host memory (floating dtypes).
+void replica_diff_cpu(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype);
+// acc[i] = acc[i] + other[i] on host memory (floating dtypes).
+void add_into_cpu(void* acc, const void* other, size_t count, DType dtype);
+
 // acc[i] = (acc[i] + other[i]) / 2 on host memory, for floating dtypes.
 // Throws InvalidArgument for other dtypes.
 void average_into_cpu(void* acc, const void* other, size_t count, DType dtype);

@@ -59,6 +59,22 @@ void average_into(const ExecContext& ctx, void* acc, const void* other, size_t c
   no_cuda("weight averaging");
 }
 
+void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l, const void* r, size_t count,
+                  DType dtype) {
+  if (ctx.device == DeviceType::kCPU) return replica_diff_cpu(t, w, l, r, count, dtype);
+  no_cuda("the replica difference");
+}
+
+void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
+  if (ctx.device == DeviceType::kCPU) return add_into_cpu(acc, other, count, dtype);
+  no_cuda("adding");
+}
+
+void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta) {
+  if (ctx.device == DeviceType::kCPU) return momentum_update_cpu(m, g, count, dtype, beta);
+  no_cuda("QAdam's momentum update");
+}
+
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {
   copy_bytes(dst, src, nbytes, ctx.device);
 }

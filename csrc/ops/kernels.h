@@ -21,6 +21,12 @@ void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, si
                    bool average, void* dst);
 // acc[i] = (acc[i] + other[i]) / 2 (ops/elementwise.h).
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype);
+// t = t + l/3 + r/3 - w*5/3; acc += other (ops/elementwise.h ReplicaMath).
+void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l, const void* r, size_t count,
+                  DType dtype);
+void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype);
+// m = beta * m + (1 - beta) * g (ops/elementwise.h MomentumMath).
+void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta);
 // dst <- src, nbytes.
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
 

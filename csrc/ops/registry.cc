@@ -8,6 +8,8 @@
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
+#include "ops/low_precision_decentralized.h"
+#include "ops/qadam.h"
 
 namespace bagua {
 namespace {
@@ -24,6 +26,8 @@ const std::map<std::string, Factory>& table() {
       {"centralized_allreduce", factory<CentralizedAllreduceStep>()},
       {"bytegrad", factory<ByteGradStep>()},
       {"decentralized", factory<DecentralizedStep>()},
+      {"low_precision_decentralized", factory<LowPrecisionDecentralizedStep>()},
+      {"qadam", factory<QAdamStep>()},
   };
   return steps;
 }

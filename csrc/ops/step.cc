@@ -23,6 +23,13 @@ void* HostScratch::get(int slot, size_t nbytes) {
   return memory_[i].get();
 }
 
+std::vector<Span> state_spans(void* block, int n, size_t count, DType dtype) {
+  std::vector<Span> out;
+  for (int k = 0; k < n; ++k)
+    out.push_back(Span{static_cast<char*>(block) + k * count * dtype_size(dtype), count, dtype});
+  return out;
+}
+
 void Step::check(DType dtype, size_t count) const {
   if (count % alignment() != 0)
     throw InvalidArgument(describe() + ": " + std::to_string(count) + " elements, not a multiple of " +

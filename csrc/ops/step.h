@@ -4,11 +4,20 @@
 // run any number of times. run() reads and writes only what it is given: the
 // data span (gradients, or weights), the result span of weight algorithms (the
 // peer average; equal to `data` for in-place steps), the step number and an
-// execution context (device, stream, scratch memory). It keeps no state of its
-// own between runs: counters, replicas and momentum are passed in by its two
+// execution context (device, stream, scratch memory), and the step's state
+// spans. It keeps no state of its own between runs: counters, replicas and
+// momentum are passed in by its two
 // adapters, the engine's bucket op (sched/step_op.h, torch) and the XLA FFI
 // handler (ffi/steps.cc, JAX). Both frontends therefore run the same code and
 // get the same numbers.
+//
+// State: a step may ask for num_state() spans of the data's size and dtype
+// (low-precision decentralized: its replicas). The adapter allocates them as
+// one block (span k at element k * count), initialises every span with a copy
+// of the data when it binds the step (the weights, identical on all ranks),
+// and keeps them between runs: the engine's StepOp in host memory (torch
+// checkpoints it), the XLA handler as an extra operand aliased to an extra
+// result (JAX keeps it in the optax state).
 //
 // Steps are named in one registry (ops/registry.h); their parameters arrive as
 // a StepParams (key -> bool / int / string), checked when the step is made.
@@ -104,7 +113,20 @@ class Step {
   // In-place steps get result.data == data.data. Without communication the
   // result span is left untouched.
   virtual bool run(const ExecContext& ctx, Span data, Span result, int64_t step) const = 0;
+
+  // Number of state spans (see above); 0 for stateless steps.
+  virtual int num_state() const { return 0; }
+  // run() with the state spans (state.size() == num_state(), each of the
+  // data's count and dtype). Stateful steps override this one; the default
+  // ignores `state` and calls run().
+  virtual bool run_with_state(const ExecContext& ctx, Span data, Span result, const std::vector<Span>& state,
+                              int64_t step) const {
+    return run(ctx, data, result, step);
+  }
 };
+
+// The spans of a state block holding `n` spans of `count` elements of `dtype`.
+std::vector<Span> state_spans(void* block, int n, size_t count, DType dtype);
 
 using StepPtr = std::shared_ptr<const Step>;
 

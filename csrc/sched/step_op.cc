@@ -28,6 +28,12 @@ void StepOp::bind(const BucketPtr& bucket) {
     result_ = allocate_host_memory(bucket->nbytes());
     std::memcpy(result_.get(), bucket->data(), bucket->nbytes());
   }
+  const int n_state = step_->num_state();
+  if (n_state > 0) {
+    state_ = allocate_host_memory(n_state * bucket->nbytes());
+    for (int k = 0; k < n_state; ++k)
+      std::memcpy(static_cast<char*>(state_.get()) + k * bucket->nbytes(), bucket->data(), bucket->nbytes());
+  }
   bucket_ = bucket;
 }
 
@@ -47,7 +53,12 @@ void StepOp::execute(Bucket& bucket) {
   const Span data{bucket.data(), bucket.numel(), bucket.dtype()};
   const Span result = result_ ? Span{result_.get(), bucket.numel(), bucket.dtype()} : data;
   const ExecContext ctx{DeviceType::kCPU, nullptr, &scratch_};
-  last_communicated_.store(step_->run(ctx, data, result, step));
+  const std::vector<Span> state = state_spans(state_.get(), step_->num_state(), bucket.numel(), bucket.dtype());
+  // the same for the state's padding (QAdam's momentum), so the JAX adapter,
+  // which rebuilds its buckets from the leaves each step, gets the same numbers
+  if (padding)
+    for (const Span& s : state) std::memset(static_cast<char*>(s.data) + s.nbytes() - padding, 0, padding);
+  last_communicated_.store(step_->run_with_state(ctx, data, result, state, step));
 }
 
 bool StepOp::copy_back() {

@@ -2,7 +2,9 @@
 //
 // It keeps what the step itself may not: the step counter (one execution per
 // training step), the result buffer of weight algorithms (the peer average,
-// same layout as the bucket) and the scratch memory reused across steps. The
+// same layout as the bucket), the step's state (Step::num_state() spans of the
+// bucket's layout, one block, initialised with the bucket's data at bind) and
+// the scratch memory reused across steps. The
 // frontend reads the result with copy_back() after the engine's wait().
 #pragma once
 
@@ -36,6 +38,11 @@ class StepOp : public Op {
   bool has_result() const { return step_->has_result(); }
   // The result buffer (bucket layout); null for in-place steps.
   const std::shared_ptr<void>& result_memory() const { return result_; }
+  // Number of state spans; the state block (num_state() * bucket numel
+  // elements; null when stateless). Read or write it only between steps
+  // (after the engine's wait()).
+  int num_state() const { return step_->num_state(); }
+  const std::shared_ptr<void>& state_memory() const { return state_; }
   const BucketPtr& bucket() const { return bucket_; }
 
   // bucket <- result, if the step has a result and the last execution
@@ -47,6 +54,7 @@ class StepOp : public Op {
   StepPtr step_;
   BucketPtr bucket_;
   std::shared_ptr<void> result_;
+  std::shared_ptr<void> state_;
   HostScratch scratch_;
   std::atomic<int64_t> counter_{0};
   std::atomic<bool> last_communicated_{false};

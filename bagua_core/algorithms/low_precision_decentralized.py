@@ -1,0 +1,35 @@
+"""Low-precision decentralized SGD: after the optimizer step, each rank moves
+its weights towards the average of its ring neighbours (left and right),
+sending only MinMaxUInt8-compressed differences; it keeps replicas of its own
+and its neighbours' weights (``csrc/ops/low_precision_decentralized.h``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, WEIGHTS, Plan, check_bool, check_int, register
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class LowPrecisionDecentralized:
+    """Decentralized SGD on a ring with 8-bit compressed weight differences,
+    after the optimizer step, every ``communication_interval`` steps. Its
+    replicas are algorithm state (checkpointed). ``hierarchical`` averages
+    within each node first and runs the ring among node leaders (every node
+    must hold the same number of processes)."""
+
+    hierarchical: bool = True
+    communication_interval: int = 1
+
+    name = "low_precision_decentralized"
+
+    def __post_init__(self):
+        check_bool("LowPrecisionDecentralized", "hierarchical", self.hierarchical)
+        interval = check_int("LowPrecisionDecentralized", "communication_interval", self.communication_interval, 1)
+        object.__setattr__(self, "communication_interval", interval)
+
+    def plan(self) -> Plan:
+        return Plan(step="low_precision_decentralized",
+                    params={"hierarchical": self.hierarchical, "communication_interval": self.communication_interval},
+                    communicates=WEIGHTS, phase=AFTER_OPTIMIZER_STEP, counts_steps=True)
