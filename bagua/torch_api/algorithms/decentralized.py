@@ -1,14 +1,6 @@
-"""``bagua.torch_api.algorithms.decentralized`` (:mod:`bagua_torch.algorithms.decentralized`).
-``LowPrecisionDecentralizedAlgorithm`` is bagua_torch's once it is built; until
-then constructing it raises ``NotImplementedError``."""
+"""``bagua.torch_api.algorithms.decentralized``: bagua_torch's decentralized
+algorithms, full and low precision."""
 
-from bagua_torch.algorithms.decentralized import DecentralizedAlgorithm
-
-try:
-    from bagua_torch.algorithms import LowPrecisionDecentralizedAlgorithm
-except ImportError:
-    from bagua.torch_api._not_built import not_built
-
-    LowPrecisionDecentralizedAlgorithm = not_built("LowPrecisionDecentralizedAlgorithm", __name__)
+from bagua_torch.algorithms import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
 
 __all__ = ["DecentralizedAlgorithm", "LowPrecisionDecentralizedAlgorithm"]

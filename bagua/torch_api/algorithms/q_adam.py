@@ -1,12 +1,5 @@
-"""``bagua.torch_api.algorithms.q_adam``: QAdam. bagua_torch's classes once
-they are built; until then constructing them raises ``NotImplementedError``."""
+"""``bagua.torch_api.algorithms.q_adam``: bagua_torch's QAdam."""
 
-try:
-    from bagua_torch.algorithms import QAdamAlgorithm, QAdamOptimizer
-except ImportError:
-    from bagua.torch_api._not_built import not_built
-
-    QAdamAlgorithm = not_built("QAdamAlgorithm", __name__)
-    QAdamOptimizer = not_built("QAdamOptimizer", __name__)
+from bagua_torch.algorithms import QAdamAlgorithm, QAdamOptimizer
 
 __all__ = ["QAdamAlgorithm", "QAdamOptimizer"]
