@@ -17,18 +17,16 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import sys
 
 import numpy as np
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import Session, session_tests  # noqa: E402
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
@@ -173,7 +171,7 @@ class Worker:
     def qadam_alone_is_adam(self):
         import bagua_jax
 
-        jax, jnp, optax = self.jax, self.jnp, self.optax
+        jnp, optax = self.jnp, self.optax
         p = {"w": jnp.asarray(np.arange(6, dtype=np.float32) / 7)}
         q, a = bagua_jax.qadam(0.01, warmup_steps=1000), optax.adam(0.01)
         qs, as_ = q.init(p), a.init(p)
@@ -295,30 +293,9 @@ def worker_main():
     sys.exit(1 if failures else 0)
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    pytest.importorskip("jax")
-    pytest.importorskip("optax")
-    world, local = SESSIONS[name]
-    return launch(os.path.abspath(__file__), world, timeout=150, args=[name], local_world_size=local)
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in case_names(s)]
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    session(name).check_case(case, SESSIONS[name][0])
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    assert all(w.returncode == 0 for w in run.workers), run.summary()
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
+    timeout=150, test_timeout=240, requires=("jax", "optax"))
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ import functools
 import os
 import sys
 
-import pytest
 
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.mp import launch  # noqa: E402
+from tests.mp import Session, session_tests  # noqa: E402
 from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
 # session -> (world size, local world size)
@@ -241,28 +240,9 @@ class Worker(TorchWorker):
 # ---------------------------------------------------------------- pytest side
 
 
-@functools.lru_cache(maxsize=None)
-def session(name: str):
-    world, local = SESSIONS[name]
-    return launch(os.path.abspath(__file__), world, timeout=120, args=[name], local_world_size=local)
-
-
-def _case_params():
-    return [pytest.param(s, c, id=f"{s}-{c}") for s in SESSIONS for c in case_names(s)]
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name,case", _case_params())
-def test_case(name, case):
-    session(name).check_case(case, SESSIONS[name][0])
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", list(SESSIONS))
-def test_session_exits_cleanly(name):
-    run = session(name)
-    assert not run.timed_out, run.summary()
-    assert all(w.returncode == 0 for w in run.workers), run.summary()
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
+    timeout=120, test_timeout=200)
 
 
 if __name__ == "__main__":

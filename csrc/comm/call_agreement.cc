@@ -5,22 +5,6 @@ namespace {
 
 constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1"
 
-struct Decoded {
-  bool valid;
-  OpDesc desc;
-  int64_t seq;
-};
-
-Decoded decode(const int64_t* w) {
-  Decoded r{w[0] == kMagic, {}, w[2]};
-  r.desc.kind = static_cast<OpKind>(w[1]);
-  r.desc.dtype = static_cast<DType>(w[3]);
-  r.desc.count = w[4];
-  r.desc.root = w[5];
-  r.desc.op = static_cast<ReduceOp>(w[6]);
-  return r;
-}
-
 // Do two collective calls agree on everything the ranks must agree on?
 bool same_call(const OpDesc& a, const OpDesc& b) {
   if (a.kind != b.kind) return false;
@@ -36,6 +20,16 @@ std::string rank_str(int r) { return "rank " + std::to_string(r); }
 
 }  // namespace
 
+DecodedCall decode_call(const int64_t* w) {
+  DecodedCall r{w[0] == kMagic, {}, w[2]};
+  r.desc.kind = static_cast<OpKind>(w[1]);
+  r.desc.dtype = static_cast<DType>(w[3]);
+  r.desc.count = w[4];
+  r.desc.root = w[5];
+  r.desc.op = static_cast<ReduceOp>(w[6]);
+  return r;
+}
+
 CallWire encode_call(const OpDesc& d, uint64_t seq) {
   return {kMagic,
           static_cast<int64_t>(d.kind),
@@ -47,9 +41,9 @@ CallWire encode_call(const OpDesc& d, uint64_t seq) {
 }
 
 std::string call_disagreement(const int64_t* all, int size, int my_rank) {
-  const Decoded ref = decode(all);
+  const DecodedCall ref = decode_call(all);
   for (int r = 1; r < size; ++r) {
-    const Decoded other = decode(all + kCallWords * r);
+    const DecodedCall other = decode_call(all + kCallWords * r);
     if (!other.valid || !ref.valid)
       return "collective #" + std::to_string(ref.seq) + ": " + rank_str(other.valid ? 0 : r) +
              " sent a malformed call descriptor (ranks are out of step)";

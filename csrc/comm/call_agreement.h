@@ -24,6 +24,15 @@ using CallWire = std::array<int64_t, kCallWords>;
 
 CallWire encode_call(const OpDesc& d, uint64_t seq);
 
+// One rank's words read back; `valid` is false when they are not a call
+// descriptor at all (ranks out of step).
+struct DecodedCall {
+  bool valid;
+  OpDesc desc;
+  int64_t seq;
+};
+DecodedCall decode_call(const int64_t* words);
+
 // `all` holds size * kCallWords words (rank order). Returns "" when every rank
 // made the same call at the same sequence number, otherwise a message naming
 // the first rank that differs from rank 0 and both calls.

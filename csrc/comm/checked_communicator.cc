@@ -14,23 +14,6 @@ namespace {
 // Wire form of a send/recv descriptor (the call descriptor's form).
 using Wire = CallWire;
 constexpr size_t kWords = kCallWords;
-constexpr int64_t kMagic = 0x4241475541444331;  // "BAGUADC1", as in call_agreement.cc
-
-struct Decoded {
-  bool valid;
-  OpDesc desc;
-  int64_t seq;
-};
-
-Decoded decode(const int64_t* w) {
-  Decoded r{w[0] == kMagic, {}, w[2]};
-  r.desc.kind = static_cast<OpKind>(w[1]);
-  r.desc.dtype = static_cast<DType>(w[3]);
-  r.desc.count = w[4];
-  r.desc.root = w[5];
-  r.desc.op = static_cast<ReduceOp>(w[6]);
-  return r;
-}
 
 class CheckedCommunicator : public Communicator {
  public:
@@ -155,7 +138,7 @@ class CheckedCommunicator : public Communicator {
       inner_->recv(theirs.data(), kWords, DType::kInt64, peer, stream);
       inner_->send(mine.data(), kWords, DType::kInt64, peer, stream);
     }
-    const Decoded other = decode(theirs.data());
+    const DecodedCall other = decode_call(theirs.data());
     const OpKind expected = sending ? OpKind::kRecv : OpKind::kSend;
     const bool ok = other.valid && other.desc.kind == expected &&
                     other.desc.root == rank() && other.desc.dtype == d.dtype &&

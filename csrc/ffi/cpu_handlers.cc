@@ -31,18 +31,16 @@ xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
   return allgather(kCpu, comm, in, out);
 }
 
-// Checked at once; run on the step thread (ffi/step_thread.h), completing the
-// returned future, so XLA goes on with independent work meanwhile.
-xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                      xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
-                      int64_t intra, int64_t inter) {
+// Checks a step call at once (`prepare` returns its PreparedStep), then runs
+// it on the step thread (ffi/step_thread.h), completing the returned future,
+// so XLA goes on with independent work meanwhile.
+template <typename Prepare>
+xffi::Future run_async(std::string_view name, Prepare&& prepare) {
   xffi::Promise promise;
   xffi::Future future(promise);
   const std::string what = "step " + std::string(name);
   std::shared_ptr<PreparedStep> call;
-  xffi::Error checked = guarded(what.c_str(), [&] {
-    call = std::make_shared<PreparedStep>(prepare_step(kCpu, name, params, comm, intra, inter, data, step, out));
-  });
+  xffi::Error checked = guarded(what.c_str(), [&] { call = std::make_shared<PreparedStep>(prepare()); });
   if (checked.failure()) {
     promise.SetError(std::move(checked));
     return future;
@@ -58,32 +56,20 @@ xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, x
   return future;
 }
 
+xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
+                      xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
+                      int64_t intra, int64_t inter) {
+  return run_async(name, [&] { return prepare_step(kCpu, name, params, comm, intra, inter, data, step, out); });
+}
+
 // As step_cpu, for steps with state (ffi/steps.h).
 xffi::Future step_state_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::AnyBuffer state, xffi::Token,
                             xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::AnyBuffer> state_out,
                             xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
                             int64_t intra, int64_t inter) {
-  xffi::Promise promise;
-  xffi::Future future(promise);
-  const std::string what = "step " + std::string(name);
-  std::shared_ptr<PreparedStep> call;
-  xffi::Error checked = guarded(what.c_str(), [&] {
-    call = std::make_shared<PreparedStep>(
-        prepare_step_with_state(kCpu, name, params, comm, intra, inter, data, step, state, out, state_out));
+  return run_async(name, [&] {
+    return prepare_step_with_state(kCpu, name, params, comm, intra, inter, data, step, state, out, state_out);
   });
-  if (checked.failure()) {
-    promise.SetError(std::move(checked));
-    return future;
-  }
-  run_on_step_thread([call, promise, what]() mutable {
-    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
-    if (done.failure()) {
-      promise.SetError(std::move(done));
-    } else {
-      promise.SetAvailable();
-    }
-  });
-  return future;
 }
 
 }  // namespace
