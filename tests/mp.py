@@ -120,19 +120,53 @@ def _kill_group(p: subprocess.Popen) -> None:
         pass
 
 
+PORT_TAKEN = "Address already in use"
+
+
 def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[str] = (),
            local_world_size: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
            per_rank_env: Optional[Mapping[int, Mapping[str, str]]] = None) -> Run:
-    """Runs ``script`` (a path, or Python source text) on ``world_size`` processes."""
+    """Runs ``script`` (a path, or Python source text) on ``world_size`` processes.
+
+    The ports come from :func:`free_port_pair`; another process may take one
+    before rank 0 listens on it, so when rank 0 fails with "address already
+    in use" on ports chosen here, the run starts again on fresh ports (at most
+    three times)."""
     tmp = None
     if not os.path.exists(script):
         tmp = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
         tmp.write(script)
         tmp.close()
         script = tmp.name
+    chosen_here = not any("MASTER_PORT" in e or "BAGUA_STORE_PORT" in e
+                          for e in [env or {}, *(per_rank_env or {}).values()])
+    try:
+        for _ in range(3):
+            run, port_taken = _launch_once(script, world_size, timeout, args, local_world_size, env, per_rank_env)
+            if not (port_taken and chosen_here):
+                return run
+        return run
+    finally:
+        if tmp is not None:
+            os.unlink(tmp.name)
+
+
+def _output(files) -> str:
+    out, err = files
+    out.seek(0)
+    err.seek(0)
+    text = out.read() + err.read()
+    out.seek(0, os.SEEK_END)
+    err.seek(0, os.SEEK_END)
+    return text
+
+
+def _launch_once(script, world_size, timeout, args, local_world_size, env, per_rank_env):
+    """One run; returns it and whether rank 0 found its port taken."""
     port = free_port_pair()
     procs, files = [], []
     start = time.monotonic()
+    port_taken = False
     try:
         for r in range(world_size):
             e = worker_env(r, world_size, port, local_world_size, env)
@@ -149,6 +183,9 @@ def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[
             if time.monotonic() > deadline:
                 timed_out = True
                 break
+            if procs[0].poll() not in (None, 0) and PORT_TAKEN in _output(files[0]):
+                port_taken = True
+                break
             time.sleep(0.05)
         for p in procs:
             _kill_group(p)  # also reaps grandchildren left in the group
@@ -159,7 +196,7 @@ def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[
             err.seek(0)
             workers.append(Worker(r, None if timed_out and p.returncode == -signal.SIGKILL else p.returncode,
                                   out.read(), err.read()))
-        return Run(workers, timed_out, time.monotonic() - start)
+        return Run(workers, timed_out, time.monotonic() - start), port_taken
     finally:
         for p in procs:
             if p.poll() is None:
@@ -168,8 +205,6 @@ def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[
         for out, err in files:
             out.close()
             err.close()
-        if tmp is not None:
-            os.unlink(tmp.name)
 
 
 @dataclass(frozen=True)
