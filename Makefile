@@ -25,6 +25,11 @@ test: build
 bench: build
 	$(PY) benchmarks/collectives.py
 	$(PY) benchmarks/train_throughput.py
+	@if [ "$$(id -u)" = 0 ]; then \
+	  $(PY) benchmarks/bandwidth.py --out-dir bandwidth_results; \
+	else \
+	  echo "benchmarks/bandwidth.py skipped: it creates network namespaces and tc qdiscs, which needs root: sudo make bench"; \
+	fi
 
 build: $(BUILT)
 

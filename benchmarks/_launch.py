@@ -10,42 +10,97 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Callable, Sequence
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 
-class _Stopped(Exception):
-    pass
+class Stopped(Exception):
+    """Raised in the driver by SIGTERM or SIGHUP (see :func:`raise_on_stop_signals`)."""
 
 
 def _raise_stopped(signum, _frame):
-    raise _Stopped(signum)
+    raise Stopped(signum)
+
+
+def raise_on_stop_signals() -> None:
+    """SIGTERM and SIGHUP raise :class:`Stopped` (Ctrl-C raises KeyboardInterrupt), so a driver's
+    ``finally`` blocks run whichever way it is stopped."""
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _raise_stopped)
+
+
+def worker_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """This environment, with the repository on PYTHONPATH, plus ``extra``."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def launcher_cmd(script: str, argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
+                 master_addr: Optional[str] = None, master_port: Optional[int] = None) -> List[str]:
+    """The command that starts ``script argv`` on ``nproc`` processes of node ``node_rank``."""
+    cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(nproc), "--no-prefix"]
+    if nnodes > 1:
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+    if master_addr is not None:
+        cmd += ["--master-addr", master_addr]
+    if master_port is not None:
+        cmd += ["--master-port", str(master_port)]
+    return cmd + [os.path.abspath(script), *argv]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the driver dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start(cmd: Sequence[str], env: Dict[str, str]) -> subprocess.Popen:
+    """Starts a launcher that gets SIGTERM when this driver dies. Same process group as the driver,
+    so that a signal to the group reaches the launcher too."""
+    return subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+
+def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float, what: str) -> int:
+    """Waits for every launcher; returns 0, the first nonzero exit code, 124 after ``timeout_s``
+    seconds or 130 on Ctrl-C / :class:`Stopped`. Whenever one fails or time is up, all are stopped."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed or all(c == 0 for c in codes):
+                if failed:
+                    for p in procs:
+                        _stop(p)
+                return failed[0] if failed else 0
+            if time.monotonic() > deadline:
+                print(f"{what}: no result after {timeout_s:.0f} s, stopping the run", file=sys.stderr, flush=True)
+                for p in procs:
+                    _stop(p)
+                return 124
+            time.sleep(0.1)
+    except (KeyboardInterrupt, Stopped):
+        for p in procs:
+            _stop(p)
+        return 130
 
 
 def drive(script: str, argv: Sequence[str], nproc: int, timeout_s: float) -> int:
     """Runs ``script argv`` on ``nproc`` processes; returns the launcher's exit code."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(nproc), "--no-prefix",
-           os.path.abspath(script), *argv]
-    # Same process group as this driver, so that a signal to the group reaches the launcher too.
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, _raise_stopped)
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        print(f"{os.path.basename(script)}: no result after {timeout_s:.0f} s, stopping the run",
-              file=sys.stderr, flush=True)
-        _stop(proc)
-        return 124
-    except (KeyboardInterrupt, _Stopped):
-        _stop(proc)
-        return 130
+    proc = start(launcher_cmd(script, argv, nproc), worker_env())
+    raise_on_stop_signals()
+    return wait_all([proc], timeout_s, os.path.basename(script))
 
 
 def _stop(proc: subprocess.Popen) -> None:
     """The launcher forwards SIGTERM to the workers; if it is killed, they die with it (PDEATHSIG)."""
+    if proc.poll() is not None:
+        return
     proc.terminate()
     try:
         proc.wait(timeout=20)

@@ -39,6 +39,8 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
+import _training  # benchmarks/_training.py
+from _training import mlp_batches, mlp_initial_weights, torch_batches, torch_mlp
 
 CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
            "torch no communication")
@@ -70,117 +72,20 @@ def parse_args(argv=None):
 
 def initial_weights(args):
     """[w0, b0, w1, b1, w2, b2], torch's (out, in) layout, the same in every configuration."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    out = []
-    for fan_in, fan_out in ((args.features, args.hidden), (args.hidden, args.hidden), (args.hidden, args.classes)):
-        bound = 1.0 / np.sqrt(fan_in)
-        out += [rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
-                rng.uniform(-bound, bound, (fan_out,)).astype(np.float32)]
-    return out
+    return mlp_initial_weights(args.features, args.hidden, args.classes)
 
 
-def make_batches(args, rank, n=8):
-    import numpy as np
-
-    rng = np.random.default_rng(100 + rank)
-    return [(rng.standard_normal((args.batch_size, args.features)).astype(np.float32),
-             rng.integers(0, args.classes, args.batch_size).astype(np.int32)) for _ in range(n)]
+def JaxTrainer(name, args, batches, tx, mesh=None):
+    return _training.JaxTrainer(name, args.features, args.hidden, args.classes, batches, tx, mesh)
 
 
-class JaxTrainer:
-    """A Flax MLP trained with the optax transformation ``tx``; with ``mesh``,
-    data parallel over JAX's own collectives."""
-
-    def __init__(self, name, args, batches, tx, mesh=None):
-        import jax
-        import jax.numpy as jnp
-        import optax
-        from flax import linen as nn
-
-        class MLP(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                x = nn.relu(nn.Dense(args.hidden)(x))
-                x = nn.relu(nn.Dense(args.hidden)(x))
-                return nn.Dense(args.classes)(x)
-
-        self.name, self.i, self.loss = name, 0, float("nan")
-        model = MLP()
-        w = initial_weights(args)
-        params = {"params": {f"Dense_{k}": {"kernel": jnp.asarray(w[2 * k].T), "bias": jnp.asarray(w[2 * k + 1])}
-                             for k in range(3)}}
-
-        def loss_fn(p, x, y):
-            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
-
-        def step(p, s, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-            updates, s = tx.update(grads, s, p)
-            return optax.apply_updates(p, updates), s, loss
-
-        if mesh is not None:
-            from jax.sharding import NamedSharding, PartitionSpec as P
-
-            replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
-            params = jax.device_put(params, replicated)
-            self.batches = [(jax.make_array_from_process_local_data(sharded, x),
-                             jax.make_array_from_process_local_data(sharded, y)) for x, y in batches]
-            self.step = jax.jit(step, out_shardings=(replicated, replicated, replicated))
-        else:
-            self.batches = batches
-            self.step = jax.jit(step)
-        self.params, self.state = params, tx.init(params)
-
-    def steps(self, n):
-        for _ in range(n):
-            x, y = self.batches[self.i % len(self.batches)]
-            self.i += 1
-            self.params, self.state, loss = self.step(self.params, self.state, x, y)
-        if n:
-            self.loss = float(loss)  # waits for the step
-
-    def close(self):
-        pass
-
-
-class TorchTrainer:
-    """The torch model, wrapped with GradientAllReduce unless ``communicate`` is False."""
-
-    def __init__(self, name, args, batches, communicate=True):
-        import torch
-
-        from bagua_torch.algorithms import GradientAllReduceAlgorithm  # importing bagua_torch adds with_bagua
-
-        self.name, self.i, self.loss = name, 0, float("nan")
-        layers = [torch.nn.Linear(args.features, args.hidden), torch.nn.ReLU(),
-                  torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-                  torch.nn.Linear(args.hidden, args.classes)]
-        model = torch.nn.Sequential(*layers)
-        with torch.no_grad():
-            for p, w in zip(model.parameters(), initial_weights(args)):
-                p.copy_(torch.from_numpy(w))
-        self.opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        self.net = model.with_bagua([self.opt], GradientAllReduceAlgorithm()) if communicate else model
-        self.batches = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in batches]
-
-    def steps(self, n):
-        import torch.nn.functional as F
-
-        for _ in range(n):
-            x, y = self.batches[self.i % len(self.batches)]
-            self.i += 1
-            loss = F.cross_entropy(self.net(x), y)
-            loss.backward()
-            self.opt.step()
-            self.opt.zero_grad()
-        if n:
-            self.loss = loss.item()
-
-    def close(self):
-        if "bagua_ddp" in self.net.__dict__:
-            self.net.bagua_ddp.close()
+def TorchTrainer(name, args, batches, communicate=True):
+    """The torch model with plain SGD, wrapped with GradientAllReduce unless ``communicate`` is False."""
+    t = _training.Trainer("Bagua GradientAllReduce" if communicate else "no communication",
+                          lambda: torch_mlp(args.features, args.hidden, args.classes), torch_batches(batches),
+                          warmup=args.warmup, momentum=0.0)
+    t.name = name
+    return t
 
 
 def barrier():
@@ -245,7 +150,7 @@ def work(argv) -> int:
     say(f"model: MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}, {n_params / 1e6:.2f} M parameters "
         f"({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, batch {args.batch_size} per rank; "
         f"{args.warmup} warm-up steps, then {args.rounds} rounds of {args.steps} timed steps per configuration")
-    batches = make_batches(args, rank)
+    batches = mlp_batches(rank, args.batch_size, args.features, args.classes)
     mesh = jax.make_mesh((world,), ("dp",), devices=jax.devices())
     sgd = optax.sgd(0.01)
     trainers = [

@@ -20,7 +20,7 @@ SGD with momentum, in the same processes:
     DDP+fp16              the same with ``fp16_compress_hook``
     DDP+PowerSGD          the same with ``powerSGD_hook`` (rank 1, error feedback, warm start,
                           from step 2), in ONE bucket: with several buckets torch's hook
-                          deadlocks or mismatches collectives over gloo (see wrap())
+                          deadlocks or mismatches collectives over gloo (see _training.py)
     Bagua GradientAllReduce, Bagua ByteGrad, Bagua Decentralized
                           ``model.with_bagua([opt], Algorithm())`` with the original defaults
                           (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
@@ -61,16 +61,12 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
+from _training import Trainer, quartiles, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
            "no communication")
 BASELINE = "DDP"
-POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
-# powerSGD_hook's callbacks issue nested allreduces from gloo's worker threads and block on them.
-# With 2+ DDP buckets in flight this deadlocks with gloo's 2 default threads (seen with torch 2.13),
-# and with more threads the nested allreduces of different buckets are issued in a different order
-# on each rank ("collective mismatch"). So DDP+PowerSGD runs with one bucket holding all gradients.
 COLLECTIVE_TIMEOUT_S = 120
 
 
@@ -128,91 +124,6 @@ def make_batches(rank, batch_size, n=16, classes=10):
             for _ in range(n)]
 
 
-def wrap(name, model, opt):
-    """Makes ``model`` data-parallel with configuration ``name``; returns (module to call, close)."""
-    if name == "no communication":
-        return model, lambda: None
-    if name.startswith("DDP"):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        if name == "DDP+PowerSGD":
-            grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-            ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1)  # one bucket (an explicit cap also sizes the first)
-        else:
-            ddp = DDP(model)  # defaults: a 1 MiB first bucket, then 25 MiB
-        if name == "DDP+fp16":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
-        elif name == "DDP+PowerSGD":
-            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                start_powerSGD_iter=POWERSGD_START_ITER)
-            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return ddp, lambda: None
-    from bagua_torch import algorithms as A
-    if name == "Bagua GradientAllReduce 25MiB":
-        import bagua_torch
-        ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
-                                                  bucket_cap_mb=25)
-        return ddp, ddp.close
-    if name == "Bagua QAdam":
-        algorithm = A.QAdamAlgorithm(opt)
-    else:
-        algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
-                     "Bagua ByteGrad": A.ByteGradAlgorithm,
-                     "Bagua Decentralized": A.DecentralizedAlgorithm,
-                     "Bagua LowPrecisionDecentralized": A.LowPrecisionDecentralizedAlgorithm}[name]()
-    model = model.with_bagua([opt], algorithm)
-    return model, model.bagua_ddp.close
-
-
-class Trainer:
-    """One configuration: its own model (same initial weights as the others), optimizer and step counter."""
-
-    def __init__(self, name, args, batches):
-        import torch
-        self.name, self.batches, self.i = name, batches, 0
-        torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
-        model = build_model(args.channels, args.hidden)
-        if name == "Bagua QAdam":
-            from bagua_torch.algorithms import QAdamOptimizer
-            # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
-            self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, args.warmup), eps=1e-3)
-        else:
-            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        self.net, self.close = wrap(name, model, self.opt)
-        self.loss = float("nan")
-
-    def steps(self, n):
-        import torch.nn.functional as F
-        for _ in range(n):
-            x, y = self.batches[self.i % len(self.batches)]
-            self.i += 1
-            loss = F.cross_entropy(self.net(x), y)
-            loss.backward()
-            self.opt.step()
-            self.opt.zero_grad()
-        if n:
-            self.loss = loss.item()
-
-
-def timed_steps(trainer, n):
-    """Seconds for ``n`` steps of ``trainer``, both ranks starting and ending together."""
-    import torch.distributed as dist
-    dist.barrier()
-    t0 = time.perf_counter()
-    trainer.steps(n)
-    dist.barrier()
-    return time.perf_counter() - t0
-
-
-def quartiles(xs):
-    """(25th percentile, median, 75th percentile)."""
-    if len(xs) < 2:
-        return xs[0], xs[0], xs[0]
-    q1, q2, q3 = statistics.quantiles(xs, n=4)
-    return q1, q2, q3
-
-
 def format_table(results, configs):
     rows = ["| configuration | samples/s | ratio to DDP | middle half of rounds (samples/s) | last loss |",
             "|---|---:|---:|---|---:|"]
@@ -251,13 +162,13 @@ def work(argv) -> int:
     trainers = []
     try:
         for name in args.configs:
-            trainers.append(Trainer(name, args, batches))
+            trainers.append(Trainer(name, lambda: build_model(args.channels, args.hidden), batches, args.warmup))
             trainers[-1].steps(args.warmup)
         per_round = {name: [] for name in args.configs}
         for r in range(args.rounds):
             order = trainers if r % 2 == 0 else trainers[::-1]
             for t in order:
-                per_round[t.name].append(samples / timed_steps(t, args.steps))
+                per_round[t.name].append(samples / timed_steps(t, args.steps, dist.barrier))
             if (r + 1) % max(1, args.rounds // 10) == 0 or r + 1 == args.rounds:
                 say(f"round {r + 1}/{args.rounds}, median samples/s so far: "
                     + ", ".join(f"{n} {statistics.median(v):.0f}" for n, v in per_round.items())

@@ -1,0 +1,220 @@
+"""The training pieces the benchmarks share: how each configuration makes a
+model data-parallel (:func:`wrap`), one torch trainer per configuration
+(:class:`Trainer`), the MLP of the JAX and bandwidth benchmarks in torch and
+Flax (same initial weights, same batches), and the timing helpers.
+
+Every configuration in one process trains its own copy of the model from the
+same initial weights on the same batches, so configurations differ only in
+how they communicate. torch and jax are imported lazily: the drivers of the
+benchmark scripts import this module without them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
+# powerSGD_hook's callbacks issue nested allreduces from gloo's worker threads and block on them.
+# With 2+ DDP buckets in flight this deadlocks with gloo's 2 default threads (seen with torch 2.13),
+# and with more threads the nested allreduces of different buckets are issued in a different order
+# on each rank ("collective mismatch"). So DDP+PowerSGD runs with one bucket holding all gradients.
+
+BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Bagua ByteGrad": "ByteGradAlgorithm",
+                    "Bagua Decentralized": "DecentralizedAlgorithm",
+                    "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm"}
+
+
+def wrap(name, model, opt):
+    """Makes ``model`` data-parallel with configuration ``name``; returns (module to call, close).
+
+    Names: ``DDP``, ``DDP+fp16``, ``DDP+PowerSGD``, ``no communication``, ``Bagua QAdam`` (``opt``
+    must be a QAdamOptimizer), ``Bagua GradientAllReduce 25MiB`` and the keys of BAGUA_ALGORITHMS."""
+    if name == "no communication":
+        return model, lambda: None
+    if name.startswith("DDP"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if name == "DDP+PowerSGD":
+            grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+            ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1)  # one bucket (an explicit cap also sizes the first)
+        else:
+            ddp = DDP(model)  # defaults: a 1 MiB first bucket, then 25 MiB
+        if name == "DDP+fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        elif name == "DDP+PowerSGD":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=POWERSGD_START_ITER)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return ddp, lambda: None
+    from bagua_torch import algorithms as A
+    if name == "Bagua GradientAllReduce 25MiB":
+        import bagua_torch
+        ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
+                                                  bucket_cap_mb=25)
+        return ddp, ddp.close
+    if name == "Bagua QAdam":
+        algorithm = A.QAdamAlgorithm(opt)
+    else:
+        algorithm = getattr(A, BAGUA_ALGORITHMS[name])()
+    model = model.with_bagua([opt], algorithm)
+    return model, model.bagua_ddp.close
+
+
+class Trainer:
+    """One torch configuration: its own model from ``make_model()`` (the same initial weights for
+    every configuration), optimizer and position in ``batches`` (a list of (x, y) tensors).
+
+    SGD with momentum (lr 0.01, momentum 0.9 unless given); QAdam: QAdamOptimizer (Adam, lr 1e-3,
+    eps 1e-3) warming up for ``warmup`` steps."""
+
+    def __init__(self, name, make_model, batches, warmup, momentum=0.9):
+        import torch
+        self.name, self.batches, self.i = name, batches, 0
+        torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
+        model = make_model()
+        if name == "Bagua QAdam":
+            from bagua_torch.algorithms import QAdamOptimizer
+            # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
+            self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=1e-3)
+        else:
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+        self.net, self.close = wrap(name, model, self.opt)
+        self.loss = float("nan")
+
+    def steps(self, n):
+        import torch.nn.functional as F
+        for _ in range(n):
+            x, y = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            loss = F.cross_entropy(self.net(x), y)
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+        if n:
+            self.loss = loss.item()
+
+
+# ---------------------------------------------------------------- the MLP ---
+
+def mlp_initial_weights(features, hidden, classes):
+    """[w0, b0, w1, b1, w2, b2] of the MLP features -> hidden -> hidden -> classes, torch's
+    (out, in) layout, numpy float32: the same in every configuration and framework."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for fan_in, fan_out in ((features, hidden), (hidden, hidden), (hidden, classes)):
+        bound = 1.0 / np.sqrt(fan_in)
+        out += [rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
+                rng.uniform(-bound, bound, (fan_out,)).astype(np.float32)]
+    return out
+
+
+def mlp_parameters(features, hidden, classes):
+    return (features + 1) * hidden + (hidden + 1) * hidden + (hidden + 1) * classes
+
+
+def mlp_batches(rank, batch_size, features, classes, n=8):
+    """A few fixed synthetic (x float32, y int32) numpy batches per rank, cycled by the trainers."""
+    import numpy as np
+
+    rng = np.random.default_rng(100 + rank)
+    return [(rng.standard_normal((batch_size, features)).astype(np.float32),
+             rng.integers(0, classes, batch_size).astype(np.int32)) for _ in range(n)]
+
+
+def torch_batches(batches):
+    """The numpy batches of :func:`mlp_batches` as torch tensors (labels int64)."""
+    import torch
+
+    return [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in batches]
+
+
+def torch_mlp(features, hidden, classes):
+    """The MLP as a torch ``nn.Sequential`` with :func:`mlp_initial_weights`."""
+    import torch
+
+    layers = [torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+              torch.nn.Linear(hidden, classes)]
+    model = torch.nn.Sequential(*layers)
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), mlp_initial_weights(features, hidden, classes)):
+            p.copy_(torch.from_numpy(w))
+    return model
+
+
+class JaxTrainer:
+    """The MLP in Flax, trained with the optax transformation ``tx`` under ``jax.jit`` on numpy
+    ``batches``; with ``mesh``, data parallel over JAX's own collectives."""
+
+    def __init__(self, name, features, hidden, classes, batches, tx, mesh=None):
+        import jax
+        import jax.numpy as jnp
+        import optax
+        from flax import linen as nn
+
+        class MLP(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                x = nn.relu(nn.Dense(hidden)(x))
+                x = nn.relu(nn.Dense(hidden)(x))
+                return nn.Dense(classes)(x)
+
+        self.name, self.i, self.loss = name, 0, float("nan")
+        model = MLP()
+        w = mlp_initial_weights(features, hidden, classes)
+        params = {"params": {f"Dense_{k}": {"kernel": jnp.asarray(w[2 * k].T), "bias": jnp.asarray(w[2 * k + 1])}
+                             for k in range(3)}}
+
+        def loss_fn(p, x, y):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+        def step(p, s, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+            updates, s = tx.update(grads, s, p)
+            return optax.apply_updates(p, updates), s, loss
+
+        if mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec as P
+
+            replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
+            params = jax.device_put(params, replicated)
+            self.batches = [(jax.make_array_from_process_local_data(sharded, x),
+                             jax.make_array_from_process_local_data(sharded, y)) for x, y in batches]
+            self.step = jax.jit(step, out_shardings=(replicated, replicated, replicated))
+        else:
+            self.batches = batches
+            self.step = jax.jit(step)
+        self.params, self.state = params, tx.init(params)
+
+    def steps(self, n):
+        for _ in range(n):
+            x, y = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            self.params, self.state, loss = self.step(self.params, self.state, x, y)
+        if n:
+            self.loss = float(loss)  # waits for the step
+
+    def close(self):
+        pass
+
+
+# ---------------------------------------------------------------- timing ---
+
+def timed_steps(trainer, n, barrier):
+    """Seconds for ``n`` steps of ``trainer``, all ranks starting and ending together (``barrier()``)."""
+    barrier()
+    t0 = time.perf_counter()
+    trainer.steps(n)
+    barrier()
+    return time.perf_counter() - t0
+
+
+def quartiles(xs):
+    """(25th percentile, median, 75th percentile)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4)
+    return q1, q2, q3

@@ -1,0 +1,213 @@
+"""benchmarks/bandwidth.py: the output files' shape (a smoke run over loopback, no root needed),
+the clear refusal without root, and, as root with working network namespaces, that a short
+shaped run creates its two namespaces and removes them, also when it is interrupted or killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "benchmarks", "bandwidth.py")
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import _hosts  # noqa: E402  (benchmarks/_hosts.py)
+
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
+           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "JAX Bagua GradientAllReduce")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
+    return env
+
+
+def _run(*args, timeout=100, **kw):
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, **kw)
+
+
+def _explain(p):
+    return f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+
+
+@pytest.mark.timeout(120)
+def test_smoke_run_unshaped_writes_table_json_and_png(tmp_path):
+    p = _run("--smoke", "--no-shaping", "--out-dir", str(tmp_path), "--timeout", "90")
+    assert p.returncode == 0, _explain(p)
+    assert "shaping skipped: --no-shaping given" in p.stdout
+
+    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    for name in CONFIGS:
+        assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
+    assert rows["DDP"].rstrip(" |").endswith("1.00x")
+    assert (tmp_path / "bandwidth.md").read_text().count("\n| ") == len(CONFIGS) + 1  # + the separator row
+
+    doc = json.loads((tmp_path / "bandwidth.json").read_text())
+    assert doc["mode"] == "throughput" and doc["shaping"] is False
+    assert doc["links"] == ["loopback (unshaped)"] and doc["configs"] == list(CONFIGS)
+    for key in ("load_average_before", "uptime_after", "model", "batch_size", "seconds"):
+        assert key in doc, key
+    run = doc["runs"]["loopback (unshaped)"]
+    assert run["world_size"] == 2
+    for name in CONFIGS:
+        r = run["results"][name]
+        assert r["samples_per_s"] > 0 and r["ms_per_step"] > 0 and r["ratio_to_ddp"] > 0, (name, r)
+        assert len(r["step_seconds"]) == 2, (name, r)
+    assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(60)
+def test_time_to_loss_smoke_writes_curves(tmp_path):
+    p = _run("--smoke", "--no-shaping", "--time-to-loss", "--configs", "DDP,Bagua ByteGrad", "--target-loss", "0.0",
+             "--max-steps", "3", "--out-dir", str(tmp_path), "--timeout", "50", timeout=58)
+    assert p.returncode == 0, _explain(p)
+    doc = json.loads((tmp_path / "time_to_loss.json").read_text())
+    for name in ("DDP", "Bagua ByteGrad"):
+        r = doc["runs"]["loopback (unshaped)"]["results"][name]
+        assert r["steps"] == 3 and r["seconds_to_target"] is None, r
+        times = [c[0] for c in r["curve"]]
+        assert times == sorted(times) and times[0] > 0
+    assert (tmp_path / "time_to_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "not reached" in (tmp_path / "time_to_loss.md").read_text()
+
+
+@pytest.mark.timeout(30)
+def test_without_root_it_says_so(tmp_path):
+    """Not root: the message names root. Root: run with CAP_NET_ADMIN dropped (setpriv), as in a
+    container without it; the message names the capability."""
+    cmd = [sys.executable, SCRIPT, "--rates", "100mbit", "--out-dir", str(tmp_path)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root, and setpriv (util-linux) is missing to drop CAP_NET_ADMIN")
+        cmd = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", *cmd]
+    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=25)
+    assert p.returncode == 2, _explain(p)
+    assert "CAP_NET_ADMIN" in p.stderr and "--no-shaping" in p.stderr, _explain(p)
+    assert not (tmp_path / "bandwidth.json").exists()
+    p = _run("--rates", "3 parsecs", timeout=25)
+    assert p.returncode == 2 and "expected a number followed by kbit, mbit or gbit" in p.stderr, _explain(p)
+
+
+# ------------------------------------------------------------ as root ---
+
+def _namespaces_usable():
+    reason = _hosts.unavailable_reason()
+    if reason is not None:
+        return reason
+    probe = f"{_hosts.NETNS_PREFIX}probe{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
+    return None if p.returncode == 0 else f"'ip netns add' fails here: {p.stderr.strip()}"
+
+
+_reason = _namespaces_usable()
+needs_netns = pytest.mark.skipif(_reason is not None, reason=f"shaped runs need network namespaces: {_reason}")
+
+
+def _own_netns(pid):
+    return sorted(n for n in _hosts.list_netns() if n.startswith(f"{_hosts.NETNS_PREFIX}{pid}-"))
+
+
+def _start(*args):
+    return subprocess.Popen([sys.executable, SCRIPT, *args], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_workers(proc, timeout=40):
+    """The run's namespace names and the pids running in them, once its workers are up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        names = _own_netns(proc.pid)
+        pids = [int(x) for n in names for x in subprocess.run(["ip", "netns", "pids", n], capture_output=True,
+                                                              text=True).stdout.split()]
+        if len(names) == 2 and len(pids) >= 2:
+            return names, pids
+        time.sleep(0.2)
+    raise AssertionError("the run's namespaces and workers did not appear")
+
+
+def _alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1][0] != "Z":
+                    alive.append(pid)
+        except FileNotFoundError:
+            pass
+    return alive
+
+
+def _gone_soon(pids, timeout=15):
+    deadline = time.monotonic() + timeout
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pids)
+
+
+@needs_netns
+@pytest.mark.timeout(90)
+def test_shaped_run_creates_and_removes_its_hosts(tmp_path):
+    proc = _start("--smoke", "--rates", "100mbit", "--configs", "DDP,Bagua ByteGrad", "--out-dir", str(tmp_path),
+                  "--timeout", "70")
+    try:
+        names, _ = _wait_for_workers(proc)
+        assert names == [f"{_hosts.NETNS_PREFIX}{proc.pid}-a", f"{_hosts.NETNS_PREFIX}{proc.pid}-b"]
+        out, _ = proc.communicate(timeout=80)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "shaping skipped" not in out and f"veth bbw{proc.pid}a <-> bbw{proc.pid}b" in out
+    assert _own_netns(proc.pid) == []
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"bbw{proc.pid}" not in links
+    doc = json.loads((tmp_path / "bandwidth.json").read_text())
+    assert doc["shaping"] is True and doc["links"] == ["100mbit"]
+    assert set(doc["runs"]["100mbit"]["results"]) == {"DDP", "Bagua ByteGrad"}
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_interrupted_run_removes_its_hosts_and_workers(tmp_path):
+    proc = _start("--smoke", "--rates", "100mbit,10mbit", "--configs", "DDP", "--steps", "1000",
+                  "--out-dir", str(tmp_path), "--timeout", "50")
+    try:
+        _, pids = _wait_for_workers(proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-4000:]
+    assert _own_netns(proc.pid) == []
+    assert _gone_soon(pids), _alive(pids)
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_run_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path):
+    proc = _start("--smoke", "--rates", "100mbit", "--configs", "DDP", "--steps", "1000", "--out-dir", str(tmp_path),
+                  "--timeout", "50")
+    try:
+        names, pids = _wait_for_workers(proc)
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert _gone_soon(pids), _alive(pids)  # the launchers die with the driver, the workers with them
+    assert _own_netns(proc.pid) == names  # nothing could remove them
+    p = _run("--cleanup", timeout=30)
+    assert p.returncode == 0, _explain(p)
+    assert _own_netns(proc.pid) == []
