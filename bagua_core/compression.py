@@ -31,6 +31,10 @@ __all__ = [
     "compress",
     "decompress",
     "reduce_chunks",
+    "CPU_ISAS",
+    "cpu_isa",
+    "supported_cpu_isas",
+    "set_cpu_isa",
 ]
 
 HEADER_NBYTES = _C.minmax_uint8_header_nbytes
@@ -110,6 +114,27 @@ def reduce_chunks(c, chunk_len, n_records, dtype, average=True, out=None):
 
 
 # ---- array checks ------------------------------------------------------------------------------
+
+
+CPU_ISAS = ("baseline", "avx2", "avx512")
+
+
+def cpu_isa():
+    """The instruction set the host compression kernels use now: "baseline", "avx2" or "avx512".
+
+    By default the best this CPU supports; every choice gives bitwise the same results."""
+    return _C.cpu_isa()
+
+
+def supported_cpu_isas():
+    """The instruction sets of CPU_ISAS that this CPU and OS run."""
+    return tuple(name for name in CPU_ISAS if _C.cpu_isa_supported(name))
+
+
+def set_cpu_isa(name):
+    """Makes the host kernels use ``name`` (one of :func:`supported_cpu_isas`), for every thread,
+    from now on: for tests and benchmarks that compare them. Raises ValueError otherwise."""
+    _C.set_cpu_isa(str(name))
 
 
 def _host_view(x, what, expected=""):

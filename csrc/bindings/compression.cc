@@ -3,12 +3,14 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 
 #include "bindings/bindings.h"
 #include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/compress_cuda.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/minmax_uint8.h"
 
 namespace py = pybind11;
@@ -29,6 +31,12 @@ size_t to_size(int64_t v, const char* what) {
 
 const void* to_cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
 void* to_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+CpuIsa isa_from_name(const std::string& name) {
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (name == cpu_isa_name(isa)) return isa;
+  throw InvalidArgument("unknown CPU instruction set '" + name + "': expected baseline, avx2 or avx512");
+}
 
 }  // namespace
 
@@ -72,6 +80,16 @@ void bind_compression(py::module_& m) {
       },
       py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"),
       release(), "Decodes n_records host records and writes their float32 sum (or mean) to dst.");
+  m.def(
+      "cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
+      "The instruction set the host kernels use now: 'baseline', 'avx2' or 'avx512' (kernels/cpu_isa.h).");
+  m.def(
+      "cpu_isa_supported",
+      [](const std::string& name) { return cpu_isa_supported(isa_from_name(name)); }, py::arg("name"),
+      "Whether this CPU and OS run the host kernels built for name.");
+  m.def(
+      "set_cpu_isa", [](const std::string& name) { set_cpu_isa(isa_from_name(name)); }, py::arg("name"),
+      "Makes the host kernels use name from now on (for tests and benchmarks; results do not change).");
 
 #ifdef BAGUA_WITH_CUDA
   // Device addresses and a cudaStream_t as an int (0 = legacy default stream); asynchronous.

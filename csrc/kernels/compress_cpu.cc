@@ -1,6 +1,6 @@
 // Host loops of MinMaxUInt8 compression over the element functions of minmax_uint8.h.
-// Each loop is dispatched on the dtype once and has no data-dependent branch, so the compiler
-// vectorises it.
+// Each loop is dispatched on the dtype once and on the instruction set (kernels/cpu_isa.h) per chunk
+// or tile; the loops themselves are in compress_cpu_loops.inc, compiled once per instruction set.
 //
 // GCC if-converts (and so vectorises) the float selects of the element math only when it may
 // assume that float compares raise no trap; this changes no value, and nothing here reads the
@@ -16,28 +16,72 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/minmax_uint8.h"
+
+// AVX2 and AVX-512 copies of the loops (GCC/clang target attributes on x86-64).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define BAGUA_X86_ISAS 1
+#else
+#define BAGUA_X86_ISAS 0
+#endif
 
 namespace bagua {
 namespace minmax_uint8 {
 namespace {
 
-// Integer min/max/or reductions: the compiler vectorises them without reassociating floats.
+#define BAGUA_ISA_NS baseline
+#define BAGUA_ISA_TARGET
+#include "kernels/compress_cpu_loops.inc"
+#undef BAGUA_ISA_NS
+#undef BAGUA_ISA_TARGET
+
+#if BAGUA_X86_ISAS
+#define BAGUA_ISA_NS avx2
+#define BAGUA_ISA_TARGET __attribute__((target("avx2")))
+#include "kernels/compress_cpu_loops.inc"
+#undef BAGUA_ISA_NS
+#undef BAGUA_ISA_TARGET
+
+#define BAGUA_ISA_NS avx512
+#define BAGUA_ISA_TARGET __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512dq")))
+#include "kernels/compress_cpu_loops.inc"
+#undef BAGUA_ISA_NS
+#undef BAGUA_ISA_TARGET
+
+// The copy of a loop for the ISA in use (cpu_isa.h); chosen per chunk or tile, a negligible cost.
+#define BAGUA_ISA_CALL(fn, ...)                                  \
+  switch (cpu_isa()) {                                           \
+    case CpuIsa::kAvx512: return avx512::fn(__VA_ARGS__);        \
+    case CpuIsa::kAvx2: return avx2::fn(__VA_ARGS__);            \
+    default: return baseline::fn(__VA_ARGS__);                   \
+  }
+#else
+#define BAGUA_ISA_CALL(fn, ...) return baseline::fn(__VA_ARGS__);
+#endif
+
 template <typename T>
 Stats chunk_stats(const T* x, size_t len) {
-  Stats s = stats_init();
-  for (size_t i = 0; i < len; ++i) stats_add(s, load_f32(x[i]));
-  return s;
+  BAGUA_ISA_CALL(chunk_stats, x, len)
 }
 
 template <typename T>
 void encode_codes(const T* x, size_t len, Encoder e, uint8_t* codes) {
-  for (size_t i = 0; i < len; ++i) codes[i] = encode(load_f32(x[i]), e);
+  BAGUA_ISA_CALL(encode_codes, x, len, e, codes)
 }
 
 template <typename T>
 void decode_codes(const uint8_t* codes, size_t len, Decoder d, T* out) {
-  for (size_t i = 0; i < len; ++i) out[i] = store_f32<T>(decode(codes[i], d));
+  BAGUA_ISA_CALL(decode_codes, codes, len, d, out)
+}
+
+void accumulate_codes(const uint8_t* codes, size_t len, Decoder d, float* acc) {
+  BAGUA_ISA_CALL(accumulate_codes, codes, len, d, acc)
+}
+
+template <typename T>
+void store_sums(const float* acc, size_t len, float divisor, T* out) {
+  BAGUA_ISA_CALL(store_sums, acc, len, divisor, out)
 }
 
 Header read_header(const uint8_t* record) {
@@ -67,12 +111,9 @@ void reduce_chunks_typed(const uint8_t* src, size_t chunk_len, size_t n_records,
   for (size_t t0 = 0; t0 < chunk_len; t0 += kTile) {
     const size_t tl = chunk_len - t0 < kTile ? chunk_len - t0 : kTile;
     for (size_t i = 0; i < tl; ++i) acc[i] = 0.0f;
-    for (size_t r = 0; r < n_records; ++r) {
-      const uint8_t* codes = record_ptr(src, chunk_len, r) + kHeaderBytes + t0;
-      const Decoder d = decoders[r];
-      for (size_t i = 0; i < tl; ++i) acc[i] += decode(codes[i], d);
-    }
-    for (size_t i = 0; i < tl; ++i) out[t0 + i] = store_f32<T>(acc[i] / divisor);
+    for (size_t r = 0; r < n_records; ++r)
+      accumulate_codes(record_ptr(src, chunk_len, r) + kHeaderBytes + t0, tl, decoders[r], acc);
+    store_sums(acc, tl, divisor, out + t0);
   }
 }
 
