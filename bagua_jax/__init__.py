@@ -42,13 +42,14 @@ from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
-from bagua_jax.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
+from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
                                   LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
 
 __all__ = [
+    "AsyncModelAverageAlgorithm",
     "BaguaState",
     "ByteGradAlgorithm",
     "DecentralizedAlgorithm",
