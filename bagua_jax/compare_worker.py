@@ -39,7 +39,8 @@ def main(argv=None) -> None:
         tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
             bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
     else:
-        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm)
+        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm, **extra)
         bagua = bagua_jax.transform(algorithm)
         sgd = optax.sgd(problem.lr)
         weights = algorithm.to_core().plan().communicates == WEIGHTS

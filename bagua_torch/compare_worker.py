@@ -35,7 +35,8 @@ def main(argv=None) -> None:
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-        algorithm = Algorithm.init(args.algorithm)
+        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        algorithm = Algorithm.init(args.algorithm, **extra)
     model = model.with_bagua([opt], algorithm)
 
     losses, times = [], []

@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "train_throughput.py")
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "no communication")
+           "Bagua Async", "no communication")
 
 pytestmark = pytest.mark.timeout(90)
 
