@@ -350,6 +350,14 @@ class BaguaDistributedDataParallel:
                 p.data = slot
         self.averager = AsyncAverager(self.process_group, self.weight_buckets, self.background_plan)
         self.impl.averager = self.averager
+        self.impl.after_abort = self._broadcast_buffers_after_abort
+
+    def _broadcast_buffers_after_abort(self) -> None:
+        """After abort (every rank): rank 0's buffers (e.g. BatchNorm
+        statistics), which asynchronous training does not keep in step."""
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
 
     def _background_before_forward(self) -> None:
         """Asynchronous model average: switches from the warm-up (gradient
@@ -417,7 +425,9 @@ class BaguaDistributedDataParallel:
             self._background_before_forward()
         if self.plan.optimizer_state:
             self._share_optimizer_state()
-        if self.broadcast_buffers:
+        # not while asynchronous model average runs: a collective per step would
+        # make every rank wait for the slowest (buffers are broadcast at abort)
+        if self.broadcast_buffers and self.plan is not self.background_plan:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
         self.attach_gradients()

@@ -41,7 +41,7 @@ def case_names(session: str):
         return ["survivors_raise_within_timeout"]
     names = ["abort_gives_exact_average", "warmup_allreduces_then_abort_averages", "weights_reach_average_when_idle",
              "abort_resume_cycles", "state_dict_keeps_step", "bad_input_refused", "loss_goes_down",
-             "torch_api_and_init_by_name"]
+             "torch_api_and_init_by_name", "buffers_broadcast_at_abort", "fast_rank_not_blocked_by_slow_peer"]
     if session == "w2":
         names.append("no_torn_step")  # exact with two ranks: a + b == b + a, (x + x) / 2 == x
     return names
@@ -233,6 +233,43 @@ class Worker(TorchWorker):
         a.abort(model)
         self.same_everywhere(self.flat(model))
         assert bagua.get_world_size() == self.world
+        model.bagua_ddp.close()
+
+    def buffers_broadcast_at_abort(self):
+        torch = self.torch
+        torch.manual_seed(9)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        algo = self.algo(sync_interval_ms=5)
+        model.with_bagua([opt], algo)
+        for step in range(6):
+            self.train_step(model, opt, step)
+        mean = model[1].running_mean.clone()
+        if self.world > 1:  # each rank's own statistics while the loop runs
+            assert not torch.equal(self.gathered(mean)[0], self.gathered(mean)[1])
+        algo.abort(model)
+        self.same_everywhere(model[1].running_mean)
+        self.same_everywhere(model[1].running_var)
+        self.same_everywhere(self.flat(model))
+        model.bagua_ddp.close()
+
+    def fast_rank_not_blocked_by_slow_peer(self):
+        """Rank 1 pauses 3 s before training; the others' 10 steps do not wait for it."""
+        torch = self.torch
+        model = self.mlp(10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        algo = self.algo(sync_interval_ms=5)
+        model.with_bagua([opt], algo)
+        if self.rank == 1:
+            time.sleep(3.0)
+        t0 = time.monotonic()
+        for step in range(10):
+            self.train_step(model, opt, step)
+        elapsed = time.monotonic() - t0
+        if self.rank != 1:
+            assert elapsed < 2.0, f"10 steps took {elapsed:.1f} s: they waited for the paused rank"
+        algo.abort(model)
+        self.same_everywhere(self.flat(model))
         model.bagua_ddp.close()
 
     def no_torn_step(self):

@@ -45,7 +45,9 @@ class AsyncModelAverageAlgorithm(Algorithm):
     The loop starts at the first training forward after the warm-up. Every
     rank must call :meth:`abort` when training stops (before evaluation,
     checkpointing or exit) and :meth:`resume` before training again. Needs
-    ``do_flatten=True``.
+    ``do_flatten=True``. Module buffers (BatchNorm statistics) are not
+    broadcast before each forward once the loop runs (that would make every
+    rank wait for the slowest); :meth:`abort` broadcasts rank 0's.
     """
 
     core_type = core.AsyncModelAverage
@@ -83,6 +85,7 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         self.forward_steps = 0
         self.status = NEW
         self.averager = None
+        self.after_abort = None  # the driver's: buffers broadcast once the loop stopped
 
     @property
     def step(self) -> int:
@@ -107,6 +110,8 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         if self.status == RUNNING:
             self.averager.abort()
             self.status = STOPPED
+            if self.after_abort is not None:
+                self.after_abort()
 
     def resume(self, model=None) -> None:
         if self.status == STOPPED:
