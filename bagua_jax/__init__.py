@@ -15,6 +15,9 @@ XLA FFI handlers of the Bagua engine.
 
 Gradient algorithms go before the optimizer in the chain; weight algorithms
 (``DecentralizedAlgorithm``) go after it and need ``params``.
+``AsyncModelAverageAlgorithm`` goes after it too, but its update runs outside
+``jax.jit`` (a background loop averages host copies of the weights; see
+``bagua_jax._src.async_average``).
 
 Sharp bits:
 

@@ -163,7 +163,7 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
       on every rank at once, that all ranks hold pytrees of the same
       structure, shapes and dtypes; ``update(updates, state, params)`` works
       eagerly and inside ``jax.jit`` (``params`` is required by weight
-      algorithms). Every rank must call ``transform`` and ``init`` in the same
+      algorithms; AsyncModelAverage's update is eager only). Every rank must call ``transform`` and ``init`` in the same
       order: binding a hierarchical algorithm creates the intra- and
       inter-node groups collectively.
 
