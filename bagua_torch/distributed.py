@@ -16,7 +16,11 @@ gradients or weights, in which phase). At wrap time (every rank, same order):
    communicates: gradients (GradientAllReduce, ByteGrad) or weights
    (Decentralized). With ``do_flatten`` the tensors torch uses *are* the
    bucket slots: ``p.grad`` (or ``p.data``) is a zero-copy view of engine
-   memory, so nothing is copied per step;
+   memory, so nothing is copied per step. Asynchronous model average runs
+   GradientAllReduce's plan during its warm-up, and keeps the weights in
+   buckets of their own that a background loop (bagua_core.averager) averages,
+   holding a weight lock from each training forward to the end of the
+   optimizer step;
 5. hooks: a forward pre-hook (buffers broadcast, gradient views re-attached
    after ``zero_grad(set_to_none=True)``, weights handed to the engine for
    Decentralized), a post-accumulate-grad hook per parameter (marks its
