@@ -29,6 +29,10 @@ SGD with momentum, in the same processes:
                           the same (after the optimizer step, 8-bit differences on a ring)
     Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
                           the untimed steps, so the timed ones communicate compressed momentum
+    Bagua Async           AsyncModelAverageAlgorithm() (weights averaged every 500 ms by the engine's
+                          background loop; it keeps running, so its rounds also load the machine
+                          while the other configurations are timed; see benchmarks/async_straggler.py
+                          for each rank's own speed with a straggler)
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
                           ``bucket_cap_mb=25``, DDP's bucket size
@@ -64,7 +68,7 @@ import _launch  # benchmarks/_launch.py: the script is its own driver
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "no communication")
+           "Bagua Async", "no communication")
 BASELINE = "DDP"
 POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm start
 # powerSGD_hook's callbacks issue nested allreduces from gloo's worker threads and block on them.
@@ -160,8 +164,14 @@ def wrap(name, model, opt):
         algorithm = {"Bagua GradientAllReduce": A.GradientAllReduceAlgorithm,
                      "Bagua ByteGrad": A.ByteGradAlgorithm,
                      "Bagua Decentralized": A.DecentralizedAlgorithm,
-                     "Bagua LowPrecisionDecentralized": A.LowPrecisionDecentralizedAlgorithm}[name]()
+                     "Bagua LowPrecisionDecentralized": A.LowPrecisionDecentralizedAlgorithm,
+                     "Bagua Async": A.AsyncModelAverageAlgorithm}[name]()
     model = model.with_bagua([opt], algorithm)
+    if name == "Bagua Async":
+        def close():
+            algorithm.abort(model)  # every rank: the loop's last round, then it stops
+            model.bagua_ddp.close()
+        return model, close
     return model, model.bagua_ddp.close
 
 

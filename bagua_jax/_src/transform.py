@@ -10,6 +10,9 @@ The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
   ``optax.apply_updates`` gives ``average(x_t) - lr * g(x_t)`` exactly as the
   torch frontend does: put them *after* the optimizer, ``optax.chain(
   optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``;
+* AsyncModelAverage runs outside ``jax.jit``, after the optimizer, with a
+  background loop averaging host copies of the weights
+  (``bagua_jax._src.async_average``);
 * weight algorithms of the after-optimizer-step phase (LowPrecisionDecentralized)
   run on the weights the optimizer's updates give, ``params + updates``, and
   return ``new - params``; they also go after the optimizer. Their step's state
@@ -158,7 +161,7 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
       on every rank at once, that all ranks hold pytrees of the same
       structure, shapes and dtypes; ``update(updates, state, params)`` works
       eagerly and inside ``jax.jit`` (``params`` is required by weight
-      algorithms). Every rank must call ``transform`` and ``init`` in the same
+      algorithms; AsyncModelAverage's update is eager only). Every rank must call ``transform`` and ``init`` in the same
       order: binding a hierarchical algorithm creates the intra- and
       inter-node groups collectively.
 
@@ -174,6 +177,12 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
         raise NotImplementedError(f"bagua_jax.transform: {algo!r} communicates {plan.communicates}")
     what = f"bagua_jax.transform({algo!r})"
     group = groups.process_group(process_group, what)
+    if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
+        from bagua_jax._src.async_average import async_transform
+
+        warm = transform(algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group)
+        return async_transform(algo, group, what, warm, BaguaState)
+
     flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
     info = steps.check_plan(plan, group, comms=tuple(None if g is None else g.comm
                                                      for g in (flat_group, intra, inter)))
