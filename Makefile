@@ -67,6 +67,14 @@ system:
 	    echo "redis-server is missing: its tests skip. Run:  sudo apt-get install -y redis-server"; \
 	  fi; \
 	fi
+	@if [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing openssh-server (the baguarun tests start sshd)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; \
+	  else \
+	    echo "sshd is missing: the baguarun tests skip. Run:  sudo apt-get install -y openssh-server"; \
+	  fi; \
+	fi
 
 clean:
 	rm -rf build bagua_core/_C*.so $(BUILT)

@@ -46,6 +46,16 @@ Settings (all optional):
                                  (default 256 MiB)
 ===============================  =======================================================
 
+Settings of ``baguarun`` (the multi-host launcher, :func:`ssh_settings`):
+
+===============================  =======================================================
+``BAGUA_NODE_DOMAIN_NAMES``      default of ``--host_list``: ``host[:sshport],...``
+``BAGUA_SSH_PORT``               default of ``--ssh_port``
+``BAGUA_SSH_COMMAND``            the ssh client and its options, split like a shell
+                                 command line (default ``ssh``), e.g. ``ssh -i
+                                 ~/.ssh/cluster_key -o BatchMode=yes``
+===============================  =======================================================
+
 An alias is read when its new name is absent; both set to different values
 raise :class:`ConfigError`.
 
@@ -57,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 from typing import Mapping, Optional
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -238,6 +249,25 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         launched=launched,
         log_level=_log_level(g("BAGUA_LOG_LEVEL")),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SshSettings:
+    host_list: Optional[str]  # "host[:port],..." or None
+    ssh_port: Optional[int]
+    ssh_command: tuple  # argv of the ssh client
+
+
+def ssh_settings(env: Optional[Mapping[str, str]] = None) -> SshSettings:
+    """``baguarun``'s settings from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    command = tuple(shlex.split(env.get("BAGUA_SSH_COMMAND") or "ssh"))
+    if not command:
+        raise ConfigError("BAGUA_SSH_COMMAND is empty")
+    port = parse_int("BAGUA_SSH_PORT", env.get("BAGUA_SSH_PORT") or None, None, minimum=1)
+    if port is not None and port > 65535:
+        raise ConfigError(f"BAGUA_SSH_PORT={port} is not a port number")
+    return SshSettings(host_list=env.get("BAGUA_NODE_DOMAIN_NAMES") or None, ssh_port=port, ssh_command=command)
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

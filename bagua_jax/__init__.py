@@ -15,6 +15,9 @@ XLA FFI handlers of the Bagua engine.
 
 Gradient algorithms go before the optimizer in the chain; weight algorithms
 (``DecentralizedAlgorithm``) go after it and need ``params``.
+``AsyncModelAverageAlgorithm`` goes after it too, but its update runs outside
+``jax.jit`` (a background loop averages host copies of the weights; see
+``bagua_jax._src.async_average``).
 
 Sharp bits:
 
@@ -42,13 +45,14 @@ from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
-from bagua_jax.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
+from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
                                   LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
 
 __all__ = [
+    "AsyncModelAverageAlgorithm",
     "BaguaState",
     "ByteGradAlgorithm",
     "DecentralizedAlgorithm",

@@ -113,28 +113,39 @@ def lowering_platforms(ctx: Any) -> Sequence[str]:
 
 
 def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
-                         alias: bool, aliases: Optional[dict] = None, **attributes: Any) -> Any:
+                         alias: bool, aliases: Optional[dict] = None, token_first: bool = False,
+                         **attributes: Any) -> Any:
     """Emits the FFI call ``target(*operands, token) -> (*results, token)``
-    (one result per output aval of ``ctx``).
+    (one result per output aval of ``ctx``); with ``token_first``,
+    ``target(token, *operands) -> (token, *results)``, for targets whose
+    operands end in a variable number of buffers.
 
     The token comes from the lowering context (the previous collective's) and
     the new one is handed back to JAX, which chains it into the next collective.
     With ``alias`` the first result reuses the first operand's buffer (no copy
     when the operand is donated; XLA inserts one otherwise); ``aliases``
-    ({operand index: result index}) adds more such pairs.
+    ({operand index: result index}, not counting the token) adds more such pairs.
     """
     token = ctx.tokens_in.get(collective_effect)
-    token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
-                            avals_out=[*ctx.avals_out, abstract_token])
     pairs = dict(aliases or {})
     if alias:
         pairs[0] = 0
+    if token_first:
+        pairs = {i + 1: o + 1 for i, o in pairs.items()}
+        token_ctx = ctx.replace(avals_in=[abstract_token, *ctx.avals_in],
+                                avals_out=[abstract_token, *ctx.avals_out])
+    else:
+        token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
+                                avals_out=[*ctx.avals_out, abstract_token])
     rule = jax.ffi.ffi_lowering(
         target,
         has_side_effect=True,
         operand_output_aliases=pairs or None,
     )
-    *results, token_out = rule(token_ctx, *operands, token, **attributes)
+    if token_first:
+        token_out, *results = rule(token_ctx, token, *operands, **attributes)
+    else:
+        *results, token_out = rule(token_ctx, *operands, token, **attributes)
     ctx.set_tokens_out(mlir.TokenSet({collective_effect: token_out}))
     return list(results)
 

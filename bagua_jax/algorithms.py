@@ -86,10 +86,72 @@ class QAdamAlgorithm(Algorithm):
         return f"QAdamAlgorithm(q_adam_optimizer=<bagua_jax.qadam>, hierarchical={self._description.hierarchical!r})"
 
 
+class AsyncModelAverageAlgorithm(Algorithm):
+    """Asynchronous model average: after ``warmup_steps`` steps that average
+    the optimizer's updates, a background loop averages every rank's weights
+    every ``sync_interval_ms`` while each rank trains at its own pace. A
+    weight algorithm: it goes *after* the optimizer in the chain, needs
+    ``params``, and runs outside ``jax.jit`` (see
+    ``bagua_jax._src.async_average``). ``init`` binds this object to the
+    weights it is given (a later ``init`` rebinds it); every rank calls
+    :meth:`abort` when training stops and :meth:`resume` before training
+    again."""
+
+    core_type = core.AsyncModelAverage
+
+    def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500, warmup_steps: int = 0):
+        super().__init__(peer_selection_mode=peer_selection_mode, sync_interval_ms=sync_interval_ms,
+                         warmup_steps=warmup_steps)
+
+    def _bind(self, binding) -> None:
+        old = self.__dict__.get("_binding")
+        if old is not None:
+            old.close()
+        self.__dict__["_binding"] = binding
+
+    def _binding_of(self, what: str):
+        binding = self.__dict__.get("_binding")
+        if binding is None:
+            raise RuntimeError(f"{what}: call init(params) first")
+        return binding
+
+    def abort(self, params=None):
+        """Stops the background averaging (every rank calls it) and returns the
+        weights, averaged once more with training stopped everywhere: the same
+        pytree on every rank. Idempotent. ``params`` is accepted for symmetry
+        with the torch ``abort(model)`` and not used."""
+        from bagua_jax._src.async_average import RUNNING, STOPPED
+
+        binding = self._binding_of(f"{type(self).__name__}.abort")
+        if binding.status == RUNNING:
+            binding.averager.abort()
+            binding.status = STOPPED
+        return binding.tree()
+
+    def resume(self, params=None) -> None:
+        """Restarts the background averaging after :meth:`abort` (every rank
+        calls it), from ``params`` when given (the weights the next update
+        gets; equal on every rank, e.g. what abort returned)."""
+        from bagua_jax._src.async_average import RUNNING, STOPPED
+
+        binding = self._binding_of(f"{type(self).__name__}.resume")
+        if params is not None:
+            import jax
+
+            leaves, treedef = jax.tree_util.tree_flatten(params)
+            if treedef != binding.treedef:
+                raise ValueError(f"{type(self).__name__}.resume: params must have the structure given to init")
+            with binding.averager.weights_locked():
+                binding.write(leaves)
+        if binding.status == STOPPED:
+            binding.averager.start()
+            binding.status = RUNNING
+
+
 def as_algorithm(algorithm) -> Algorithm:
     """A JAX algorithm from an instance, a ``bagua_core.algorithms`` description or a name."""
     return Algorithm.coerce(algorithm, accept_names=True)
 
 
-__all__ = ["Algorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
+__all__ = ["Algorithm", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
            "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "as_algorithm"]

@@ -2,8 +2,8 @@
 :class:`bagua_core.compare.problem.Problem`'s MLP with
 ``bagua_jax.transform`` and plain SGD (the transform before the optimizer
 for gradient algorithms, after it for weight algorithms; QAdam's transform
-is the whole optimizer); rank 0 writes
-every step's loss (mean over ranks) and time."""
+is the whole optimizer; asynchronous model average's update runs outside
+jit); rank 0 writes every step's loss (mean over ranks) and time."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def main(argv=None) -> None:
         tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
             bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
     else:
-        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm)
+        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm, **extra)
         bagua = bagua_jax.transform(algorithm)
         sgd = optax.sgd(problem.lr)
         weights = algorithm.to_core().plan().communicates == WEIGHTS
@@ -56,6 +57,14 @@ def main(argv=None) -> None:
         updates, s = tx.update(grads, s, p)
         return optax.apply_updates(p, updates), s, loss
 
+    if args.algorithm == "async":  # its update runs eagerly (host weights, background loop)
+        grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+
+        def step(p, s, x, y):
+            loss, grads = grad_fn(p, x, y)
+            updates, s = tx.update(grads, s, p)
+            return optax.apply_updates(p, updates), s, loss
+
     losses, times = [], []
     for t in range(problem.steps):
         x, y = problem.batch(t, group.rank)
@@ -64,6 +73,8 @@ def main(argv=None) -> None:
         loss.block_until_ready()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
+    if args.algorithm == "async":
+        algorithm.abort(params)  # every rank: the loop's last round, then it stops
     mean = bagua_jax.allreduce(jnp.asarray(losses, jnp.float32), op="avg")
     if group.rank == 0:
         write_result(args.out, "jax", args.algorithm, group.size, np.asarray(mean).tolist(), times)

@@ -1,7 +1,8 @@
 """The torch side of ``bagua-compare`` (run by it under ``bagua-run``):
 trains :class:`bagua_core.compare.problem.Problem`'s MLP with
 ``with_bagua`` and plain SGD (QAdam: its own optimizer); rank 0 writes every step's loss (mean over
-ranks) and time."""
+ranks) and time. Asynchronous model average averages at wall-clock times, so
+its trajectory differs from run to run."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def main(argv=None) -> None:
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-        algorithm = Algorithm.init(args.algorithm)
+        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        algorithm = Algorithm.init(args.algorithm, **extra)
     model = model.with_bagua([opt], algorithm)
 
     losses, times = [], []
@@ -47,6 +49,8 @@ def main(argv=None) -> None:
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
+    if args.algorithm == "async":
+        algorithm.abort(model)  # every rank: the loop's last round, then it stops
     mean = torch.tensor(np.asarray(losses, np.float64))
     bagua_torch.allreduce_inplace(mean, op=bagua_torch.ReduceOp.AVG)
     if group.rank == 0:

@@ -16,7 +16,11 @@ gradients or weights, in which phase). At wrap time (every rank, same order):
    communicates: gradients (GradientAllReduce, ByteGrad) or weights
    (Decentralized). With ``do_flatten`` the tensors torch uses *are* the
    bucket slots: ``p.grad`` (or ``p.data``) is a zero-copy view of engine
-   memory, so nothing is copied per step;
+   memory, so nothing is copied per step. Asynchronous model average runs
+   GradientAllReduce's plan during its warm-up, and keeps the weights in
+   buckets of their own that a background loop (bagua_core.averager) averages,
+   holding a weight lock from each training forward to the end of the
+   optimizer step;
 5. hooks: a forward pre-hook (buffers broadcast, gradient views re-attached
    after ``zero_grad(set_to_none=True)``, weights handed to the engine for
    Decentralized), a post-accumulate-grad hook per parameter (marks its
@@ -40,7 +44,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_core import agreement
+from bagua_core import agreement, steps
+from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START
 from bagua_core.dtypes import as_dtype
 from bagua_core.engine import Engine
@@ -108,6 +113,7 @@ class _StepGuard:
                 owners = list(self._bagua_ddps)
                 for owner in owners:
                     owner.finish_step()
+                    owner.before_optimizer_step()
                 out = self._bagua_original_step(*args, **kwargs)
                 for owner in owners:
                     owner.after_optimizer_step()
@@ -169,6 +175,13 @@ class BaguaDistributedDataParallel:
         self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
         self.impl = self.algorithm.reify(group)
         self.plan = self.impl.plan
+        # asynchronous model average: the engine runs the warm-up plan, a
+        # background loop the weights' plan (see _build_weight_buckets)
+        self.background_plan = getattr(self.impl, "background_plan", None)
+        self.averager = None
+        if self.background_plan is not None and not self.do_flatten:
+            raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
+                             "averages the weights in place, in the buckets the parameters are views of")
         if self.plan.phase not in (BACKWARD, FORWARD_START, AFTER_OPTIMIZER_STEP):
             raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
         if self.plan.phase == AFTER_OPTIMIZER_STEP:
@@ -180,8 +193,12 @@ class BaguaDistributedDataParallel:
         try:
             self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)))
             self.step_info = self.engine.check_step(self.plan)
+            if self.background_plan is not None:
+                steps.check_plan(self.background_plan, group)
             self._broadcast_initial_state()
             self._build_buckets(bucket_bytes)
+            if self.background_plan is not None:
+                self._build_weight_buckets()
             self._register_hooks()
         except BaseException:
             self.close()
@@ -323,6 +340,43 @@ class BaguaDistributedDataParallel:
         if self.plan.optimizer_state:
             self._link_optimizer_state()
 
+    def _build_weight_buckets(self) -> None:
+        """Asynchronous model average: one bucket per dtype holds the weights
+        (the parameters become views of it), averaged in place by the
+        background loop on its own clone of the group."""
+        self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)])
+        self.weight_slots: Dict[str, torch.Tensor] = {
+            n: _torch_view(b.view(n)) for b in self.weight_buckets for n in b.slot_names}
+        with torch.no_grad():
+            for n, p in self.params:
+                slot = self.weight_slots[n]
+                slot.copy_(p.detach())
+                p.data = slot
+        self.averager = AsyncAverager(self.process_group, self.weight_buckets, self.background_plan)
+        self.impl.averager = self.averager
+        self.impl.after_abort = self._broadcast_buffers_after_abort
+
+    def _broadcast_buffers_after_abort(self) -> None:
+        """After abort (every rank): rank 0's buffers (e.g. BatchNorm
+        statistics), which asynchronous training does not keep in step."""
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
+
+    def _background_before_forward(self) -> None:
+        """Asynchronous model average: switches from the warm-up (gradient
+        allreduce) to the background loop once the warm-up steps are done."""
+        if not self.impl.in_warmup and self.plan is not self.background_plan:
+            self.finish_step()
+            self.plan = self.background_plan
+        self.impl.before_forward()
+
+    def before_optimizer_step(self) -> None:
+        """Holds the weights during the optimizer step (asynchronous model
+        average: the step never sees half an average)."""
+        if self.averager is not None and not self._closed and self.plan is self.background_plan:
+            self.averager.lock()
+
     @property
     def communicates_weights(self) -> bool:
         return self.plan.communicates == "weights"
@@ -371,9 +425,13 @@ class BaguaDistributedDataParallel:
             self.attach_gradients()
             return
         self.finish_step()  # a step left open (backward never ran)
+        if self.averager is not None:
+            self._background_before_forward()
         if self.plan.optimizer_state:
             self._share_optimizer_state()
-        if self.broadcast_buffers:
+        # not while asynchronous model average runs: a collective per step would
+        # make every rank wait for the slowest (buffers are broadcast at abort)
+        if self.broadcast_buffers and self.plan is not self.background_plan:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
         self.attach_gradients()
@@ -458,7 +516,10 @@ class BaguaDistributedDataParallel:
     def after_optimizer_step(self) -> None:
         """Called after each step of a wrapped optimizer: algorithms of the
         AFTER_OPTIMIZER_STEP phase communicate the updated weights now (the
-        step decides whether this step communicates) and wait for it."""
+        step decides whether this step communicates) and wait for it;
+        asynchronous model average releases the weights."""
+        if self.averager is not None:
+            self.averager.unlock()
         if self._closed or self.plan.phase != AFTER_OPTIMIZER_STEP or not self.require_backward_grad_sync:
             return
         self.copy_weights_to_slots()
@@ -570,6 +631,12 @@ class BaguaDistributedDataParallel:
         self._hooks.clear()
         for opt in self.optimizers:
             _StepGuard.detach(opt, self)
+        if self.averager is not None:
+            self.impl.close()
+            with torch.no_grad():
+                for n, p in self.params:
+                    if _same_memory(p.data, self.weight_slots[n]):
+                        p.data = self.weight_slots[n].clone()
         if self.engine is None:
             return
         try:

@@ -22,7 +22,8 @@ POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm sta
 
 BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Bagua ByteGrad": "ByteGradAlgorithm",
                     "Bagua Decentralized": "DecentralizedAlgorithm",
-                    "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm"}
+                    "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
+                    "Bagua Async": "AsyncModelAverageAlgorithm"}
 
 
 def wrap(name, model, opt):
@@ -59,6 +60,11 @@ def wrap(name, model, opt):
     else:
         algorithm = getattr(A, BAGUA_ALGORITHMS[name])()
     model = model.with_bagua([opt], algorithm)
+    if name == "Bagua Async":
+        def close():
+            algorithm.abort(model)  # every rank: the loop's last round, then it stops
+            model.bagua_ddp.close()
+        return model, close
     return model, model.bagua_ddp.close
 
 

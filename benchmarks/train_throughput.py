@@ -29,6 +29,10 @@ SGD with momentum, in the same processes:
                           the same (after the optimizer step, 8-bit differences on a ring)
     Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
                           the untimed steps, so the timed ones communicate compressed momentum
+    Bagua Async           AsyncModelAverageAlgorithm() (weights averaged every 500 ms by the engine's
+                          background loop; it keeps running, so its rounds also load the machine
+                          while the other configurations are timed; see benchmarks/async_straggler.py
+                          for each rank's own speed with a straggler)
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
                           ``bucket_cap_mb=25``, DDP's bucket size
@@ -65,7 +69,7 @@ from _training import Trainer, quartiles, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "no communication")
+           "Bagua Async", "no communication")
 BASELINE = "DDP"
 COLLECTIVE_TIMEOUT_S = 120
 

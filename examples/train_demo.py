@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_torch.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
+from bagua_torch.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
                                     LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
 
 ALGORITHMS = {
@@ -26,6 +26,7 @@ ALGORITHMS = {
     "decentralized": DecentralizedAlgorithm,
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
     "qadam": QAdamAlgorithm,
+    "async": AsyncModelAverageAlgorithm,
 }
 
 
@@ -92,6 +93,9 @@ def train(name, args, data, test, rank, world):
         # the 8-bit momentum's quantisation noise would otherwise make huge steps
         opt = QAdamOptimizer(model.parameters(), lr=args.lr / 20, warmup_steps=100, eps=1e-3)
         algorithm = QAdamAlgorithm(opt)
+    elif name == "async":  # weights averaged in the background every 20 ms, after 20 allreduce steps
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         algorithm = ALGORITHMS[name]()
@@ -117,6 +121,8 @@ def train(name, args, data, test, rank, world):
             bar.update(i + 1, running[0].item() / running[1].item())
         bagua_torch.allreduce_inplace(running)  # the epoch's mean loss over every rank
         bar.close(running[0].item() / running[1].item())
+    if name == "async":
+        algorithm.abort(model)  # the same weights on every rank before evaluating
     bagua_torch.barrier()
     elapsed = time.perf_counter() - start
 

@@ -30,7 +30,7 @@ from flax import linen as nn  # noqa: E402
 
 import bagua_jax  # noqa: E402
 from bagua_core.algorithms import WEIGHTS  # noqa: E402
-from bagua_jax.algorithms import (ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
+from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
                                   LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 
 ALGORITHMS = {
@@ -39,6 +39,7 @@ ALGORITHMS = {
     "decentralized": DecentralizedAlgorithm,
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
     "qadam": QAdamAlgorithm,
+    "async": AsyncModelAverageAlgorithm,
 }
 
 
@@ -75,22 +76,24 @@ class MLP(nn.Module):
 
 def optimizer(name, lr):
     """The placement rule: gradients are communicated before the optimizer,
-    weights after it; QAdam's transform is the whole optimizer."""
+    weights after it; QAdam's transform is the whole optimizer. Returns the
+    optax transformation and the algorithm."""
     if name == "qadam":
         # eps bounds m / sqrt(v) where the frozen second moment is tiny (8-bit momentum noise)
-        return bagua_jax.transform(QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3)))
-    algorithm = ALGORITHMS[name]()
+        algorithm = QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3))
+        return bagua_jax.transform(algorithm), algorithm
+    algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20) if name == "async" else ALGORITHMS[name]()
     sgd = optax.sgd(lr, momentum=0.9)
     if algorithm.to_core().plan().communicates == WEIGHTS:
-        return optax.chain(sgd, bagua_jax.transform(algorithm))
-    return optax.chain(bagua_jax.transform(algorithm), sgd)
+        return optax.chain(sgd, bagua_jax.transform(algorithm)), algorithm
+    return optax.chain(bagua_jax.transform(algorithm), sgd), algorithm
 
 
 def train(name, args, data, test, rank, world):
     x, y = data
     model = MLP(args.classes)
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, args.features)))  # the same on every rank
-    tx = optimizer(name, args.lr)
+    tx, algorithm = optimizer(name, args.lr)
     state = tx.init(params)
 
     def loss_fn(p, xb, yb):
@@ -101,6 +104,14 @@ def train(name, args, data, test, rank, world):
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb)
         updates, s = tx.update(grads, s, p)
         return optax.apply_updates(p, updates), s, loss
+
+    if name == "async":  # its update runs eagerly (the background loop owns host weights): jit the gradients only
+        grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+
+        def step(p, s, xb, yb):
+            loss, grads = grad_fn(p, xb, yb)
+            updates, s = tx.update(grads, s, p)
+            return optax.apply_updates(p, updates), s, loss
 
     steps = math.ceil(x.shape[0] / args.batch_size)
     order = np.random.default_rng(rank)
@@ -119,6 +130,8 @@ def train(name, args, data, test, rank, world):
         if rank == 0:
             print(f"{name:<18} epoch {epoch + 1}/{args.epochs} loss {mean_loss:.4f} "
                   f"{time.perf_counter() - start:5.1f}s", flush=True)
+    if name == "async":
+        params = algorithm.abort(params)  # the same weights on every rank before evaluating
     bagua_jax.allreduce(jnp.zeros(1)).block_until_ready()
     elapsed = time.perf_counter() - start
 

@@ -1,5 +1,6 @@
-"""Smoke test of benchmarks/train_throughput.py: a tiny model, 1 warm-up + 2 timed steps per configuration,
-run the way a user runs it (the script launches its 2 workers through bagua-run)."""
+"""Smoke tests of benchmarks/train_throughput.py (a tiny model, 1 warm-up + 2 timed steps per configuration)
+and benchmarks/async_straggler.py, run the way a user runs them (the script launches its 2 workers through
+bagua-run)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "train_throughput.py")
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "no communication")
+           "Bagua Async", "no communication")
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -45,3 +46,21 @@ def test_smoke_run_reports_every_configuration(tmp_path):
         r = doc["results"][name]
         assert r["samples_per_s"] > 0 and math.isfinite(r["ratio_to_ddp"]), (name, r)
         assert math.isfinite(r["loss"]), (name, r)
+
+
+def test_async_straggler_smoke_run(tmp_path):
+    out = tmp_path / "straggler.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    script = os.path.join(REPO, "benchmarks", "async_straggler.py")
+    p = subprocess.run([sys.executable, script, "--smoke", "--json", str(out), "--timeout", "70"], cwd=REPO, env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=85)
+    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    doc = json.loads(out.read_text())
+    configs = {(r["config"], r["slow_ms"] > 0) for r in doc["results"]}
+    assert configs == {(c, s) for c in ("DDP", "Bagua Async", "no communication") for s in (False, True)}
+    for r in doc["results"]:
+        assert all(x["samples_per_s"] > 0 for x in r["per_rank"]), r
+    assert "| Bagua Async |" in p.stdout

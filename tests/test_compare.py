@@ -29,6 +29,7 @@ def compared(tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_every_algorithm_agrees_across_frameworks(compared):
     from bagua_core.algorithms import names
+    from bagua_core.compare.problem import Problem
 
     out, stdout = compared
     with open(os.path.join(out, "compare.json")) as f:
@@ -41,8 +42,14 @@ def test_every_algorithm_agrees_across_frameworks(compared):
         # differences in the weights become whole quantisation steps of the 8-bit momentum,
         # so its curves agree only closely (its communicated momentum is bitwise the same
         # for the same inputs: tests/test_jax_more_algorithms.py)
-        tolerance = 0.1 if name == "qadam" else 1e-4
-        assert r["summary"]["max_rel_divergence"] < tolerance, (name, r["summary"])
+        if name == "async":
+            # rounds at wall-clock times: only its gradient-allreduce warm-up is deterministic
+            warm = Problem().warmup_steps
+            diffs = [abs(a - b) / abs(a) for a, b in zip(r["torch"]["losses"][:warm], r["jax"]["losses"][:warm])]
+            assert max(diffs) < 1e-4, (name, diffs)
+        else:
+            tolerance = 0.1 if name == "qadam" else 1e-4
+            assert r["summary"]["max_rel_divergence"] < tolerance, (name, r["summary"])
         assert r["torch"]["losses"][-1] < r["torch"]["losses"][0], name  # it trained
         assert f"== {name} (3 processes) ==" in stdout
 

@@ -38,9 +38,18 @@ def test_core_descriptions_defaults_and_validation():
         core.Decentralized(communication_interval=0)
     with pytest.raises(TypeError, match="communication_interval must be an int"):
         core.Decentralized(communication_interval=1.5)
-    with pytest.raises(KeyError, match="available: bytegrad, decentralized, gradient_allreduce, "
+    with pytest.raises(KeyError, match="available: async, bytegrad, decentralized, gradient_allreduce, "
                                        "low_precision_decentralized, qadam"):
-        core.by_name("async")
+        core.by_name("nope")
+    assert core.by_name("async", sync_interval_ms=20) == core.AsyncModelAverage("all", 20, 0)
+    assert core.AsyncModelAverage().plan().params == {"peer_selection_mode": "all", "sync_interval_ms": 500}
+    assert core.AsyncModelAverage(warmup_steps=3).warmup_plan() == core.GradientAllReduce(False, True).plan()
+    with pytest.raises(ValueError, match="sync_interval_ms must be >= 0"):
+        core.AsyncModelAverage(sync_interval_ms=-1)
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0"):
+        core.AsyncModelAverage(warmup_steps=-1)
+    with pytest.raises(ValueError, match="unknown peer_selection_mode 'shift_one'"):
+        core.AsyncModelAverage(peer_selection_mode="shift_one")
     assert core.LowPrecisionDecentralized() == core.LowPrecisionDecentralized(hierarchical=True,
                                                                               communication_interval=1)
     with pytest.raises(ValueError, match="communication_interval must be >= 1"):

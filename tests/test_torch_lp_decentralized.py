@@ -205,29 +205,10 @@ class Worker(TorchWorker):
         self.expect_error(ValueError, lambda: model.with_bagua([opt1], self.algo()), "not updated by the optimizer")
 
     def _loss_goes_down(self, algorithm):
-        torch = self.torch
         model = self.model(7)
-        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
+        opt = self.torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
         model.with_bagua([opt], algorithm)
-        g = torch.Generator().manual_seed(99)
-        w = torch.randn(4, 3, generator=g)
-
-        def data(step, n=32):
-            gg = torch.Generator().manual_seed(1000 * step + self.rank)
-            x = torch.randn(n, 4, generator=gg)
-            return x, (x @ w).argmax(1)
-
-        with torch.no_grad():
-            ex, ey = data(10 ** 6, 512)
-            before = torch.nn.functional.cross_entropy(model(ex), ey).item()
-        for step in range(60):
-            x, y = data(step)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        with torch.no_grad():
-            after = torch.nn.functional.cross_entropy(model(ex), ey).item()
-        assert after < 0.6 * before, f"loss {before:.4f} -> {after:.4f}"
+        self.assert_training_reduces_loss(model, opt)
         model.bagua_ddp.close()
 
     def loss_goes_down(self):

@@ -176,28 +176,10 @@ class Worker(TorchWorker):
         model2.bagua_ddp.close()
 
     def loss_goes_down(self):
-        torch = self.torch
         model = self.model(7)
         opt = self.qadam(model.parameters(), lr=0.05, warmup_steps=10, weight_decay=0.0)
         model.with_bagua([opt], self.A.QAdamAlgorithm(opt))
-        w = torch.randn(4, 3, generator=torch.Generator().manual_seed(99))
-
-        def data(step, n=32):
-            gg = torch.Generator().manual_seed(1000 * step + self.rank)
-            x = torch.randn(n, 4, generator=gg)
-            return x, (x @ w).argmax(1)
-
-        with torch.no_grad():
-            ex, ey = data(10 ** 6, 512)
-            before = torch.nn.functional.cross_entropy(model(ex), ey).item()
-        for step in range(60):
-            x, y = data(step)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        with torch.no_grad():
-            after = torch.nn.functional.cross_entropy(model(ex), ey).item()
-        assert after < 0.6 * before, f"loss {before:.4f} -> {after:.4f}"
+        self.assert_training_reduces_loss(model, opt)
         self.same_everywhere(self.flat(model))  # every step averages the momentum; all ranks step alike
         model.bagua_ddp.close()
 

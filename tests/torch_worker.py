@@ -48,6 +48,30 @@ class TorchWorker:
         err = (got - ref).abs().max().item()
         assert self.torch.allclose(got, ref, rtol=rtol, atol=atol), f"max abs difference {err:.3g}"
 
+    def assert_training_reduces_loss(self, model, opt, steps=60, factor=0.6):
+        """Trains ``model`` (4 inputs, 3 classes, wrapped with ``opt``) on a
+        separable task, each rank its own batches; the loss on a held-out
+        batch must fall below ``factor`` times its start."""
+        torch = self.torch
+        w = torch.randn(4, 3, generator=torch.Generator().manual_seed(99))
+
+        def data(step, n=32):
+            g = torch.Generator().manual_seed(1000 * step + self.rank)
+            x = torch.randn(n, 4, generator=g)
+            return x, (x @ w).argmax(1)
+
+        with torch.no_grad():
+            ex, ey = data(10 ** 6, 512)
+            before = torch.nn.functional.cross_entropy(model(ex), ey).item()
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        with torch.no_grad():
+            after = torch.nn.functional.cross_entropy(model(ex), ey).item()
+        assert after < factor * before, f"loss {before:.4f} -> {after:.4f}"
+
     def expect_error(self, exc_type, fn, *needles):
         try:
             fn()

@@ -41,6 +41,19 @@ def add_bagua_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted, no effect (Bagua-Net is not built)")
 
 
+def flag_args(args: argparse.Namespace) -> List[str]:
+    """The Bagua flags given in ``args``, as command-line arguments again (to
+    hand them to another launcher)."""
+    out = []
+    for flag in ("bagua_service_port", "default_bucket_size", *NO_EFFECT):
+        value = getattr(args, flag, None)
+        if value is True:
+            out.append(f"--{flag}")
+        elif value is not None:
+            out.append(f"--{flag}={value}")
+    return out
+
+
 def notices(prog: str, args: argparse.Namespace, more: dict) -> List[str]:
     """One line per given flag that has no effect here (``more``: flag -> why)."""
     reasons = {**NO_EFFECT, **more}

@@ -54,8 +54,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             p.error(f"{flag} must be >= {minimum}, got {value}")
     if a.module and a.no_python:
         p.error("--no_python and --module are mutually exclusive")
-    more = {"host_list": "this launcher starts one node; run it on each host",
-            "ssh_port": "this launcher starts one node; run it on each host"}
+    more = {"host_list": "this launcher starts one node; baguarun starts several over ssh",
+            "ssh_port": "this launcher starts one node; baguarun starts several over ssh"}
     return _flags.run(
         p, _flags.notices(p.prog, a, more), nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
         node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port, module=a.module,

@@ -5,9 +5,8 @@ unchanged: ``bagua.init_process_group()`` (which, as there, also initialises
 torch's default process group), the communication primitives,
 ``model.with_bagua([optimizer], algorithm)``, and the submodules
 ``communication``, ``algorithms``, ``data_parallel``, ``env``, ``checkpoint``
-and ``contrib``. ``BaguaTensor`` and the algorithms not built yet (QAdam,
-asynchronous model average, low-precision decentralized) import, and raise
-``NotImplementedError`` naming themselves when used.
+and ``contrib``. ``BaguaTensor`` (not built yet) imports, and raises
+``NotImplementedError`` naming itself when used.
 """
 
 from bagua.torch_api import algorithms, checkpoint, communication, contrib, data_parallel, env

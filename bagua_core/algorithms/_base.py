@@ -11,6 +11,7 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 BACKWARD = "backward"  # each tensor as backward produces it; the step ends with backward
 FORWARD_START = "forward_start"  # all at once when forward starts; results applied after backward
 AFTER_OPTIMIZER_STEP = "after_optimizer_step"
+BACKGROUND = "background"  # by a background loop while training runs (asynchronous model average)
 
 GRADIENTS = "gradients"
 WEIGHTS = "weights"
@@ -24,7 +25,8 @@ class Plan:
       step: name of the engine step (``bagua_core.steps.names()``).
       params: the step's parameters (bool, int or str values).
       communicates: ``"gradients"`` or ``"weights"``.
-      phase: :data:`BACKWARD`, :data:`FORWARD_START` or :data:`AFTER_OPTIMIZER_STEP`.
+      phase: :data:`BACKWARD`, :data:`FORWARD_START`, :data:`AFTER_OPTIMIZER_STEP`
+        or :data:`BACKGROUND`.
       one_bucket_per_dtype: all tensors of a dtype in one bucket (weights),
         else buckets of ``BAGUA_BUCKET_SIZE`` bytes in backward order.
       counts_steps: the step number decides what happens (communication

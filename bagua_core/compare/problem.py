@@ -24,7 +24,8 @@ class Problem:
     steps: int = 50
     lr: float = 0.05
     seed: int = 0
-    # algorithms that bring their own optimizer (QAdam: Adam's learning rate, warm-up)
+    # algorithms that bring their own optimizer (QAdam: Adam's learning rate, warm-up);
+    # warmup_steps is asynchronous model average's warm-up too
     adam_lr: float = 0.005
     warmup_steps: int = 10
 

@@ -39,6 +39,9 @@ def print_report(results: Dict[str, dict], every: int) -> None:
             print(f"{i:>6}{a:>14.6f}{b:>14.6f}{abs(a - b):>12.2e}")
         print(f"largest divergence {s['max_abs_divergence']:.3e} (relative {s['max_rel_divergence']:.2e}) "
               f"at step {s['at_step']}")
+        if name == "async":
+            print("(asynchronous model average averages at wall-clock times: after its warm-up the curves differ "
+                  "from run to run, in either framework)")
         print(f"time per step (median): torch {s['torch_step_ms']:.2f} ms, jax {s['jax_step_ms']:.2f} ms "
               f"(jax/torch {s['jax_over_torch_time']:.2f})")
 

@@ -10,6 +10,9 @@ The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
   ``optax.apply_updates`` gives ``average(x_t) - lr * g(x_t)`` exactly as the
   torch frontend does: put them *after* the optimizer, ``optax.chain(
   optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``;
+* AsyncModelAverage runs outside ``jax.jit``, after the optimizer, with a
+  background loop averaging host copies of the weights
+  (``bagua_jax._src.async_average``);
 * weight algorithms of the after-optimizer-step phase (LowPrecisionDecentralized)
   run on the weights the optimizer's updates give, ``params + updates``, and
   return ``new - params``; they also go after the optimizer. Their step's state
@@ -19,8 +22,9 @@ The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
 The leaves are grouped into buckets exactly as ``bagua_torch`` lays out its
 engine buckets for the same tensors (reverse leaf order, ``BAGUA_BUCKET_SIZE``
 bytes, one dtype per bucket, zero padding to the step's alignment), and each
-bucket runs the engine's step through the ``bagua_step`` FFI target: the same
-C++ code, hence the same numbers, as the torch frontend.
+bucket's leaves go to the engine's step through the ``bagua_step`` FFI target,
+which gathers them into that layout on its own thread: the same C++ code,
+hence the same numbers, as the torch frontend.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from bagua_core.engine import default_bucket_bytes, plan_buckets
 
 from bagua_jax import algorithms
 from bagua_jax._src import groups, validation
-from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step, algorithm_step_with_state
+from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step
 
 # dtypes the steps average (every algorithm so far works on floating data)
 FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16))
@@ -104,7 +108,7 @@ def _layout(shapes: Tuple[tuple, ...], dtypes: Tuple[str, ...], one_per_dtype: b
     return _Layout(tuple(buckets), tuple(padded))
 
 
-def _with_optimizer(algo, what: str, bound: BoundStep, info, buckets_of, group, group_info):
+def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_info):
     """The transformation of an algorithm that shares its optimizer's state
     (QAdam): the engine step runs on the gradients with the optimizer's
     momentum as its state, then the optimizer updates. Its state is the
@@ -132,14 +136,11 @@ def _with_optimizer(algo, what: str, bound: BoundStep, info, buckets_of, group, 
             raise ValueError(f"{what}.update: the optimizer state and the updates have different tree structures")
         new_grads: List[Any] = [None] * len(grads)
         new_mu: List[Any] = [None] * len(grads)
-        for (bucket, g_flat), (_, m_flat) in zip(buckets_of(grads), buckets_of(mu)):
-            g_out, m_out = algorithm_step_with_state(g_flat, state.count, m_flat, bound)
-            offset = 0
-            for i in bucket:
-                n = int(np.prod(grads[i].shape, dtype=np.int64))
-                new_grads[i] = g_out[offset:offset + n].reshape(grads[i].shape)
-                new_mu[i] = m_out[offset:offset + n].reshape(grads[i].shape)
-                offset += n
+        for bucket in layout_of(grads).buckets:
+            g_out, m_out = algorithm_step([grads[i] for i in bucket], state.count, bound,
+                                          state=[mu[i] for i in bucket])
+            for i, g, m in zip(bucket, g_out, m_out):
+                new_grads[i], new_mu[i] = g, m
         state = state._replace(mu=jax.tree_util.tree_unflatten(treedef, new_mu))
         return tx.update(jax.tree_util.tree_unflatten(treedef, new_grads), state, params, **extra_args)
 
@@ -160,7 +161,7 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
       on every rank at once, that all ranks hold pytrees of the same
       structure, shapes and dtypes; ``update(updates, state, params)`` works
       eagerly and inside ``jax.jit`` (``params`` is required by weight
-      algorithms). Every rank must call ``transform`` and ``init`` in the same
+      algorithms; AsyncModelAverage's update is eager only). Every rank must call ``transform`` and ``init`` in the same
       order: binding a hierarchical algorithm creates the intra- and
       inter-node groups collectively.
 
@@ -176,6 +177,12 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
         raise NotImplementedError(f"bagua_jax.transform: {algo!r} communicates {plan.communicates}")
     what = f"bagua_jax.transform({algo!r})"
     group = groups.process_group(process_group, what)
+    if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
+        from bagua_jax._src.async_average import async_transform
+
+        warm = transform(algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group)
+        return async_transform(algo, group, what, warm, BaguaState)
+
     flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
     info = steps.check_plan(plan, group, comms=tuple(None if g is None else g.comm
                                                      for g in (flat_group, intra, inter)))
@@ -194,42 +201,38 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
                                         f"the pytree given to {what}.init")
         step_state = ()
         if info.num_state:
-            leaves = [jnp.asarray(x) for _, x in flat]
-            step_state = tuple(jnp.tile(b, info.num_state) for _, b in buckets_of(leaves))
+            # each bucket's state spans start as copies of its padded weights
+            leaves = [jnp.ravel(jnp.asarray(x)) for _, x in flat]
+            layout = layout_of(leaves)
+            step_state = tuple(
+                jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
+                                 (0, padded - sum(leaves[i].size for i in bucket))), info.num_state)
+                for bucket, padded in zip(layout.buckets, layout.padded))
         return BaguaState(step=jnp.zeros([], jnp.int32), step_state=step_state)
 
-    def buckets_of(leaves: List[Any]):
-        """(leaf indices, flat padded bucket) of each bucket of ``leaves``."""
-        layout = _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
-                         plan.one_bucket_per_dtype, bucket_bytes, info.alignment)
-        for bucket, padded in zip(layout.buckets, layout.padded):
-            parts = [jnp.ravel(leaves[i]) for i in bucket]
-            used = sum(int(p.size) for p in parts)
-            if padded > used:
-                parts.append(jnp.zeros([padded - used], parts[0].dtype))
-            yield bucket, (jnp.concatenate(parts) if len(parts) > 1 else parts[0])
+    def layout_of(leaves: List[Any]) -> _Layout:
+        return _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
+                       plan.one_bucket_per_dtype, bucket_bytes, info.alignment)
 
     def communicate(leaves: List[Any], step, step_state) -> Tuple[List[Any], Tuple[Any, ...]]:
         out: List[Any] = [None] * len(leaves)
         new_state = []
-        for k, (bucket, flat) in enumerate(buckets_of(leaves)):
+        layout = layout_of(leaves)
+        for k, (bucket, padded) in enumerate(zip(layout.buckets, layout.padded)):
+            state = ()
             if info.num_state:
-                if k >= len(step_state) or step_state[k].shape != (info.num_state * flat.size,):
+                if k >= len(step_state) or step_state[k].shape != (info.num_state * padded,):
                     raise ValueError(f"{what}.update: the state does not fit these leaves (init it with "
                                      "params of the same structure)")
-                result, st = algorithm_step_with_state(flat, step, step_state[k], bound)
-                new_state.append(st)
-            else:
-                result = algorithm_step(flat, step, bound)
-            offset = 0
-            for i in bucket:
-                n = int(np.prod(leaves[i].shape, dtype=np.int64))
-                out[i] = result[offset:offset + n].reshape(leaves[i].shape)
-                offset += n
+                state = (step_state[k],)
+            results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state)
+            new_state.extend(state)
+            for i, r in zip(bucket, results):
+                out[i] = r
         return out, tuple(new_state)
 
     if plan.optimizer_state:
-        return _with_optimizer(algo, what, bound, info, buckets_of, group, group_info)
+        return _with_optimizer(algo, what, bound, layout_of, group, group_info)
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args

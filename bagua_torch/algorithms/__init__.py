@@ -4,6 +4,7 @@ Each is built from (and converts to, with ``.to_core()``) a framework-neutral
 description in :mod:`bagua_core.algorithms`; ``with_bagua`` accepts either.
 """
 
+from bagua_torch.algorithms.async_model_average import AsyncModelAverageAlgorithm
 from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm, registered
 from bagua_torch.algorithms.bytegrad import ByteGradAlgorithm
 from bagua_torch.algorithms.decentralized import DecentralizedAlgorithm
@@ -14,5 +15,5 @@ from bagua_torch.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 __all__ = [
     "Algorithm", "AlgorithmImpl", "as_algorithm", "registered",
     "GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "QAdamOptimizer",
+    "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "QAdamOptimizer", "AsyncModelAverageAlgorithm",
 ]

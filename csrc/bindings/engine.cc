@@ -17,8 +17,10 @@
 #include "bucket/bucket.h"
 #include "bucket/plan.h"
 #include "comm/communicator.h"
+#include "ops/async_model_average.h"
 #include "ops/decentralized.h"
 #include "ops/registry.h"
+#include "sched/async_averager.h"
 #include "sched/engine.h"
 #include "sched/step_op.h"
 
@@ -274,6 +276,35 @@ Engine.wait().)doc")
       py::arg("name"), py::arg("params"), py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr,
       "Makes the step over these communicators (raising ValueError for bad parameters or a group it cannot run "
       "on) and describes it: description, alignment, has_result, num_state.");
+
+  py::class_<AsyncAverager, std::shared_ptr<AsyncAverager>>(m, "AsyncAverager", R"doc(
+Asynchronous model average's background loop over weight buckets (see
+csrc/sched/async_averager.h): rounds of averaging every sync_interval_ms on its
+own communicator, a weight lock for the training thread, start/abort.)doc")
+      .def(py::init([](CommunicatorPtr comm, const std::vector<BucketPtr>& weights, const py::dict& params,
+                       std::optional<double> timeout_s) {
+             if (!comm) throw InvalidArgument("AsyncAverager: comm is required");
+             std::chrono::milliseconds timeout = comm->timeout();
+             if (timeout_s) {
+               if (!(*timeout_s > 0) || !std::isfinite(*timeout_s))
+                 throw InvalidArgument("AsyncAverager: timeout_s must be a positive number");
+               timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*timeout_s * 1000.0)));
+             }
+             const std::string name = "async_model_average";
+             auto step = std::dynamic_pointer_cast<const AsyncModelAverageStep>(
+                 make_step(name, CommSet{comm, nullptr, nullptr}, step_params(name, params)));
+             return std::make_shared<AsyncAverager>(std::move(step), weights, timeout);
+           }),
+           py::arg("comm"), py::arg("weights"), py::arg("params") = py::dict(), py::arg("timeout_s") = py::none())
+      .def("start", &AsyncAverager::start, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &AsyncAverager::abort, py::call_guard<py::gil_scoped_release>())
+      .def("lock_weights", &AsyncAverager::lock_weights, py::call_guard<py::gil_scoped_release>())
+      .def("unlock_weights", &AsyncAverager::unlock_weights)
+      .def("check", &AsyncAverager::check)
+      .def_property_readonly("running", &AsyncAverager::running)
+      .def_property_readonly("rounds", &AsyncAverager::rounds)
+      .def_property_readonly("description", &AsyncAverager::describe)
+      .def("close", &AsyncAverager::close, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness

@@ -56,19 +56,13 @@ xffi::Future run_async(std::string_view name, Prepare&& prepare) {
   return future;
 }
 
-xffi::Future step_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                      xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
-                      int64_t intra, int64_t inter) {
-  return run_async(name, [&] { return prepare_step(kCpu, name, params, comm, intra, inter, data, step, out); });
-}
-
-// As step_cpu, for steps with state (ffi/steps.h).
-xffi::Future step_state_cpu(xffi::AnyBuffer data, xffi::AnyBuffer step, xffi::AnyBuffer state, xffi::Token,
-                            xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::AnyBuffer> state_out,
-                            xffi::Result<xffi::Token>, std::string_view name, std::string_view params, int64_t comm,
-                            int64_t intra, int64_t inter) {
+// One bucket of an algorithm step (ffi/steps.h): token, step number, then the
+// leaves (and state) as remaining operands and results.
+xffi::Future step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args, xffi::Result<xffi::Token>,
+                      xffi::RemainingRets rets, std::string_view name, std::string_view params, int64_t comm,
+                      int64_t intra, int64_t inter, int64_t n_data) {
   return run_async(name, [&] {
-    return prepare_step_with_state(kCpu, name, params, comm, intra, inter, data, step, state, out, state_out);
+    return prepare_step(kCpu, name, params, comm, intra, inter, n_data, step, args, rets);
   });
 }
 
@@ -106,28 +100,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu, bagua::ffi::allgather_cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
                               xffi::Ffi::Bind()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::AnyBuffer>()
                                   .Arg<xffi::Token>()
-                                  .Ret<xffi::AnyBuffer>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .RemainingArgs()
                                   .Ret<xffi::Token>()
+                                  .RemainingRets()
                                   .Attr<std::string_view>("step")
                                   .Attr<std::string_view>("params")
                                   .Attr<int64_t>("comm")
                                   .Attr<int64_t>("intra")
-                                  .Attr<int64_t>("inter"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_state_cpu, bagua::ffi::step_state_cpu,
-                              xffi::Ffi::Bind()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::Token>()
-                                  .Ret<xffi::AnyBuffer>()
-                                  .Ret<xffi::AnyBuffer>()
-                                  .Ret<xffi::Token>()
-                                  .Attr<std::string_view>("step")
-                                  .Attr<std::string_view>("params")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("intra")
-                                  .Attr<int64_t>("inter"));
+                                  .Attr<int64_t>("inter")
+                                  .Attr<int64_t>("n_data"));

@@ -16,6 +16,6 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allreduce_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_broadcast_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
-// Algorithm steps (ffi/steps.h): operands data and step number, then the token.
+// Algorithm steps (ffi/steps.h): the token first, then the step number and a
+// bucket's leaves (and state) as remaining operands and results.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_state_cpu);

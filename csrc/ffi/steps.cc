@@ -1,5 +1,6 @@
 #include "ffi/steps.h"
 
+#include <cstring>
 #include <string>
 
 #include "common/error.h"
@@ -9,11 +10,17 @@ namespace bagua {
 namespace ffi {
 namespace {
 
-// Scratch memory of the steps run by this thread.
-HostScratch& thread_scratch() {
+// Scratch memory of the steps run by this thread, and the adapter's own
+// (gathered buckets), kept apart so their slots never collide.
+HostScratch& step_scratch() {
   thread_local HostScratch scratch;
   return scratch;
 }
+HostScratch& bucket_scratch() {
+  thread_local HostScratch scratch;
+  return scratch;
+}
+enum BucketSlot { kDataSlot = 0, kResultSlot = 1, kStateSlot = 2 };
 
 // The step number lives in host memory on CPU; a CUDA handler must first
 // copy it to the host (Platform::copy copies within one device).
@@ -38,75 +45,165 @@ CommunicatorPtr optional_communicator(int64_t handle, DeviceType device) {
   return handle < 0 ? nullptr : communicator_for(handle, device);
 }
 
+// Operand and result `i` as spans of `dtype`, checked to be alike.
+Span arg_span(const Step& s, const xffi::RemainingArgs& args, size_t i, DType dtype, const char* what) {
+  auto buffer = args.get<xffi::AnyBuffer>(i);
+  if (!buffer) throw InvalidArgument(s.describe() + ": operand " + std::to_string(i) + " (" + what + ") is not a buffer");
+  DType d;
+  if (!to_engine_dtype(buffer->element_type(), &d) || d != dtype)
+    throw InvalidArgument(s.describe() + ": operand " + std::to_string(i) + " (" + what +
+                          ") has another dtype than the bucket's first leaf");
+  return Span{buffer->untyped_data(), buffer->element_count(), dtype};
+}
+
+Span ret_span(const Step& s, const xffi::RemainingRets& rets, size_t i, const Span& like, const char* what) {
+  auto buffer = rets.get<xffi::AnyBuffer>(i);
+  if (!buffer) throw InvalidArgument(s.describe() + ": result " + std::to_string(i) + " (" + what + ") is not a buffer");
+  DType d;
+  if (!to_engine_dtype((*buffer)->element_type(), &d) || d != like.dtype || (*buffer)->element_count() != like.count)
+    throw InvalidArgument(s.describe() + ": result " + std::to_string(i) + " (" + what +
+                          ") differs in dtype or size from its operand");
+  return Span{(*buffer)->untyped_data(), like.count, like.dtype};
+}
+
+size_t total_count(const std::vector<Span>& leaves) {
+  size_t n = 0;
+  for (const Span& s : leaves) n += s.count;
+  return n;
+}
+
+// One unpadded leaf is its own bucket: no gathering needed.
+bool is_own_bucket(const std::vector<Span>& leaves, size_t padded) {
+  return leaves.size() == 1 && leaves[0].count == padded;
+}
+
+// The bucket the step works on in place: `out` itself when it is one
+// unpadded leaf (holding `in` after a copy), else scratch gathered from `in`
+// with the padding zeroed.
+Span working_bucket(const Platform& p, const std::vector<Span>& in, const std::vector<Span>& out, size_t padded,
+                    DType dtype, BucketSlot slot) {
+  if (is_own_bucket(out, padded)) {
+    if (out[0].data != in[0].data) p.copy(out[0].data, in[0].data, in[0].nbytes(), p.stream);
+    return out[0];
+  }
+  const size_t elem = dtype_size(dtype);
+  char* bucket = static_cast<char*>(bucket_scratch().get(slot, padded * elem));
+  size_t offset = 0;
+  for (const Span& leaf : in) {
+    p.copy(bucket + offset, leaf.data, leaf.nbytes(), p.stream);
+    offset += leaf.nbytes();
+  }
+  std::memset(bucket + offset, 0, padded * elem - offset);
+  return Span{bucket, padded, dtype};
+}
+
+// Copies `bucket` back into the leaves `out` unless it is their own memory.
+void scatter(const Platform& p, const Span& bucket, const std::vector<Span>& out) {
+  if (is_own_bucket(out, bucket.count) && out[0].data == bucket.data) return;
+  const char* src = static_cast<const char*>(bucket.data);
+  for (const Span& leaf : out) {
+    p.copy(leaf.data, src, leaf.nbytes(), p.stream);
+    src += leaf.nbytes();
+  }
+}
+
 }  // namespace
 
 PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
-                          int64_t intra, int64_t inter, xffi::AnyBuffer data, xffi::AnyBuffer step,
-                          xffi::Result<xffi::AnyBuffer> out) {
+                          int64_t intra, int64_t inter, int64_t n_data, xffi::AnyBuffer step,
+                          const xffi::RemainingArgs& args, const xffi::RemainingRets& rets) {
   CommSet comms{communicator_for(comm, p.device), optional_communicator(intra, p.device),
                 optional_communicator(inter, p.device)};
   StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)));
-  DType dtype;
-  if (!to_engine_dtype(data.element_type(), &dtype) || data.element_type() != out->element_type())
-    throw InvalidArgument(s->describe() + ": unsupported or mismatched element types");
-  const size_t count = data.element_count();
-  if (out->element_count() != count)
-    throw InvalidArgument(s->describe() + ": result has " + std::to_string(out->element_count()) +
-                          " elements, data " + std::to_string(count));
-  s->check(dtype, count);
-  if (s->num_state() > 0)
-    throw InvalidArgument(s->describe() + " keeps state: call it through the bagua_step_state target");
-  const int64_t number = read_step(p, step);
-  const Span in{data.untyped_data(), count, dtype};
-  const Span result{out->untyped_data(), count, dtype};
-  if (s->has_result()) {
-    if (result.data == in.data) throw InvalidArgument(s->describe() + ": the result must not alias the weights");
-    return PreparedStep{std::move(s), p, in, result, number};
-  }
-  if (result.data != in.data) p.copy(result.data, in.data, in.nbytes(), p.stream);
-  return PreparedStep{std::move(s), p, result, result, number};
-}
+  const size_t n = n_data > 0 ? static_cast<size_t>(n_data) : 0;
+  if (n == 0 || args.size() < n)
+    throw InvalidArgument(s->describe() + ": a bucket needs at least one leaf, got n_data=" + std::to_string(n_data) +
+                          " with " + std::to_string(args.size()) + " operands");
+  if (rets.size() != args.size())
+    throw InvalidArgument(s->describe() + ": " + std::to_string(args.size()) + " operands but " +
+                          std::to_string(rets.size()) + " results");
 
-PreparedStep prepare_step_with_state(const Platform& p, std::string_view name, std::string_view params,
-                                     int64_t comm, int64_t intra, int64_t inter, xffi::AnyBuffer data,
-                                     xffi::AnyBuffer step, xffi::AnyBuffer state, xffi::Result<xffi::AnyBuffer> out,
-                                     xffi::Result<xffi::AnyBuffer> state_out) {
-  CommSet comms{communicator_for(comm, p.device), optional_communicator(intra, p.device),
-                optional_communicator(inter, p.device)};
-  StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)));
+  PreparedStep call{s, p};
+  auto first = args.get<xffi::AnyBuffer>(0);
+  if (!first || !to_engine_dtype(first->element_type(), &call.dtype))
+    throw InvalidArgument(s->describe() + ": unsupported element type");
+  for (size_t i = 0; i < n; ++i) {
+    call.data_in.push_back(arg_span(*s, args, i, call.dtype, "data"));
+    call.data_out.push_back(ret_span(*s, rets, i, call.data_in.back(), "data"));
+  }
+  const size_t alignment = s->alignment();
+  call.padded = (total_count(call.data_in) + alignment - 1) / alignment * alignment;
+  s->check(call.dtype, call.padded);
+  if (s->has_result()) {
+    for (size_t i = 0; i < n; ++i)
+      if (call.data_out[i].data == call.data_in[i].data)
+        throw InvalidArgument(s->describe() + ": the result must not alias the weights");
+  }
+
+  const size_t n_state_args = args.size() - n;
   const int n_state = s->num_state();
-  if (n_state == 0) throw InvalidArgument(s->describe() + " keeps no state: call it through the bagua_step target");
-  if (s->has_result()) throw InvalidArgument(s->describe() + ": stateful steps work in place");
-  DType dtype;
-  if (!to_engine_dtype(data.element_type(), &dtype) || data.element_type() != out->element_type() ||
-      state.element_type() != data.element_type() || state_out->element_type() != data.element_type())
-    throw InvalidArgument(s->describe() + ": unsupported or mismatched element types");
-  const size_t count = data.element_count();
-  if (out->element_count() != count)
-    throw InvalidArgument(s->describe() + ": result has " + std::to_string(out->element_count()) +
-                          " elements, data " + std::to_string(count));
-  const size_t state_count = static_cast<size_t>(n_state) * count;
-  if (state.element_count() != state_count || state_out->element_count() != state_count)
-    throw InvalidArgument(s->describe() + ": the state must hold " + std::to_string(n_state) + " x " +
-                          std::to_string(count) + " elements, got " + std::to_string(state.element_count()));
-  s->check(dtype, count);
-  const int64_t number = read_step(p, step);
-  const Span result{out->untyped_data(), count, dtype};
-  const size_t state_bytes = state_count * dtype_size(dtype);
-  if (result.data != data.untyped_data()) p.copy(result.data, data.untyped_data(), result.nbytes(), p.stream);
-  if (state_out->untyped_data() != state.untyped_data())
-    p.copy(state_out->untyped_data(), state.untyped_data(), state_bytes, p.stream);
-  return PreparedStep{std::move(s), p, result, result, number,
-                      state_spans(state_out->untyped_data(), n_state, count, dtype)};
+  if (n_state == 0 && n_state_args != 0)
+    throw InvalidArgument(s->describe() + " keeps no state, got " + std::to_string(n_state_args) + " state operands");
+  if (n_state > 0) {
+    if (s->has_result()) throw InvalidArgument(s->describe() + ": stateful steps work in place");
+    if (n_state_args == 1) {
+      call.state_block_in = arg_span(*s, args, n, call.dtype, "state");
+      call.state_block_out = ret_span(*s, rets, n, call.state_block_in, "state");
+      if (call.state_block_in.count != static_cast<size_t>(n_state) * call.padded)
+        throw InvalidArgument(s->describe() + ": the state must hold " + std::to_string(n_state) + " x " +
+                              std::to_string(call.padded) + " elements, got " +
+                              std::to_string(call.state_block_in.count));
+    } else if (n_state_args == n && n_state == 1) {
+      for (size_t i = 0; i < n; ++i) {
+        call.state_in.push_back(arg_span(*s, args, n + i, call.dtype, "state"));
+        if (call.state_in.back().count != call.data_in[i].count)
+          throw InvalidArgument(s->describe() + ": state leaf " + std::to_string(i) +
+                                " differs in size from its data leaf");
+        call.state_out.push_back(ret_span(*s, rets, n + i, call.state_in.back(), "state"));
+      }
+    } else {
+      throw InvalidArgument(s->describe() + " keeps " + std::to_string(n_state) +
+                            " state spans: pass one state block or (for one span) one state leaf per data leaf, got " +
+                            std::to_string(n_state_args) + " state operands for " + std::to_string(n) + " leaves");
+    }
+  }
+  call.number = read_step(p, step);
+  return call;
 }
 
 void run_prepared(const PreparedStep& call) {
   const Platform& p = call.platform;
-  const ExecContext ctx{p.device, p.stream, &thread_scratch()};
-  const bool communicated = call.step->run_with_state(ctx, call.data, call.result, call.state, call.number);
-  // a weight step that did not communicate hands the weights back unchanged
-  if (!communicated && call.result.data != call.data.data)
-    p.copy(call.result.data, call.data.data, call.data.nbytes(), p.stream);
+  const ExecContext ctx{p.device, p.stream, &step_scratch()};
+  const Step& step = *call.step;
+
+  std::vector<Span> state;
+  Span state_bucket;
+  if (call.state_block_out.count > 0) {
+    if (call.state_block_out.data != call.state_block_in.data)
+      p.copy(call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes(), p.stream);
+    state = state_spans(call.state_block_out.data, step.num_state(), call.padded, call.dtype);
+  } else if (!call.state_in.empty()) {
+    state_bucket = working_bucket(p, call.state_in, call.state_out, call.padded, call.dtype, kStateSlot);
+    state = {state_bucket};
+  }
+
+  if (!step.has_result()) {
+    const Span bucket = working_bucket(p, call.data_in, call.data_out, call.padded, call.dtype, kDataSlot);
+    step.run_with_state(ctx, bucket, bucket, state, call.number);
+    scatter(p, bucket, call.data_out);
+  } else {
+    // the weights are only read: one unpadded leaf is used as it is
+    const Span data = is_own_bucket(call.data_in, call.padded)
+                          ? call.data_in[0]
+                          : working_bucket(p, call.data_in, call.data_in, call.padded, call.dtype, kDataSlot);
+    const Span result = is_own_bucket(call.data_out, call.padded)
+                            ? call.data_out[0]
+                            : Span{bucket_scratch().get(kResultSlot, call.padded * dtype_size(call.dtype)),
+                                   call.padded, call.dtype};
+    // a weight step that did not communicate hands the weights back unchanged
+    scatter(p, step.run_with_state(ctx, data, result, state, call.number) ? result : data, call.data_out);
+  }
+  if (state_bucket.count > 0) scatter(p, state_bucket, call.state_out);
 }
 
 }  // namespace ffi

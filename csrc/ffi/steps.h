@@ -1,23 +1,31 @@
 // The XLA FFI adapter of the algorithm steps (ops/registry.h), shared by every
-// platform: the same step code the engine runs on torch buckets, run on XLA
-// buffers inside a jitted JAX program.
+// platform: the same step code the engine runs on torch buckets, run on the
+// leaves of one bucket of a jitted JAX program ("bagua_step" target).
 //
-// Operands: data (the bucket: gradients or weights) and the step number (an
-// int32 or int64 scalar); result: the data after the step (in-place steps; the
-// lowering aliases it to the operand) or the step's result (weight steps: the
-// peer average; the weights themselves when the step does not communicate).
+// Operands: the ordering token, the step number (an int32 or int64 scalar),
+// then the bucket's leaves in bucket order (n_data of them, one dtype), then
+// the step's state, if it keeps one (Step::num_state() > 0), as either
+//   * one block of num_state * padded elements (span k at element k * padded;
+//     low-precision decentralized's replicas), or
+//   * n_data leaves shaped like the data (num_state == 1 only; QAdam's
+//     momentum, which the optimizer keeps per leaf).
+// Results: the token, one result per data leaf (the leaf after the step for
+// in-place steps, which the lowering aliases to their operands; the step's
+// result for weight steps: the peer average, or the weights themselves when
+// the step does not communicate), then the state, updated in place (aliased).
 // Attributes: "step" (the registry name), "params" ("key=value;..."), "comm",
-// "intra", "inter" (communicator handles; -1 when absent).
+// "intra", "inter" (communicator handles; -1 when absent), "n_data".
 //
-// Stateful steps (Step::num_state() > 0) go through the "bagua_step_state"
-// target: one more operand, the state block (num_state * count elements of
-// the data's dtype, span k at element k * count), aliased to one more result
-// that the step updates in place.
+// The adapter gathers the leaves into one contiguous bucket of `padded`
+// elements (their total rounded up to the step's alignment, the padding
+// zeroed: the engine's bucket layout), runs the step on it and scatters the
+// bucket back into the results. Gathering here, on the step thread, instead of
+// concatenating in XLA keeps the copies off XLA's critical path.
 //
-// A call is checked when XLA calls the handler (prepare_step) and may run
-// later (run_prepared) on another thread: the CPU handler runs it on the
-// step thread (step_thread.h) and returns an ffi::Future, so XLA computes
-// what does not depend on it (the rest of backward) meanwhile.
+// A call is checked when XLA calls the handler (prepare_step) and runs later
+// (run_prepared) on another thread: the CPU handler runs it on the step thread
+// (step_thread.h) and returns an ffi::Future, so XLA computes what does not
+// depend on it (the rest of backward) while the step communicates.
 #pragma once
 
 #include <cstdint>
@@ -35,22 +43,21 @@ namespace ffi {
 struct PreparedStep {
   StepPtr step;
   Platform platform;
-  Span data;
-  Span result;  // == data for in-place steps (the result was copied in first)
+  DType dtype = DType::kFloat32;
+  size_t padded = 0;  // elements of the gathered bucket
   int64_t number = 0;
-  std::vector<Span> state;  // the state result's spans (the state operand was copied in first)
+  std::vector<Span> data_in;   // the data leaves
+  std::vector<Span> data_out;  // their results (may alias data_in)
+  // State as one block: its operand and result (may alias); count 0 if none.
+  Span state_block_in, state_block_out;
+  // State as leaves mirroring the data; empty if none.
+  std::vector<Span> state_in, state_out;
 };
 
 // Checks the call and decodes it; throws InvalidArgument naming the problem.
 PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
-                          int64_t intra, int64_t inter, xffi::AnyBuffer data, xffi::AnyBuffer step,
-                          xffi::Result<xffi::AnyBuffer> out);
-
-// prepare_step for the "bagua_step_state" target: also the state operand and result.
-PreparedStep prepare_step_with_state(const Platform& p, std::string_view name, std::string_view params,
-                                     int64_t comm, int64_t intra, int64_t inter, xffi::AnyBuffer data,
-                                     xffi::AnyBuffer step, xffi::AnyBuffer state, xffi::Result<xffi::AnyBuffer> out,
-                                     xffi::Result<xffi::AnyBuffer> state_out);
+                          int64_t intra, int64_t inter, int64_t n_data, xffi::AnyBuffer step,
+                          const xffi::RemainingArgs& args, const xffi::RemainingRets& rets);
 
 // Runs a prepared call with this thread's scratch memory.
 void run_prepared(const PreparedStep& call);

@@ -11,7 +11,6 @@ const std::vector<Target>& targets() {
       {"bagua_broadcast", "cpu", reinterpret_cast<void*>(&bagua_ffi_broadcast_cpu)},
       {"bagua_allgather", "cpu", reinterpret_cast<void*>(&bagua_ffi_allgather_cpu)},
       {"bagua_step", "cpu", reinterpret_cast<void*>(&bagua_ffi_step_cpu)},
-      {"bagua_step_state", "cpu", reinterpret_cast<void*>(&bagua_ffi_step_state_cpu)},
   };
   return table;
 }

@@ -46,7 +46,19 @@ void momentum_loop(T* __restrict m, const T* __restrict g, size_t count, double 
     m[i] = static_cast<T>(MomentumMath<A>::update(static_cast<A>(to_acc(m[i])), static_cast<A>(to_acc(g[i])), b, c));
 }
 
+template <typename T>
+void apply_average_loop(T* __restrict w, const T* __restrict snapshot, const T* __restrict avg, size_t count) {
+  for (size_t i = 0; i < count; ++i) w[i] = AsyncAverageMath<T>::apply(w[i], snapshot[i], avg[i]);
+}
+
 }  // namespace
+
+void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t count, DType dtype) {
+  with_floating(dtype, "applying a model average", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    apply_average_loop(static_cast<T*>(w), static_cast<const T*>(snapshot), static_cast<const T*>(avg), count);
+  });
+}
 
 void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta) {
   switch (dtype) {

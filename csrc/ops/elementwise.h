@@ -55,6 +55,28 @@ struct MomentumMath {
   static BAGUA_HD T update(T m, T g, T beta, T one_minus_beta) { return beta * m + one_minus_beta * g; }
 };
 
+// Asynchronous model average's copy-back (ops/async_model_average.h):
+//   w = avg + (w - snapshot)
+// keeps the local progress made since the snapshot; exactly avg where the
+// weights did not change. float16/bfloat16 compute in float32.
+template <typename T>
+struct AsyncAverageMath {
+  static BAGUA_HD T apply(T w, T snapshot, T avg) { return avg + (w - snapshot); }
+};
+template <>
+struct AsyncAverageMath<Half> {
+  static BAGUA_HD Half apply(Half w, Half s, Half a) { return to_half(to_float(a) + (to_float(w) - to_float(s))); }
+};
+template <>
+struct AsyncAverageMath<BFloat16> {
+  static BAGUA_HD BFloat16 apply(BFloat16 w, BFloat16 s, BFloat16 a) {
+    return to_bfloat16(to_float(a) + (to_float(w) - to_float(s)));
+  }
+};
+
+// w[i] = AsyncAverageMath::apply(w[i], snapshot[i], avg[i]) on host memory (floating dtypes).
+void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
+
 // m[i] = MomentumMath::update(m[i], g[i], beta, 1 - beta) on host memory (floating dtypes).
 void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta);
 

@@ -75,6 +75,12 @@ void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t coun
   no_cuda("QAdam's momentum update");
 }
 
+void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count,
+                   DType dtype) {
+  if (ctx.device == DeviceType::kCPU) return apply_average_cpu(w, snapshot, avg, count, dtype);
+  no_cuda("applying a model average");
+}
+
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {
   copy_bytes(dst, src, nbytes, ctx.device);
 }

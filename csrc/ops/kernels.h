@@ -27,6 +27,8 @@ void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l,
 void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype);
 // m = beta * m + (1 - beta) * g (ops/elementwise.h MomentumMath).
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta);
+// w = avg + (w - snapshot) (ops/elementwise.h AsyncAverageMath).
+void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
 // dst <- src, nbytes.
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "ops/async_model_average.h"
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
@@ -23,6 +24,7 @@ Factory factory() {
 
 const std::map<std::string, Factory>& table() {
   static const std::map<std::string, Factory> steps = {
+      {"async_model_average", factory<AsyncModelAverageStep>()},
       {"centralized_allreduce", factory<CentralizedAllreduceStep>()},
       {"bytegrad", factory<ByteGradStep>()},
       {"decentralized", factory<DecentralizedStep>()},

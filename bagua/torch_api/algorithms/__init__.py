@@ -1,8 +1,7 @@
 """``bagua.torch_api.algorithms``: :mod:`bagua_torch.algorithms` under Bagua
 0.9.2's module names. ``Algorithm.init(name, **kwargs)`` builds one by its
-registered name; a name of Bagua 0.9 not built here yet ("qadam", "async",
-"low_precision_decentralized") raises ``NotImplementedError``, as do the
-classes of those algorithms when constructed."""
+registered name (the six of Bagua 0.9: "gradient_allreduce", "bytegrad",
+"decentralized", "low_precision_decentralized", "qadam", "async")."""
 
 from bagua.torch_api.algorithms import async_model_average, base, bytegrad, decentralized, gradient_allreduce, q_adam
 from bagua.torch_api.algorithms.async_model_average import AsyncModelAverageAlgorithm

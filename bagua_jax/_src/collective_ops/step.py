@@ -1,11 +1,13 @@
-"""algorithm_step: one engine algorithm step (``csrc/ops/registry.h``) on a
-flat bucket, inside ``jax.jit`` through the ``bagua_step`` FFI target. The
-building block of :func:`bagua_jax.transform`; the same C++ step the torch
-frontend runs on its engine buckets."""
+"""algorithm_step: one engine algorithm step (``csrc/ops/registry.h``) on the
+leaves of one bucket, inside ``jax.jit`` through the ``bagua_step`` FFI target
+(``csrc/ffi/steps.h``), which gathers them into the engine's bucket layout,
+runs the step and scatters the result back. The building block of
+:func:`bagua_jax.transform`; the same C++ step the torch frontend runs on its
+engine buckets."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -13,10 +15,9 @@ from bagua_jax import _compat
 from bagua_jax._src import ffi, validation
 from bagua_jax._src.groups import GroupInfo
 
+# (step, *data, *state) -> (*data, *state); the state is updated in place.
 algorithm_step_p = _compat.define_primitive("bagua_algorithm_step")
-# Steps with state: (data, step, state) -> (data, state), both in place.
-algorithm_step_state_p = _compat.define_primitive("bagua_algorithm_step_state")
-algorithm_step_state_p.multiple_results = True
+algorithm_step_p.multiple_results = True
 
 
 class BoundStep(NamedTuple):
@@ -31,46 +32,33 @@ class BoundStep(NamedTuple):
     num_state: int = 0  # state spans the step keeps (e.g. replicas); its state has num_state * data size elements
 
 
-def algorithm_step(data, step_number, bound: BoundStep):
-    """Runs ``bound`` on the 1-D array ``data`` at step ``step_number`` (an
-    int32 scalar); returns the data after the step (in-place steps) or its
-    result (weight steps; the weights themselves when it does not communicate)."""
-    return algorithm_step_p.bind(data, step_number, bound=bound)
+def algorithm_step(leaves: Sequence[Any], step_number, bound: BoundStep,
+                   state: Sequence[Any] = ()) -> Tuple[list, tuple]:
+    """Runs ``bound`` at step ``step_number`` (an int32 scalar) on one bucket
+    made of ``leaves`` (one dtype, in bucket order). Returns ``(leaves,
+    state)``: the leaves after the step (in-place steps) or its result (weight
+    steps; the weights themselves when it does not communicate), and the state
+    after it. ``state`` (stateful steps only) is either one 1-D block of
+    ``bound.num_state`` x the padded bucket size, or one leaf per data leaf of
+    the same shape (``num_state == 1``)."""
+    out = algorithm_step_p.bind(step_number, *leaves, *state, bound=bound, n_data=len(leaves))
+    return list(out[:len(leaves)]), tuple(out[len(leaves):])
 
 
-def algorithm_step_with_state(data, step_number, state, bound: BoundStep):
-    """Runs the stateful step ``bound`` on ``data`` with its ``state`` (1-D,
-    ``bound.num_state * data.size`` elements of data's dtype); returns
-    ``(data, state)`` after the step, both updated in place."""
-    return tuple(algorithm_step_state_p.bind(data, step_number, state, bound=bound))
+def _abstract_eval(step_number, *buffers, bound: BoundStep, n_data: int):
+    return [_compat.ShapedArray(b.shape, b.dtype) for b in buffers]
 
 
-def _abstract_eval(data, step_number, *, bound: BoundStep):
-    return _compat.ShapedArray(data.shape, data.dtype)
-
-
-def _lowering(ctx, data, step_number, *, bound: BoundStep):
+def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int):
     platforms = _compat.lowering_platforms(ctx)
     validation.check_platform(f"transform ({bound.name})", platforms, bound.group)
     ffi.check_lowerable(f"transform ({bound.name})", ffi.STEP, platforms)
+    # operand 0 is the step number; data leaf i is operand 1 + i, result i
+    aliases = {1 + i: i for i in range(len(buffers)) if i >= n_data or not bound.has_result}
     return _compat.lower_ffi_with_token(
-        ctx, ffi.STEP, data, step_number, alias=not bound.has_result,
+        ctx, ffi.STEP, step_number, *buffers, alias=False, aliases=aliases, token_first=True,
         step=bound.name, params=bound.params, comm=np.int64(bound.group.handle),
-        intra=np.int64(bound.intra), inter=np.int64(bound.inter))
-
-
-def _abstract_eval_state(data, step_number, state, *, bound: BoundStep):
-    return [_compat.ShapedArray(data.shape, data.dtype), _compat.ShapedArray(state.shape, state.dtype)]
-
-
-def _lowering_state(ctx, data, step_number, state, *, bound: BoundStep):
-    platforms = _compat.lowering_platforms(ctx)
-    validation.check_platform(f"transform ({bound.name})", platforms, bound.group)
-    ffi.check_lowerable(f"transform ({bound.name})", ffi.STEP_STATE, platforms)
-    return _compat.lower_ffi_with_token(
-        ctx, ffi.STEP_STATE, data, step_number, state, alias=True, aliases={2: 1},
-        step=bound.name, params=bound.params, comm=np.int64(bound.group.handle),
-        intra=np.int64(bound.intra), inter=np.int64(bound.inter))
+        intra=np.int64(bound.intra), inter=np.int64(bound.inter), n_data=np.int64(n_data))
 
 
 def _no_autodiff(*args, **kwargs):
@@ -87,7 +75,3 @@ _compat.def_effectful_abstract_eval(algorithm_step_p, _abstract_eval)
 _compat.register_lowering(algorithm_step_p, _lowering)
 _compat.def_jvp(algorithm_step_p, _no_autodiff)
 _compat.def_batching(algorithm_step_p, _no_batching)
-_compat.def_effectful_abstract_eval(algorithm_step_state_p, _abstract_eval_state)
-_compat.register_lowering(algorithm_step_state_p, _lowering_state)
-_compat.def_jvp(algorithm_step_state_p, _no_autodiff)
-_compat.def_batching(algorithm_step_state_p, _no_batching)

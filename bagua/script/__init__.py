@@ -1,0 +1,1 @@
+"""Bagua 0.9.2's console scripts (``baguarun``)."""

@@ -1,0 +1,54 @@
+"""Asynchronous model average: every rank's weights are averaged by a
+background loop while training runs (``csrc/sched/async_averager.h``), after
+a warm-up of gradient allreduce (:meth:`AsyncModelAverage.warmup_plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bagua_core.algorithms._base import BACKGROUND, WEIGHTS, Plan, check_int, register
+from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
+
+ASYNC_PEER_SELECTION_MODES = ("all",)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class AsyncModelAverage:
+    """Asynchronous model average. Training steps ``t < warmup_steps``
+    allreduce the gradients (mean); from then on a background loop, on its
+    own clone of the group, averages the weights of every rank every
+    ``sync_interval_ms`` (0: back to back) while each rank trains at its own
+    pace: one round snapshots the weights, averages the snapshots, and moves
+    the weights by ``average - snapshot`` (keeping the local progress made
+    meanwhile). An optimizer step never sees half an average (a weight lock).
+    ``peer_selection_mode``: "all" (the only mode, as in Bagua 0.9). Needs
+    ``do_flatten=True`` (torch: the weights live in the loop's buckets)."""
+
+    peer_selection_mode: str = "all"
+    sync_interval_ms: int = 500
+    warmup_steps: int = 0
+
+    name = "async"
+
+    def __post_init__(self):
+        if not isinstance(self.peer_selection_mode, str):
+            raise TypeError(f"AsyncModelAverage: peer_selection_mode must be a str, got {self.peer_selection_mode!r}")
+        if self.peer_selection_mode not in ASYNC_PEER_SELECTION_MODES:
+            raise ValueError(f"AsyncModelAverage: unknown peer_selection_mode {self.peer_selection_mode!r} "
+                             f"(use one of {', '.join(ASYNC_PEER_SELECTION_MODES)})")
+        interval = check_int("AsyncModelAverage", "sync_interval_ms", self.sync_interval_ms, 0)
+        object.__setattr__(self, "sync_interval_ms", interval)
+        steps = check_int("AsyncModelAverage", "warmup_steps", self.warmup_steps, 0)
+        object.__setattr__(self, "warmup_steps", steps)
+
+    def plan(self) -> Plan:
+        """The background averaging of the weights (one bucket per dtype)."""
+        return Plan(step="async_model_average",
+                    params={"peer_selection_mode": self.peer_selection_mode,
+                            "sync_interval_ms": self.sync_interval_ms},
+                    communicates=WEIGHTS, phase=BACKGROUND, one_bucket_per_dtype=True, counts_steps=True)
+
+    def warmup_plan(self) -> Plan:
+        """The warm-up steps' plan: gradients allreduced (mean), flat."""
+        return GradientAllReduce(hierarchical=False, average=True).plan()

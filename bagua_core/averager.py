@@ -1,0 +1,115 @@
+"""Asynchronous model average's background loop, framework-free
+(``csrc/sched/async_averager.h``): a frontend hands it the buckets holding
+its weights and takes the weight lock around every change of them.
+
+    averager = AsyncAverager(group, [bucket, ...], description.plan())
+    averager.start()                    # rounds every sync_interval_ms
+    with averager.weights_locked():     # an optimizer step: never half an average
+        ...
+    averager.abort()                    # every rank: last round, same weights everywhere
+
+The loop runs on a private clone of ``group`` (created collectively: every
+member builds its averager in the same order), owned and freed by the
+averager, so it never interleaves with the training group's collectives.
+A failure of the loop (a dead or stuck peer) is raised, as ``PeerError`` or
+``CommTimeoutError``, by the next ``lock()`` / ``weights_locked()``,
+``start()``, ``abort()`` or ``check()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Optional, Sequence
+
+from bagua_core import log
+from bagua_core._loader import _C
+from bagua_core.dtypes import as_dtype
+
+
+def weight_buckets(tensors: Sequence[tuple]) -> list:
+    """Zeroed host buckets (``_C.Bucket``), one per dtype, for ``(name, shape,
+    dtype)`` declarations, tensors in the order given; ``bucket.view(name)``
+    is a zero-copy view of one tensor."""
+    by_dtype: dict = {}
+    for name, shape, dtype in tensors:
+        by_dtype.setdefault(int(as_dtype(dtype)), []).append((str(name), tuple(int(d) for d in shape)))
+    return [_C.Bucket(f"weights{i}", dt, ts, 1) for i, (dt, ts) in enumerate(by_dtype.items())]
+
+
+def _release(core, group) -> None:
+    try:
+        core.close()
+    finally:
+        group.close()
+
+
+class AsyncAverager:
+    """The background averaging of ``buckets`` (``_C.Bucket`` objects holding
+    the weights, one dtype each) over every rank of ``group``, as ``plan`` (an
+    ``AsyncModelAverage`` plan) says. ``timeout_s`` bounds ``abort()``'s wait
+    for the other ranks (default: the group's timeout)."""
+
+    def __init__(self, group, buckets: Sequence, plan, timeout_s: Optional[float] = None):
+        if not group.is_member:
+            raise ValueError(f"this process is not a member of {group!r}")
+        own = group.clone()
+        try:
+            self._core = _C.AsyncAverager(own.comm, list(buckets), dict(plan.params), timeout_s)
+        except BaseException:
+            own.close()
+            raise
+        self._held = False
+        own._on_close.append(self._core.close)  # destroy_process_group() stops the loop first
+        self._release = weakref.finalize(self, _release, self._core, own)
+        log.logger.info("asynchronous model average on %r: %s", group.name, self._core.description)
+
+    def start(self) -> None:
+        """Starts (or resumes) the rounds; a no-op while they run."""
+        self._core.start()
+
+    def abort(self) -> None:
+        """Every rank calls it: blocks until every rank did, the last round
+        ran with training stopped everywhere (every rank then holds the same
+        weights) and the loop ended. A no-op when it is not running. Releases
+        the weight lock first if this thread holds it."""
+        self.unlock()
+        self._core.abort()
+
+    def lock(self) -> None:
+        """Takes the weight lock (no-op if this frontend holds it already)."""
+        if not self._held:
+            self._core.lock_weights()
+            self._held = True
+
+    def unlock(self) -> None:
+        if self._held:
+            self._held = False
+            self._core.unlock_weights()
+
+    @contextlib.contextmanager
+    def weights_locked(self):
+        self.lock()
+        try:
+            yield
+        finally:
+            self.unlock()
+
+    def check(self) -> None:
+        self._core.check()
+
+    @property
+    def running(self) -> bool:
+        return self._core.running
+
+    @property
+    def rounds(self) -> int:
+        """Averaging rounds completed on this rank."""
+        return self._core.rounds
+
+    def close(self) -> None:
+        """Stops the loop without asking the peers (shutdown; call
+        :meth:`abort` first to leave the ranks with the same weights) and
+        frees its clone of the group."""
+        self.unlock()
+        self._release()

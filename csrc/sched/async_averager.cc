@@ -1,0 +1,201 @@
+#include "sched/async_averager.h"
+
+#include <cstring>
+#include <string>
+
+#include "bucket/host_memory.h"
+#include "common/error.h"
+
+namespace bagua {
+namespace {
+
+std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const TimeoutError& x) {
+    return std::make_exception_ptr(TimeoutError(prefix + x.what()));
+  } catch (const PeerError& x) {
+    return std::make_exception_ptr(PeerError(prefix + x.what(), x.peer()));
+  } catch (const MismatchError& x) {
+    return std::make_exception_ptr(MismatchError(prefix + x.what()));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(prefix + "unknown error"));
+  }
+}
+
+struct Closing {};  // unwinds the loop when close() interrupts a wait for the weight lock
+
+}  // namespace
+
+// The loop's hold of the weight lock (priority over the training thread).
+class AsyncAverager::LoopLock {
+ public:
+  explicit LoopLock(AsyncAverager& a) : a_(a) {
+    std::unique_lock<std::mutex> l(a_.mu_);
+    a_.loop_waiting_ = true;
+    a_.cv_.wait(l, [&] { return !a_.held_ || a_.closing_; });
+    a_.loop_waiting_ = false;
+    if (a_.closing_) {
+      a_.cv_.notify_all();
+      throw Closing{};
+    }
+    a_.held_ = true;
+  }
+  ~LoopLock() {
+    {
+      std::lock_guard<std::mutex> l(a_.mu_);
+      a_.held_ = false;
+    }
+    a_.cv_.notify_all();
+  }
+
+ private:
+  AsyncAverager& a_;
+};
+
+AsyncAverager::AsyncAverager(std::shared_ptr<const AsyncModelAverageStep> step, std::vector<BucketPtr> weights,
+                             std::chrono::milliseconds timeout)
+    : step_(std::move(step)), weights_(std::move(weights)), timeout_(timeout) {
+  if (!step_) throw InvalidArgument("AsyncAverager: no step");
+  if (weights_.empty()) throw InvalidArgument("AsyncAverager: no weights to average");
+  for (const auto& b : weights_) {
+    if (!b) throw InvalidArgument("AsyncAverager: a weight bucket is None");
+    step_->check(b->dtype(), b->numel());
+    snapshots_.push_back(allocate_host_memory(b->nbytes()));
+    averages_.push_back(allocate_host_memory(b->nbytes()));
+  }
+}
+
+AsyncAverager::~AsyncAverager() { close(); }
+
+void AsyncAverager::raise_locked() const {
+  if (error_) std::rethrow_exception(error_);
+}
+
+void AsyncAverager::check() const {
+  std::lock_guard<std::mutex> l(mu_);
+  raise_locked();
+}
+
+bool AsyncAverager::running() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return running_;
+}
+
+uint64_t AsyncAverager::rounds() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return rounds_;
+}
+
+void AsyncAverager::join_finished() {
+  // called without mu_, when running_ is false: the thread is ending or ended
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncAverager::start() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closing_) throw Error(describe() + ": start() after close()");
+    raise_locked();
+    if (running_) return;
+  }
+  join_finished();
+  std::lock_guard<std::mutex> l(mu_);
+  stop_requested_ = false;
+  running_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void AsyncAverager::abort() {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (running_) {
+      stop_requested_ = true;
+      cv_.notify_all();
+      if (!cv_.wait_for(l, timeout_, [&] { return !running_; }))
+        throw TimeoutError(describe() + ": abort() waited " + std::to_string(timeout_.count() / 1000.0) +
+                           " s for the other ranks to abort too; call abort() on every rank");
+    }
+  }
+  join_finished();
+  check();
+}
+
+void AsyncAverager::lock_weights() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return error_ || (!held_ && !loop_waiting_); });
+  raise_locked();
+  held_ = true;
+}
+
+void AsyncAverager::unlock_weights() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    held_ = false;
+  }
+  cv_.notify_all();
+}
+
+void AsyncAverager::close() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    closing_ = true;
+  }
+  cv_.notify_all();
+  join_finished();
+}
+
+void AsyncAverager::round() {
+  const ExecContext ctx{DeviceType::kCPU, nullptr, &scratch_};
+  std::vector<Span> w, snap, avg;
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const auto& b = weights_[i];
+    w.push_back(Span{b->data(), b->numel(), b->dtype()});
+    snap.push_back(Span{snapshots_[i].get(), b->numel(), b->dtype()});
+    avg.push_back(Span{averages_[i].get(), b->numel(), b->dtype()});
+  }
+  {
+    LoopLock hold(*this);
+    for (size_t i = 0; i < w.size(); ++i) std::memcpy(snap[i].data, w[i].data, w[i].nbytes());
+  }
+  for (size_t i = 0; i < w.size(); ++i) step_->run(ctx, snap[i], avg[i], 0);
+  {
+    LoopLock hold(*this);
+    for (size_t i = 0; i < w.size(); ++i) step_->apply(ctx, w[i], snap[i], avg[i]);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ++rounds_;
+}
+
+void AsyncAverager::loop() {
+  const auto interval = std::chrono::milliseconds(step_->sync_interval_ms());
+  try {
+    while (true) {
+      bool stop;
+      {
+        // a pause first: the weights are equal when the loop starts (after the
+        // warm-up, or abort()), and a round right away would average nothing
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait_for(l, interval, [&] { return stop_requested_ || closing_; });
+        if (closing_) break;
+        stop = stop_requested_;
+      }
+      const bool all = step_->all_stopped(stop);
+      round();
+      if (all) break;  // that was the last round, with training stopped on every rank
+    }
+  } catch (const Closing&) {
+  } catch (...) {
+    std::lock_guard<std::mutex> l(mu_);
+    error_ = with_prefix(std::current_exception(), describe() + " (background loop): ");
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace bagua

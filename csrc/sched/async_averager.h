@@ -1,0 +1,93 @@
+// The background loop of asynchronous model average: weights averaged with
+// every rank while training runs (ops/async_model_average.h holds the
+// arithmetic and the rounds' collectives).
+//
+// It owns one thread and runs on communicators nobody else uses (the
+// frontends give it a clone of the training group), so it never interleaves
+// with the training thread's collectives. The weights are host buckets the
+// frontend trains with (torch: the parameters are views of them; JAX: the
+// transform's copy of the weights).
+//
+// The weight lock keeps an optimizer step whole: the training thread holds it
+// (lock_weights / unlock_weights) around every change of the weights; the loop
+// takes it only to snapshot the weights and to apply an average, never during
+// communication. Two parties only: while the loop waits for the lock the
+// training thread cannot take it again first, so averages are never starved.
+//
+// start() begins rounds, each after a pause of sync_interval_ms; abort() asks the ranks to
+// stop and blocks until every rank asked, the last round ran with the
+// training stopped everywhere (so every rank then holds the same weights) and
+// the thread ended; start() again resumes. A failure of the loop (a dead or
+// stuck peer) ends it and is raised, with its type, by every later
+// lock_weights(), start(), abort() and check() on this rank.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "bucket/bucket.h"
+#include "ops/async_model_average.h"
+
+namespace bagua {
+
+class AsyncAverager {
+ public:
+  // `timeout` bounds abort()'s wait for the other ranks to abort too.
+  AsyncAverager(std::shared_ptr<const AsyncModelAverageStep> step, std::vector<BucketPtr> weights,
+                std::chrono::milliseconds timeout);
+  ~AsyncAverager();  // close()
+  AsyncAverager(const AsyncAverager&) = delete;
+  AsyncAverager& operator=(const AsyncAverager&) = delete;
+
+  // Starts the loop (no-op while it runs). Raises the loop's failure, if any.
+  void start();
+  // See above. No-op when the loop is not running. Raises the loop's failure,
+  // or TimeoutError when the other ranks did not abort within the timeout (the
+  // loop then keeps running; call abort() again).
+  void abort();
+  // The weight lock, for the training thread. lock_weights() raises the
+  // loop's failure instead of blocking once the loop failed.
+  void lock_weights();
+  void unlock_weights();
+  // Raises the loop's failure, if any.
+  void check() const;
+
+  bool running() const;
+  uint64_t rounds() const;  // averaging rounds completed since construction
+  std::string describe() const { return step_->describe(); }
+
+  // Ends the loop without asking the peers (shutdown) and joins it. Idempotent.
+  void close();
+
+ private:
+  class LoopLock;
+  void loop();
+  void round();
+  void join_finished();
+  void raise_locked() const;
+
+  std::shared_ptr<const AsyncModelAverageStep> step_;
+  std::vector<BucketPtr> weights_;
+  std::vector<std::shared_ptr<void>> snapshots_, averages_;
+  HostScratch scratch_;
+  const std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // every change of the fields below
+  bool held_ = false;           // the weight lock
+  bool loop_waiting_ = false;   // the loop waits for the weight lock
+  bool running_ = false;
+  bool stop_requested_ = false;
+  bool closing_ = false;
+  uint64_t rounds_ = 0;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace bagua
