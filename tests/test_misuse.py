@@ -441,6 +441,32 @@ def test_rendezvous_timeout_names_the_missing_rank():
     run.check()
 
 
+_STUCK_RANK_WORKER = """
+import time
+import numpy as np
+import bagua_core as bc
+bc.init_process_group()
+bc.allreduce(np.ones(4, np.float32))
+if bc.get_rank() == 2:
+    time.sleep(8)  # stuck outside the collective; leaves after its peers gave up
+else:
+    try:
+        bc.allreduce(np.ones(4, np.float32))
+    except bc.BaguaError as e:
+        print("FAILED", type(e).__name__, e, flush=True)
+        assert "rank 2 did not reach op #" in str(e), e
+    else:
+        raise AssertionError("the allreduce completed without rank 2")
+"""
+
+
+@pytest.mark.timeout(150)
+def test_collective_timeout_names_the_rank_that_did_not_arrive():
+    run = mp.launch(_STUCK_RANK_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "3"})
+    run.check()
+    assert any("FAILED CommTimeoutError" in w.stdout for w in run.workers[:2]), run.summary()
+
+
 _OUT_OF_FDS_WORKER = """
 import os, resource, sys, time
 import numpy as np

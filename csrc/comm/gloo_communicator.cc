@@ -651,8 +651,9 @@ class GlooCommunicator : public Communicator {
     if (collective) say_failed(seq);
     int dead = -1;
     msg += dead_ranks_note(kind, &dead);
-    if (collective && dead < 0) msg += absent_ranks_note(seq);
-    if (kind == kTimedOut && dead < 0)
+    const std::string absent = collective && dead < 0 ? absent_ranks_note(seq) : "";
+    msg += absent;
+    if (kind == kTimedOut && dead < 0 && absent.empty())
       msg += " (a peer may be stuck, or may have skipped or reordered this operation)";
     msg += " [gloo: " + what + "]";
     broken_ = msg;

@@ -53,8 +53,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
   // Runs a blocking store call in slices of at most a second and fails fast,
   // with PeerError naming them, once the store reports ranks dead: their keys
-  // would never come. On timeout, names the ranks whose keys (Gloo's
-  // "rank_<n>") are still missing.
+  // would never come. On timeout, names the ranks whose keys are still missing.
   template <typename Call>
   void in_slices(std::chrono::milliseconds timeout, const std::string& what, const std::vector<std::string>& keys,
                  Call&& call) {
@@ -83,9 +82,11 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     size_t n = 0;
     try {
       for (const auto& k : keys) {
-        const size_t at = k.rfind("rank_");
-        if (at == std::string::npos || store_->check({full(k)})) continue;
-        ranks += (n++ ? ", " : "") + k.substr(at + 5);
+        // Gloo names a rank's keys "<n>" or "rank_<n>".
+        const std::string r = k.compare(0, 5, "rank_") == 0 ? k.substr(5) : k;
+        if (r.empty() || r.find_first_not_of("0123456789") != std::string::npos) continue;
+        if (store_->check({full(k)})) continue;
+        ranks += (n++ ? ", " : "") + r;
       }
     } catch (const std::exception&) {
       return "";
