@@ -600,7 +600,8 @@ class GlooCommunicator : public Communicator {
     std::vector<int> absent, elsewhere;
     std::vector<uint64_t> their_ops;
     try {
-      const auto deadline = std::chrono::steady_clock::now() + std::min(options_.timeout, milliseconds(2000));
+      // Short enough that the engine's watchdog (1.5 x timeout) sees this error, not its own.
+      const auto deadline = std::chrono::steady_clock::now() + std::min(options_.timeout / 4, milliseconds(2000));
       std::vector<std::string> keys;
       for (int r = 0; r < size_; ++r) keys.push_back(failed_key(r));
       while (!store_->check(keys) && std::chrono::steady_clock::now() < deadline)
@@ -617,8 +618,8 @@ class GlooCommunicator : public Communicator {
           their_ops.push_back(op);
         }
       }
-    } catch (const std::exception&) {
-      return "";
+    } catch (const std::exception& e) {
+      return std::string("; which ranks did not reach op #") + std::to_string(seq) + " is unknown: " + e.what();
     }
     std::string note;
     if (!absent.empty())
