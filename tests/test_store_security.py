@@ -290,8 +290,18 @@ def quiet_main() -> int:
     assert np.all(x == 6), x
     silent_out = silent.communicate(timeout=30)[0].split() if silent is not None else []
     report("quiet_ranks_keep_their_store_connections", True, dead=g._ctx.store.dead_ranks(), silent=silent_out)
-    bc.destroy_process_group()
-    return 0
+    # Quiet again, then rank 2 dies without a goodbye: only a store connection
+    # that was kept open all along can tell the others.
+    time.sleep(3 * IDLE_S)
+    if rank == 2:
+        os._exit(0)
+    t0 = time.monotonic()
+    while 2 not in g._ctx.store.dead_ranks() and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    report("a_quiet_rank_that_dies_is_reported_dead", True, after_s=time.monotonic() - t0)
+    if rank == 0:
+        time.sleep(1)  # hosts the store: rank 1 may still ask it
+    os._exit(0)
 
 
 @pytest.mark.timeout(150)
@@ -305,6 +315,8 @@ def test_silent_authenticated_clients_are_dropped_quiet_ranks_are_not():
     assert all(rec["dead"] == [] for rec in recs.values()), recs  # silence is not death
     tag, state, after = recs[0]["silent"]
     assert state == "closed" and float(after) < IDLE_S + 2.0, recs[0]
+    deaths = run.cases()["a_quiet_rank_that_dies_is_reported_dead"]
+    assert sorted(deaths) == [0, 1] and all(d["after_s"] < 5 for d in deaths.values()), deaths
 
 
 if __name__ == "__main__":
