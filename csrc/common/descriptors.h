@@ -12,7 +12,7 @@ namespace bagua {
 // ENFILE); probes by opening and closing one.
 bool out_of_descriptors();
 
-// "out of file descriptors (RLIMIT_NOFILE=1024, 1024 open) while <doing>;
+// "out of file descriptors (RLIMIT_NOFILE=1024) while <doing>;
 //  raise the limit (ulimit -n) or open fewer files"
 std::string out_of_descriptors_message(const std::string& doing);
 
