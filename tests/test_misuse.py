@@ -4,8 +4,12 @@ process, a hang or a silently wrong result.
 Sessions of 3 processes with debug checks off (BAGUA_DEBUG_CHECKS=0) unless
 named otherwise: a size mismatch in every collective, an empty array on one
 rank only, alltoall with send aliasing recv, torch neg-bit views, two threads
-on one group. After each mismatch the group keeps working (checked with a
-numpy reference). This file is also the worker script.
+on one group, new_group with different rank lists. After each mismatch the
+group keeps working (checked with a numpy reference). Then diagnostics: a
+timeout names the rank that did not arrive (new_group, a Gloo rendezvous, a
+collective), a rendezvous fails fast on a dead member, running out of file
+descriptors is said plainly, WORLD_SIZE disagreement is named. This file is
+also the worker script.
 """
 
 from __future__ import annotations

@@ -259,12 +259,14 @@ void TcpStore::keep_alive_loop(milliseconds every) {
     for (auto& c : quiet) {
       if (c && state_ == State::kOpen && idle_.size() < kMaxIdleConns) idle_.push_back(std::move(c));
     }
-    if (state_ == State::kClosed) {
-      lock.unlock();
-      for (auto& c : quiet)
-        if (c) c->goodbye(timeout_);
-      return;
-    }
+    // Not taken back (closed meanwhile, or the pool filled up): a goodbye,
+    // so that the server does not take this rank for dead.
+    const bool lost_store = state_ == State::kLost;
+    lock.unlock();
+    for (auto& c : quiet)
+      if (c && !lost_store) c->goodbye(timeout_);
+    quiet.clear();
+    lock.lock();
   }
 }
 
