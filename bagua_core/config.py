@@ -44,6 +44,9 @@ Settings (all optional):
                                  (default 64 MiB)
 ``BAGUA_STORE_MAX_BYTES``        total bytes of keys and values the store holds
                                  (default 256 MiB)
+``BAGUA_STORE_IDLE_TIMEOUT``     seconds an authenticated store connection may stay
+                                 silent outside a blocking request before the store
+                                 closes it (default 60; ranks ping theirs well within it)
 ===============================  =======================================================
 
 Settings of ``baguarun`` (the multi-host launcher, :func:`ssh_settings`):
@@ -123,6 +126,13 @@ def parse_float(name: str, value: Optional[str], default: float, minimum: float 
     return x
 
 
+def _optional_float(name: str, value: Optional[str], maximum: float) -> Optional[float]:
+    """A positive number of seconds, or None when unset (the engine's default applies)."""
+    if value is None or value.strip() == "":
+        return None
+    return parse_float(name, value, 0.0, maximum=maximum)
+
+
 # new name -> the Bagua 0.9 name it also accepts
 ALIASES = {
     "BAGUA_STORE_PORT": "BAGUA_SERVICE_PORT",
@@ -172,6 +182,7 @@ class Settings:
     store_secret: str = ""
     store_max_value_bytes: Optional[int] = None  # None: the store's own default
     store_max_bytes: Optional[int] = None
+    store_idle_timeout_s: Optional[float] = None
     launched: bool = True  # False: neither a launcher's nor Slurm's variables were found
     log_level: Optional[str] = None
 
@@ -183,6 +194,8 @@ class Settings:
             out["max_value_bytes"] = self.store_max_value_bytes
         if self.store_max_bytes is not None:
             out["max_total_bytes"] = self.store_max_bytes
+        if self.store_idle_timeout_s is not None:
+            out["idle_timeout_s"] = self.store_idle_timeout_s
         return out
 
     @property
@@ -246,6 +259,8 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         store_max_value_bytes=parse_int("BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None,
                                         minimum=1),
         store_max_bytes=parse_int("BAGUA_STORE_MAX_BYTES", g("BAGUA_STORE_MAX_BYTES"), None, minimum=1),
+        store_idle_timeout_s=_optional_float("BAGUA_STORE_IDLE_TIMEOUT", g("BAGUA_STORE_IDLE_TIMEOUT"),
+                                             maximum=MAX_TIMEOUT_S),
         launched=launched,
         log_level=_log_level(g("BAGUA_LOG_LEVEL")),
     )

@@ -8,7 +8,9 @@ world group; with different settings it raises ``RuntimeError``
 (``destroy_process_group()`` first).
 
 ``new_group(ranks)`` makes a sub-group. Every rank of the job calls it, in the
-same order (the groups are numbered by call order); only the members connect.
+same order and with the same ranks (the groups are numbered by call order;
+the ranks' lists are compared through the store, and a difference raises
+``MismatchError`` on every rank); only the members connect.
 Non-members get a group with ``is_member == False``, ``rank == -1`` and
 ``comm is None``: every primitive on it returns immediately without doing
 anything.
@@ -279,27 +281,42 @@ class _Context:
             time.sleep(0.05)
 
     def wait_for_everyone(self) -> None:
-        """Returns once every rank reached the store; while some have not, Ctrl-C
-        works and one line every 10 s names them (the communicators' own
+        """Returns once every rank reached the store (the communicators' own
         rendezvous, in C++, then finds everyone there)."""
+        if self.settings.world_size > 1:
+            self.exchange(_PRESENT_KEY, b"1", "join the job")
+
+    def exchange(self, prefix: str, value: bytes, what: str) -> List[bytes]:
+        """Every rank of the job publishes ``value`` under ``prefix/<rank>``;
+        returns everyone's values in rank order. The one way ranks meet in the
+        store from Python: while some are missing, Ctrl-C works and one line
+        every 10 s names them; after BAGUA_TIMEOUT ``CommTimeoutError`` names
+        the ranks that never came, and ``PeerError`` comes at once when the
+        store reports one of them dead."""
         s = self.settings
-        if s.world_size == 1:
-            return
-        self.store.set(f"{_PRESENT_KEY}/{s.rank}", b"1")
-        keys = [f"{_PRESENT_KEY}/{r}" for r in range(s.world_size)]
+        self.store.set(f"{prefix}/{s.rank}", value)
+        keys = [f"{prefix}/{r}" for r in range(s.world_size)]
         deadline = time.monotonic() + s.timeout_s
         waiting = None
         pause = 0.005
+        where = f"(rendezvous at {s.master_addr}:{s.store_port})"
         while not self.store.check(keys):
+            dead = self.store.dead_ranks()
+            if dead:
+                dead = sorted(set(self._missing(keys)) & set(dead))
+                if dead:
+                    one = len(dead) == 1
+                    raise _C.PeerError(f"{_ranks_str(dead)} {'has' if one else 'have'} died before "
+                                       f"{'it' if one else 'they'} could {what} {where}")
             if waiting is None:
-                waiting = _WaitNotice(lambda: f"ranks {self._missing(keys)} to join the job at "
-                                      f"{s.master_addr}:{s.store_port}", s.rank, deadline)
+                waiting = _WaitNotice(lambda: f"{_ranks_str(self._missing(keys))} to {what} {where}", s.rank, deadline)
             if time.monotonic() >= deadline:
-                raise _C.CommTimeoutError(f"ranks {self._missing(keys)} did not join within {s.timeout_s} s "
-                                          f"(rendezvous at {s.master_addr}:{s.store_port})")
+                raise _C.CommTimeoutError(f"{_ranks_str(self._missing(keys))} did not {what} within {s.timeout_s} s "
+                                          f"{where}")
             waiting.tick()
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
+        return [self.store.get(k) for k in keys]
 
     def _missing(self, keys: List[str]) -> List[int]:
         return [r for r, k in enumerate(keys) if not self.store.check([k])]
@@ -345,6 +362,11 @@ class _Context:
             if self.server is not None:
                 self.server.close()
                 self.server = None
+
+
+def _ranks_str(ranks: Sequence[int]) -> str:
+    shown = ", ".join(map(str, ranks[:16])) + (", ..." if len(ranks) > 16 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
 def _warn_if_unauthenticated(s: config.Settings) -> None:
@@ -485,7 +507,22 @@ def new_group(ranks: Optional[Sequence[int]] = None) -> ProcessGroup:
             raise ValueError(f"new_group: duplicate ranks in {list(ranks)}")
         name = f"group{ctx.next_group_id}"
         ctx.next_group_id += 1
-        return ctx.make_group(name, sorted(members))
+        members.sort()
+        if world > 1:
+            _agree_on_members(ctx, name, members)
+        return ctx.make_group(name, members)
+
+
+def _agree_on_members(ctx: "_Context", name: str, members: List[int]) -> None:
+    """Every rank of the job compares the member lists all ranks passed to
+    this ``new_group`` call; on any difference every rank raises
+    ``MismatchError`` naming a rank whose list differs from rank 0's."""
+    lists = ctx.exchange(f"{name}/members", ",".join(map(str, members)).encode(), "call new_group()")
+    for r, theirs in enumerate(lists):
+        if theirs != lists[0]:
+            raise _C.MismatchError(
+                f"new_group ({name}): rank {r} passed ranks [{theirs.decode()}] while rank 0 passed "
+                f"[{lists[0].decode()}]; every rank must call new_group() with the same ranks, in the same order")
 
 
 def _settings() -> config.Settings:

@@ -56,6 +56,8 @@ def test_booleans(value, expected):
     ({"BAGUA_TIMEOUT": "1e300"}, "BAGUA_TIMEOUT=1e300 must be at most"),
     ({"BAGUA_TIMEOUT": "nan"}, "BAGUA_TIMEOUT"),
     ({"BAGUA_STORE_MAX_BYTES": "0"}, "BAGUA_STORE_MAX_BYTES=0 must be >= 1"),
+    ({"BAGUA_STORE_IDLE_TIMEOUT": "0"}, "BAGUA_STORE_IDLE_TIMEOUT=0.0 must be >"),
+    ({"BAGUA_STORE_IDLE_TIMEOUT": "inf"}, "BAGUA_STORE_IDLE_TIMEOUT=inf must be at most"),
     ({"RANK": "0"}, "WORLD_SIZE"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "out of range"),
     ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
@@ -71,6 +73,7 @@ def test_store_settings():
     s = config.load({"BAGUA_STORE_SECRET": "abc", "BAGUA_STORE_MAX_VALUE_BYTES": "1000"})
     assert s.store_secret == "abc" and s.store_limits == {"max_value_bytes": 1000}
     assert config.load({}).store_secret == "" and config.load({}).store_limits == {}
+    assert config.load({"BAGUA_STORE_IDLE_TIMEOUT": "2.5"}).store_limits == {"idle_timeout_s": 2.5}
 
 
 def test_bagua_0_9_names_are_aliases():

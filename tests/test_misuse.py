@@ -4,8 +4,12 @@ process, a hang or a silently wrong result.
 Sessions of 3 processes with debug checks off (BAGUA_DEBUG_CHECKS=0) unless
 named otherwise: a size mismatch in every collective, an empty array on one
 rank only, alltoall with send aliasing recv, torch neg-bit views, two threads
-on one group. After each mismatch the group keeps working (checked with a
-numpy reference). This file is also the worker script.
+on one group, new_group with different rank lists. After each mismatch the
+group keeps working (checked with a numpy reference). Then diagnostics: a
+timeout names the rank that did not arrive (new_group, a Gloo rendezvous, a
+collective), a rendezvous fails fast on a dead member, running out of file
+descriptors is said plainly, WORLD_SIZE disagreement is named. This file is
+also the worker script.
 """
 
 from __future__ import annotations
@@ -94,7 +98,26 @@ def size_mismatch_cases():
     out.append(("root_mismatch", lambda: expect_mismatch(lambda: bc.broadcast(np.ones(4, np.float32), 1 if RANK == 2 else 0))))
     out.append(("bool_root_is_refused", case_bool_root))
     out.append(("unpicklable_object_raises_everywhere", case_unpicklable))
+    # ranks 0, 1 pass [0, 1] and rank 2 [0, 1, 2]; then rank 2 believes it is left out
+    out.append(("new_group_rank_lists_differ", lambda: case_new_group_lists([0, 1], [0, 1, 2])))
+    out.append(("new_group_non_member_disagrees", lambda: case_new_group_lists([0, 1, 2], [0, 1])))
     return out
+
+
+def case_new_group_lists(most, rank2):
+    try:
+        bc.new_group(rank2 if RANK == 2 else most)
+    except bc.MismatchError as e:
+        want = f"rank 2 passed ranks [{','.join(map(str, rank2))}] while rank 0 passed [{','.join(map(str, most))}]"
+        assert want in str(e), e
+    else:
+        raise AssertionError("new_group proceeded with different rank lists")
+    still_in_step()
+    sub = bc.new_group([0, 2])  # the ranks still number their groups alike
+    if RANK in (0, 2):
+        y = np.full(2, RANK, np.float32)
+        bc.allreduce_inplace(y, group=sub)
+        assert np.all(y == 2), y
 
 
 def case_bool_root():
@@ -312,7 +335,7 @@ def session(mode, **env):
 
 SIZE_CASES = [f"{kind}[{p}]" for p in COLLECTIVES for kind in ("size_mismatch", "empty_on_one_rank")] + [
     "empty_everywhere_is_a_no_op", "dtype_mismatch", "root_mismatch", "bool_root_is_refused",
-    "unpicklable_object_raises_everywhere"]
+    "unpicklable_object_raises_everywhere", "new_group_rank_lists_differ", "new_group_non_member_disagrees"]
 
 
 @pytest.mark.timeout(150)
@@ -376,7 +399,10 @@ try:
     bc.new_group([0, 1, 2])
 except bc.PeerError as e:
     print("PEER-ERROR", round(time.monotonic() - t0, 1), e, flush=True)
-    os._exit(0 if "rank 2 has died" in str(e) and time.monotonic() - t0 < 5 else 5)
+    ok = "rank 2 has died" in str(e) and time.monotonic() - t0 < 5
+    if bc.get_rank() == 0:
+        time.sleep(2)  # hosts the store: the others still read it
+    os._exit(0 if ok else 5)
 os._exit(6)
 """
 
@@ -386,6 +412,117 @@ def test_rendezvous_fails_fast_when_a_member_died():
     run = mp.launch(_DEAD_MEMBER_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "30"})
     assert not run.timed_out, run.summary()
     assert [w.returncode for w in run.workers] == [0, 0, 7], run.summary()
+
+
+_MISSING_RANK_WORKER = """
+import time
+import bagua_core as bc
+bc.init_process_group()
+if bc.get_rank() == 2:
+    time.sleep(10)  # calls neither; leaves cleanly after its peers gave up
+else:
+    try:
+        bc.new_group([0, 1])
+    except bc.CommTimeoutError as e:
+        print("TIMEOUT", e, flush=True)
+        assert "rank 2 did not call new_group() within 3.0 s" in str(e), e
+    else:
+        raise AssertionError("new_group went ahead without rank 2")
+    try:
+        bc.get_default_group().clone()  # only members call clone(): Gloo's rendezvous waits
+    except bc.CommTimeoutError as e:
+        print("TIMEOUT", e, flush=True)
+        assert "group rank 2 did not come to the rendezvous" in str(e), e
+    else:
+        raise AssertionError("clone went ahead without rank 2")
+bc.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(150)
+def test_rendezvous_timeout_names_the_missing_rank():
+    run = mp.launch(_MISSING_RANK_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "3"})
+    run.check()
+
+
+_STUCK_RANK_WORKER = """
+import time
+import numpy as np
+import bagua_core as bc
+bc.init_process_group()
+bc.allreduce(np.ones(4, np.float32))
+if bc.get_rank() == 2:
+    time.sleep(8)  # stuck outside the collective; leaves after its peers gave up
+else:
+    try:
+        bc.allreduce(np.ones(4, np.float32))
+    except bc.BaguaError as e:
+        print("FAILED", type(e).__name__, e, flush=True)
+        assert "rank 2 did not reach op #" in str(e), e
+    else:
+        raise AssertionError("the allreduce completed without rank 2")
+    if bc.get_rank() == 0:
+        time.sleep(3)  # hosts the store: rank 1 may time out later and still ask it
+"""
+
+
+@pytest.mark.timeout(150)
+def test_collective_timeout_names_the_rank_that_did_not_arrive():
+    run = mp.launch(_STUCK_RANK_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "3"})
+    run.check()
+    assert any("FAILED CommTimeoutError" in w.stdout for w in run.workers[:2]), run.summary()
+
+
+_OUT_OF_FDS_WORKER = """
+import os, resource, sys, time
+import numpy as np
+import bagua_core as bc
+from bagua_core import _C
+bc.init_process_group()
+rank = bc.get_rank()
+if rank == 1:
+    # use up every descriptor this process may open
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 1, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    t0 = time.monotonic()
+    try:
+        _C.TcpStore("127.0.0.1", int(os.environ["MASTER_PORT"]) + 1, 1, 20.0)
+    except bc.BaguaError as e:
+        print("STORE", round(time.monotonic() - t0, 2), e, flush=True)
+    try:
+        bc.new_group([0, 1, 2])
+    except bc.BaguaError as e:
+        print("GROUP", e, flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # no goodbye: the others hear that rank 1 died
+t0 = time.monotonic()
+try:
+    bc.new_group([0, 1, 2])
+except bc.BaguaError as e:
+    print("PEER", type(e).__name__, round(time.monotonic() - t0, 1), e, flush=True)
+    os._exit(0)
+os._exit(5)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_out_of_file_descriptors_is_said_plainly():
+    run = mp.launch(_OUT_OF_FDS_WORKER, WS, timeout=90, env={"BAGUA_TIMEOUT": "20"})
+    assert not run.timed_out and all(w.returncode == 0 for w in run.workers), run.summary()
+    out = run.workers[1].stdout
+    store = next(l for l in out.splitlines() if l.startswith("STORE"))
+    assert float(store.split()[1]) < 2 and "out of file descriptors (RLIMIT_NOFILE=" in store, out
+    assert "while connecting to the rendezvous store at 127.0.0.1" in store, out
+    group = next(l for l in out.splitlines() if l.startswith("GROUP"))
+    assert "out of file descriptors (RLIMIT_NOFILE=" in group and "connecting to peers" in group, out
+    for w in (run.workers[0], run.workers[2]):
+        assert "PEER PeerError" in w.stdout and "rank 1" in w.stdout, run.summary()
 
 
 @pytest.mark.timeout(150)

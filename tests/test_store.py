@@ -23,7 +23,7 @@ from tests import mp
 HOST = "127.0.0.1"
 MAGIC = 0x54534742
 VERSION = 2
-OP_HELLO, OP_SET, OP_GET, OP_ADD, OP_AUTH = 1, 2, 3, 4, 9
+OP_HELLO, OP_SET, OP_GET, OP_ADD, OP_AUTH, OP_PING = 1, 2, 3, 4, 9, 10
 MAX_FRAME = (64 << 20) + 4096 + 64
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,7 +78,7 @@ def raw_hello(port: int, rank: int, secret: bytes = b"") -> socket.socket:
     reply = recv_frame(sock)
     assert reply[:5] == struct.pack("<BI", 0, MAGIC) and struct.unpack("<I", reply[5:9])[0] == 32, reply
     sock.sendall(frame(bytes([OP_AUTH]) + s(proof(secret, reply[9:41], rank))))
-    assert recv_frame(sock) == b"\x00"
+    assert recv_frame(sock)[:1] == b"\x00"  # OK, then the server's idle timeout
     return sock
 
 
@@ -452,6 +452,29 @@ def test_idle_connection_is_closed_and_others_are_served(strict_server):
     assert closed_by_server(idle, 3.0)
     assert time.monotonic() - t0 < 2.5
     still_serving(port)
+
+
+def test_authenticated_idle_timeout_spares_waiting_requests_and_pings():
+    srv = _C.TcpStoreServer(HOST, 0, io_timeout_s=5.0, idle_timeout_s=0.5)
+    try:
+        port = srv.port
+        waiting = raw_hello(port, 1)  # a get waiting longer than the idle timeout is not idle
+        waiting.sendall(frame(bytes([OP_GET]) + s(b"never") + struct.pack("<q", 1500)))
+        pinging = raw_hello(port, 2)
+        silent = raw_hello(port, 3)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.2:  # pinged: open for 2.4 idle timeouts
+            pinging.sendall(frame(bytes([OP_PING])))
+            assert recv_frame(pinging) == b"\x00"
+            time.sleep(0.1)
+        assert closed_by_server(silent, 1.0)  # silent for 0.5 s: closed
+        waiting.settimeout(5)
+        assert recv_frame(waiting) == b"\x01"  # the get's own timeout, then idle again
+        assert closed_by_server(waiting, 2.0)
+        with _C.TcpStore(HOST, port, 0, 5.0) as obs:
+            assert obs.dead_ranks() == []  # silence is not death
+    finally:
+        srv.close()
 
 
 def test_client_that_never_reads_replies(strict_server):

@@ -2,9 +2,11 @@
 job's secret (BAGUA_STORE_SECRET) before anything else; values and total
 bytes are bounded; keys are written once; connections in their handshake
 hold at most a tiny frame and cannot lock the ranks out; the connection cap
-stays below the descriptor limit. Last, a hostile client against a live
-3-process job: the job keeps training, no rank is reported dead, rank 0's
-memory and descriptors stay bounded.
+stays below the descriptor limit. Last, against a live 3-process job: a
+hostile client (the job keeps training, no rank is reported dead, rank 0's
+memory and descriptors stay bounded), and an authenticated client that goes
+silent (closed after the idle timeout, while the ranks, quiet for several
+idle timeouts, keep their store connections).
 """
 
 from __future__ import annotations
@@ -255,5 +257,67 @@ def test_live_job_keeps_training_under_a_hostile_client():
     assert zero["fds_growth"] < 200, zero  # idle strangers were evicted, not kept
 
 
+_SILENT = r"""
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from tests.test_store import closed_by_server, raw_hello
+sock = raw_hello(int(sys.argv[1]), 1, sys.argv[2].encode())  # holds the secret, claims rank 1
+t0 = time.monotonic()
+closed = closed_by_server(sock, 10.0)
+print("SILENT", "closed" if closed else "open", round(time.monotonic() - t0, 2), flush=True)
+"""
+
+IDLE_S = 1.0
+
+
+def quiet_main() -> int:
+    """Ranks stay quiet for four idle timeouts, then meet in the store again."""
+    import numpy as np
+
+    import bagua_core as bc
+    from tests.worker import report
+
+    g = bc.init_process_group()
+    rank = g.rank
+    silent = None
+    if rank == 0:
+        silent = subprocess.Popen([sys.executable, "-c", _SILENT, str(int(os.environ["MASTER_PORT"]) + 1),
+                                   SECRET, mp.REPO], stdout=subprocess.PIPE, text=True)
+    time.sleep(4 * IDLE_S)
+    sub = bc.new_group([0, 1, 2])  # a rendezvous through the store after the quiet time
+    x = np.full(3, rank + 1, np.float32)
+    bc.allreduce_inplace(x, group=sub)
+    assert np.all(x == 6), x
+    silent_out = silent.communicate(timeout=30)[0].split() if silent is not None else []
+    report("quiet_ranks_keep_their_store_connections", True, dead=g._ctx.store.dead_ranks(), silent=silent_out)
+    # Quiet again, then rank 2 dies without a goodbye: only a store connection
+    # that was kept open all along can tell the others.
+    time.sleep(3 * IDLE_S)
+    if rank == 2:
+        os._exit(0)
+    t0 = time.monotonic()
+    while 2 not in g._ctx.store.dead_ranks() and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    report("a_quiet_rank_that_dies_is_reported_dead", True, after_s=time.monotonic() - t0)
+    if rank == 0:
+        time.sleep(1)  # hosts the store: rank 1 may still ask it
+    os._exit(0)
+
+
+@pytest.mark.timeout(150)
+def test_silent_authenticated_clients_are_dropped_quiet_ranks_are_not():
+    run = mp.launch(__file__, 3, timeout=120, args=["quiet"],
+                    env={"BAGUA_STORE_SECRET": SECRET, "BAGUA_TIMEOUT": "30",
+                         "BAGUA_STORE_IDLE_TIMEOUT": str(IDLE_S)})
+    run.check()
+    recs = run.cases()["quiet_ranks_keep_their_store_connections"]
+    assert len(recs) == 3, run.summary()
+    assert all(rec["dead"] == [] for rec in recs.values()), recs  # silence is not death
+    tag, state, after = recs[0]["silent"]
+    assert state == "closed" and float(after) < IDLE_S + 2.0, recs[0]
+    deaths = run.cases()["a_quiet_rank_that_dies_is_reported_dead"]
+    assert sorted(deaths) == [0, 1] and all(d["after_s"] < 5 for d in deaths.values()), deaths
+
+
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    sys.exit(quiet_main() if sys.argv[1:] == ["quiet"] else worker_main())

@@ -108,9 +108,10 @@ void bind_store(py::module_& m) {
       m, "TcpStoreServer", "Rendezvous store server; serves from a background thread until close().")
       .def(py::init([](const std::string& host, int port, double io_timeout_s, const std::string& secret,
                        size_t max_value_bytes, size_t max_total_bytes, size_t max_connections,
-                       size_t max_handshakes) {
+                       size_t max_handshakes, std::optional<double> idle_timeout_s) {
              TcpStoreServerOptions o;
              o.io_timeout = to_ms(io_timeout_s, "io_timeout_s");
+             if (idle_timeout_s) o.idle_timeout = to_ms(*idle_timeout_s, "idle_timeout_s");
              o.secret = secret;
              o.max_value_bytes = max_value_bytes;
              o.max_total_bytes = max_total_bytes;
@@ -123,8 +124,11 @@ void bind_store(py::module_& m) {
            py::arg("max_total_bytes") = TcpStoreServerOptions{}.max_total_bytes,
            py::arg("max_connections") = TcpStoreServerOptions{}.max_connections,
            py::arg("max_handshakes") = TcpStoreServerOptions{}.max_handshakes,
+           py::arg("idle_timeout_s") = py::none(),
            "Listens on host:port (port 0 picks a free one). io_timeout_s bounds how long a client may take to "
-           "say hello and authenticate, finish a message or read a reply before it is disconnected. Clients "
+           "say hello and authenticate, finish a message or read a reply before it is disconnected; "
+           "idle_timeout_s (default 60; 0: never) how long an authenticated connection may stay silent "
+           "outside a blocking request (TcpStore clients ping theirs). Clients "
            "must prove they hold `secret`; a SET may store at most max_value_bytes, and the store at most "
            "max_total_bytes in all; keys are written once.")
       .def_property_readonly("host", &TcpStoreServer::host)

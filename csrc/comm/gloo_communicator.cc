@@ -15,6 +15,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
 #include "comm/op_desc.h"
+#include "common/descriptors.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
 #include "kernels/scale.h"
@@ -413,6 +415,11 @@ class GlooCommunicator : public Communicator {
         throw Error(describe() + ": rendezvous failed: " + e.what());
       } catch (const std::exception& e) {
         std::string what = e.what();
+        // Gloo says "Unable to find address for: <host>" when socket() fails.
+        if (out_of_descriptors())
+          throw Error(describe() + ": " + out_of_descriptors_message("connecting to peers (listening on '" +
+                                                                    options_.hostname + "')") +
+                      " [gloo: " + what + "]");
         if (mentions_timeout(what)) throw TimeoutError(describe() + ": connecting timed out: " + what);
         throw Error(describe() + ": connecting to peers (listening on '" + options_.hostname +
                     "') failed: " + what);
@@ -571,6 +578,58 @@ class GlooCommunicator : public Communicator {
            (dead.size() == 1 ? " has died" : " have died");
   }
 
+  // A failed collective is said in the store (<prefix>/failed/<rank> = its
+  // op number; a broken communicator fails once), so that the ranks that
+  // never say it can be named: they did not reach the operation.
+  std::string failed_key(int r) const { return prefix_ + "/failed/" + std::to_string(r); }
+
+  void say_failed(uint64_t seq) {
+    if (!store_) return;
+    try {
+      const std::string v = std::to_string(seq);
+      store_->set(failed_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+    } catch (const std::exception&) {
+    }
+  }
+
+  // Waits briefly for the other ranks to say they failed too (those waiting
+  // with us fail at once, since we closed our connections), then names those
+  // that did not, and those that failed at another operation.
+  std::string absent_ranks_note(uint64_t seq) {
+    if (!store_) return "";
+    std::vector<int> absent, elsewhere;
+    std::vector<uint64_t> their_ops;
+    try {
+      // Short enough that the engine's watchdog (1.5 x timeout) sees this error, not its own.
+      const auto deadline = std::chrono::steady_clock::now() + std::min(options_.timeout / 4, milliseconds(2000));
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) keys.push_back(failed_key(r));
+      while (!store_->check(keys) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(milliseconds(50));
+      for (int r = 0; r < size_; ++r) {
+        if (!store_->check({keys[r]})) {
+          absent.push_back(r);
+          continue;
+        }
+        const std::vector<uint8_t> v = store_->get(keys[r], milliseconds(1000));
+        const uint64_t op = std::strtoull(std::string(v.begin(), v.end()).c_str(), nullptr, 10);
+        if (op != seq) {
+          elsewhere.push_back(r);
+          their_ops.push_back(op);
+        }
+      }
+    } catch (const std::exception& e) {
+      return std::string("; which ranks did not reach op #") + std::to_string(seq) + " is unknown: " + e.what();
+    }
+    std::string note;
+    if (!absent.empty())
+      note += (absent.size() == 1 ? "; rank " : "; ranks ") + join_ranks(absent) + " did not reach op #" +
+              std::to_string(seq) + " (stuck or busy elsewhere)";
+    for (size_t i = 0; i < elsewhere.size(); ++i)
+      note += "; rank " + std::to_string(elsewhere[i]) + " failed at op #" + std::to_string(their_ops[i]);
+    return note;
+  }
+
   [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what,
                          FailureKind kind) {
     std::string msg = describe() + ": " + to_string(d) +
@@ -589,9 +648,13 @@ class GlooCommunicator : public Communicator {
     }
     // Close first: peers blocked on us should not wait for the store query.
     break_connections(msg + " [gloo: " + what + "]");
+    const bool collective = !d.has_peer() && kind != kOther;
+    if (collective) say_failed(seq);
     int dead = -1;
     msg += dead_ranks_note(kind, &dead);
-    if (kind == kTimedOut && dead < 0)
+    const std::string absent = collective && dead < 0 ? absent_ranks_note(seq) : "";
+    msg += absent;
+    if (kind == kTimedOut && dead < 0 && absent.empty())
       msg += " (a peer may be stuck, or may have skipped or reordered this operation)";
     msg += " [gloo: " + what + "]";
     broken_ = msg;

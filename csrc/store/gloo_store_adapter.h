@@ -28,7 +28,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
   std::vector<char> get(const std::string& key) override {
     std::vector<uint8_t> v;
-    in_slices(store_->timeout(), "get of key '" + full(key) + "'",
+    in_slices(store_->timeout(), "get of key '" + full(key) + "'", {key},
               [&](std::chrono::milliseconds t) { v = store_->get(full(key), t); });
     return std::vector<char>(v.begin(), v.end());
   }
@@ -41,7 +41,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     for (const auto& k : keys) full_keys.push_back(full(k));
     // Never shorter than the store's timeout: Gloo passes its context
     // timeout, which the communicator shortens for the connect phase.
-    in_slices(std::max(timeout, store_->timeout()), "wait for " + std::to_string(keys.size()) + " keys",
+    in_slices(std::max(timeout, store_->timeout()), "wait for " + std::to_string(keys.size()) + " keys", keys,
               [&](std::chrono::milliseconds t) { store_->wait(full_keys, t); });
   }
 
@@ -53,17 +53,18 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
   // Runs a blocking store call in slices of at most a second and fails fast,
   // with PeerError naming them, once the store reports ranks dead: their keys
-  // would never come.
+  // would never come. On timeout, names the ranks whose keys are still missing.
   template <typename Call>
-  void in_slices(std::chrono::milliseconds timeout, const std::string& what, Call&& call) {
+  void in_slices(std::chrono::milliseconds timeout, const std::string& what, const std::vector<std::string>& keys,
+                 Call&& call) {
     using Clock = std::chrono::steady_clock;
     const auto deadline = Clock::now() + timeout;
     for (;;) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       try {
         return call(std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(1000))));
-      } catch (const TimeoutError&) {
-        if (Clock::now() >= deadline) throw;
+      } catch (const TimeoutError& e) {
+        if (Clock::now() >= deadline) throw TimeoutError(e.what() + missing_ranks_note(keys));
       }
       std::vector<int> dead = store_->dead_ranks();
       if (!dead.empty()) {
@@ -74,6 +75,24 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
                         dead[0]);
       }
     }
+  }
+
+  std::string missing_ranks_note(const std::vector<std::string>& keys) {
+    std::string ranks;
+    size_t n = 0;
+    try {
+      for (const auto& k : keys) {
+        // Gloo names a rank's keys "<n>" or "rank_<n>".
+        const std::string r = k.compare(0, 5, "rank_") == 0 ? k.substr(5) : k;
+        if (r.empty() || r.find_first_not_of("0123456789") != std::string::npos) continue;
+        if (store_->check({full(k)})) continue;
+        ranks += (n++ ? ", " : "") + r;
+      }
+    } catch (const std::exception&) {
+      return "";
+    }
+    if (n == 0) return "";
+    return (n == 1 ? "; group rank " : "; group ranks ") + ranks + " did not come to the rendezvous";
   }
 
   StorePtr store_;

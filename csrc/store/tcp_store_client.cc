@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/descriptors.h"
 #include "common/error.h"
 #include "common/sha256.h"
 #include "store/tcp_store_protocol.h"
@@ -94,6 +95,8 @@ struct IoLost {
 // One socket to the server. Used by one call at a time; closed on destruction.
 struct TcpStore::Conn {
   int fd = -1;
+  milliseconds server_idle{0};  // the server's idle timeout (0: none), told at authentication
+  Clock::time_point last_used = Clock::now();
 
   explicit Conn(int f) : fd(f) {}
   ~Conn() {
@@ -158,6 +161,13 @@ struct TcpStore::Conn {
     return body;
   }
 
+  // Whether the server closed this (pooled, quiet) connection: it then reads
+  // as end of stream. Nothing else may arrive on a connection with no request.
+  bool closed_by_server() const {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR));
+  }
+
   // Best effort, without waiting: queued behind a pending request, the server
   // still reads it as a clean goodbye when the connection closes.
   void goodbye_nowait() {
@@ -194,6 +204,12 @@ TcpStore::TcpStore(const std::string& host, int port, int rank, milliseconds tim
   if (port <= 0 || port > 65535) throw InvalidArgument("TcpStore: port " + std::to_string(port) + " is out of range");
   const milliseconds connect = connect_timeout.count() > 0 ? std::min(connect_timeout, timeout_) : timeout_;
   idle_.push_back(open_conn(Clock::now() + connect, /*retry=*/true));
+  const milliseconds server_idle = idle_.back()->server_idle;
+  if (server_idle.count() > 0) {
+    // Four pings per idle period: a loaded host may delay one or two.
+    const milliseconds every = std::max(milliseconds(10), server_idle / 4);
+    keep_alive_ = std::make_unique<std::thread>([this, every] { keep_alive_loop(every); });
+  }
 }
 
 TcpStore::~TcpStore() {
@@ -201,6 +217,63 @@ TcpStore::~TcpStore() {
     close();
   } catch (...) {
   }
+  if (keep_alive_ && getpid() != pid_) {
+    (void)keep_alive_.release();  // a forked child: the thread is the parent's, leave it be
+  }
+}
+
+void TcpStore::keep_alive_loop(milliseconds every) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (state_ == State::kOpen) {
+    stop_cv_.wait_for(lock, every / 2);
+    if (state_ != State::kOpen) return;
+    // Take out the connections that have been quiet for `every`, ping them
+    // without the lock (a caller meanwhile opens another connection).
+    const auto now = Clock::now();
+    std::vector<std::unique_ptr<Conn>> quiet;
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if (now - (*it)->last_used >= every) {
+        quiet.push_back(std::move(*it));
+        it = idle_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (quiet.empty()) continue;
+    lock.unlock();
+    const std::string ping = proto::Writer().u8(proto::kPing).finish();
+    for (auto& c : quiet) {
+      bool sent = false;
+      try {
+        std::string body = c->exchange(ping, Clock::now() + std::max(every, milliseconds(1000)), timeout_, &sent);
+        if (body.size() != 1 || uint8_t(body[0]) != proto::kOk) c.reset();
+      } catch (const IoTimeout&) {
+        if (sent) c->goodbye_nowait();  // out of step: close it cleanly
+        c.reset();
+      } catch (const IoLost&) {
+        c.reset();  // acquire() opens a new one when needed
+      }
+      if (c) c->last_used = Clock::now();
+    }
+    lock.lock();
+    for (auto& c : quiet) {
+      if (c && state_ == State::kOpen && idle_.size() < kMaxIdleConns) idle_.push_back(std::move(c));
+    }
+    // Not taken back (closed meanwhile, or the pool filled up): a goodbye,
+    // so that the server does not take this rank for dead.
+    const bool lost_store = state_ == State::kLost;
+    lock.unlock();
+    for (auto& c : quiet)
+      if (c && !lost_store) c->goodbye(timeout_);
+    quiet.clear();
+    lock.lock();
+  }
+}
+
+void TcpStore::stop_keep_alive() {
+  if (!keep_alive_ || getpid() != pid_) return;
+  stop_cv_.notify_all();
+  if (keep_alive_->joinable() && keep_alive_->get_id() != std::this_thread::get_id()) keep_alive_->join();
 }
 
 std::string TcpStore::endpoint() const {
@@ -227,10 +300,15 @@ std::unique_ptr<TcpStore::Conn> TcpStore::open_conn(Clock::time_point deadline, 
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
     int rc = getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (rc != 0 && out_of_descriptors())  // resolving needs a descriptor too
+      throw Error(out_of_descriptors_message("connecting to the rendezvous store at " + endpoint()));
     if (rc != 0) last_error = std::string("cannot resolve host: ") + gai_strerror(rc);
     for (addrinfo* ai = rc == 0 ? res : nullptr; ai && !conn; ai = ai->ai_next) {
       int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
       if (fd < 0) {
+        // Waiting will not free descriptors: say so now.
+        if (errno == EMFILE || errno == ENFILE)
+          throw Error(out_of_descriptors_message("connecting to the rendezvous store at " + endpoint()));
         last_error = std::strerror(errno);
         continue;
       }
@@ -304,10 +382,11 @@ std::unique_ptr<TcpStore::Conn> TcpStore::open_conn(Clock::time_point deadline, 
           throw Error("the rendezvous store at " + endpoint() + " refused this client: " + a.str(1 << 20));
         }
         if (status != proto::kOk) throw Error("the rendezvous store at " + endpoint() + ": bad authentication reply");
+        if (!a.at_end()) conn->server_idle = milliseconds(std::max<int64_t>(0, a.i64()));
         return conn;
       }
     }
-    if (!retry) lost("cannot open another connection: " + last_error);
+    if (!retry) throw IoLost{"cannot open another connection: " + last_error};
     auto now = Clock::now();
     if (now >= deadline) {
       throw TimeoutError("could not connect to the rendezvous store at " + endpoint() + " (rank 0) within " +
@@ -327,20 +406,26 @@ std::unique_ptr<TcpStore::Conn> TcpStore::acquire() {
       throw Error("the rendezvous store at " + endpoint() + " (rank 0) is unreachable: " + lost_reason_);
     }
     if (state_ == State::kClosed) throw Error("TcpStore to " + endpoint() + " is closed");
-    if (!idle_.empty()) {
+    while (!idle_.empty()) {
       auto c = std::move(idle_.back());
       idle_.pop_back();
-      return c;
+      // Closed for silence while this process was frozen: use another one.
+      if (!c->closed_by_server()) return c;
     }
   }
   // Every connection is busy (another thread is blocked in a call): open one more.
-  return open_conn(Clock::now() + timeout_, /*retry=*/false);
+  try {
+    return open_conn(Clock::now() + timeout_, /*retry=*/false);
+  } catch (const IoLost& e) {
+    lost(e.why);
+  }
 }
 
 void TcpStore::release(std::unique_ptr<Conn> c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kOpen && idle_.size() < kMaxIdleConns) {
+      c->last_used = Clock::now();
       idle_.push_back(std::move(c));
       return;
     }
@@ -376,6 +461,7 @@ void TcpStore::lost(const std::string& why) {
       state_ = State::kLost;
       lost_reason_ = why + " (did rank 0 exit?)";
       idle_.clear();
+      stop_cv_.notify_all();
     }
     reason = state_ == State::kLost ? lost_reason_ : why;
   }
@@ -402,6 +488,7 @@ void TcpStore::close() {
     conns.swap(idle_);
     state_ = State::kClosed;
   }
+  stop_keep_alive();
   // In a forked child the sockets are the parent's: close our copies silently.
   if (getpid() != pid_) return;
   for (auto& c : conns) c->goodbye(timeout_);

@@ -2,15 +2,23 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "store/store.h"
 
 namespace bagua {
 
+// The server closes authenticated connections that stay silent for its idle
+// timeout (it says how long when this client authenticates); a background
+// thread pings every pooled connection well within that bound, so a rank may
+// stay quiet between rendezvous for as long as it likes. A pooled connection
+// that was closed anyway (the process was frozen meanwhile) is replaced once,
+// transparently, before a request is given up as lost.
 class TcpStore : public Store {
  public:
   // Connects to the server at host:port, retrying until `timeout` (the server
@@ -56,6 +64,8 @@ class TcpStore : public Store {
   // the reply body. `reply_deadline` bounds the wait for the reply.
   std::string roundtrip(const std::string& frame, Clock::time_point reply_deadline, const std::string& what);
   std::unique_ptr<Conn> open_conn(Clock::time_point deadline, bool retry);
+  void keep_alive_loop(std::chrono::milliseconds every);
+  void stop_keep_alive();
   std::unique_ptr<Conn> acquire();
   void release(std::unique_ptr<Conn> c);
   [[noreturn]] void lost(const std::string& why);
@@ -71,7 +81,11 @@ class TcpStore : public Store {
   const int pid_;  // a forked child must not touch the parent's sockets
 
   std::mutex mu_;
+  std::condition_variable stop_cv_;
   std::vector<std::unique_ptr<Conn>> idle_;
+  // Pings idle connections; started once the server names its idle timeout.
+  // A pointer, so that a forked child can leave the parent's thread alone.
+  std::unique_ptr<std::thread> keep_alive_;
   enum class State { kOpen, kLost, kClosed } state_ = State::kOpen;
   std::string lost_reason_;
 };

@@ -35,7 +35,7 @@ static_assert(kMaxKeysPerRequest * (kMaxKeySize + 4) + 64 < kMaxFrameSize, "wait
 
 enum Op : uint8_t {
   kHello = 1,      // u32 magic, u32 version, i32 rank      -> OK u32 magic, 32-byte nonce
-  kAuth = 9,       // 32-byte HMAC-SHA256(secret, auth_message(nonce, rank)) -> OK | ERROR
+  kAuth = 9,       // 32-byte HMAC-SHA256(secret, auth_message(nonce, rank)) -> OK i64 idle_timeout_ms | ERROR
   kSet = 2,        // str key, str value                    -> OK
   kGet = 3,        // str key, i64 timeout_ms               -> OK str value | TIMEOUT
   kAdd = 4,        // str key, i64 delta                    -> OK i64 | ERROR
@@ -43,6 +43,7 @@ enum Op : uint8_t {
   kCheck = 6,      // u32 n, n x str key                    -> OK u8
   kDeadRanks = 7,  //                                       -> OK u32 n, n x i32
   kGoodbye = 8,    //                                       -> OK, then the server closes
+  kPing = 10,      //                                       -> OK (keeps an idle connection open)
 };
 
 enum Status : uint8_t {

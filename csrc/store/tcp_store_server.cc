@@ -61,12 +61,16 @@ struct Conn {
   Clock::time_point partial_since;  // last progress of the unfinished frame
   bool partial = false;
   Clock::time_point out_since;      // last progress sending replies
+  Clock::time_point last_active;    // last bytes received or last reply fully sent
 
   enum class Pending { kNone, kGet, kWait } pending = Pending::kNone;
   std::vector<std::string> pending_keys;
   Clock::time_point pending_deadline;
 
   size_t buffered() const { return in.size() - in_off; }
+  // Authenticated, nothing waiting, nothing unsent, nothing half received:
+  // only a keep-alive ping or a new request is expected.
+  bool idle() const { return hello && pending == Pending::kNone && !has_output() && !partial; }
   // Input buffered at most: a whole frame once authenticated, a tiny one before.
   size_t max_buffered() const { return hello ? kMaxBuffered : proto::kMaxHandshakeFrame + 4; }
   bool has_output() const { return out_off < out.size(); }
@@ -281,6 +285,7 @@ int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
     if (c.partial) next = std::min(next, c.partial_since + options.io_timeout);
     if (c.has_output()) next = std::min(next, c.out_since + options.io_timeout);
     if (c.pending != Conn::Pending::kNone) next = std::min(next, c.pending_deadline);
+    if (c.idle() && options.idle_timeout.count() > 0) next = std::min(next, c.last_active + options.idle_timeout);
   }
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
   return int(std::max<int64_t>(0, ms));
@@ -324,6 +329,7 @@ void TcpStoreServer::Impl::accept_all() {
     c->fd = fd;
     c->id = next_id++;
     c->accepted = Clock::now();
+    c->last_active = c->accepted;
     conns.emplace(c->id, std::move(c));
   }
 }
@@ -347,7 +353,7 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
     ssize_t n = ::recv(c.fd, &c.in[at], want, 0);
     if (n > 0) {
       c.in.resize(at + size_t(n));
-      c.partial_since = Clock::now();  // progress: the stall clock restarts
+      c.partial_since = c.last_active = Clock::now();  // progress: the stall and idle clocks restart
       continue;  // until EAGAIN
     }
     c.in.resize(at);
@@ -382,6 +388,7 @@ void TcpStoreServer::Impl::flush(Conn& c) {
   }
   c.out.clear();
   c.out_off = 0;
+  c.last_active = Clock::now();  // a get answered after a long wait is not idle yet
   if (c.goodbye) drop(c);
 }
 
@@ -545,6 +552,11 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       reply(c, w.finish());
       return true;
     }
+    case proto::kPing: {
+      if (!r.at_end()) return false;
+      reply_status(c, proto::kOk);
+      return true;
+    }
     case proto::kGoodbye: {
       if (!r.at_end()) return false;
       c.goodbye = true;
@@ -596,7 +608,7 @@ bool TcpStoreServer::Impl::handshake(Conn& c, uint8_t op, proto::Reader& r) {
   }
   c.hello = true;
   if (c.rank >= 0) dead.erase(c.rank);  // a rank that reconnects is alive again
-  reply_status(c, proto::kOk);
+  reply(c, proto::Writer().u8(proto::kOk).i64(options.idle_timeout.count()).finish());
   return true;
 }
 
@@ -657,7 +669,12 @@ void TcpStoreServer::Impl::check_timers(Clock::time_point now) {
     bool stalled = (!c.hello && now >= c.accepted + options.io_timeout) ||
                    (c.partial && now >= c.partial_since + options.io_timeout) ||
                    (c.has_output() && now >= c.out_since + options.io_timeout);
-    if (stalled) drop(c);
+    if (stalled) {
+      drop(c);
+    } else if (c.idle() && options.idle_timeout.count() > 0 && now >= c.last_active + options.idle_timeout) {
+      c.goodbye = true;  // silence is not death: a frozen rank is found by its peers' timeouts
+      drop(c);
+    }
   }
   // Forget waiter lists whose connections are all gone.
   if (waiters.size() > 1024) {

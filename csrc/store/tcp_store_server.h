@@ -5,7 +5,8 @@
 // oversized or truncated message, or nothing at all, loses its own connection
 // and nothing else. Clients say hello with their rank and prove they hold the
 // job's secret; a connection that closes without a goodbye marks that rank
-// dead (see Store::dead_ranks). Keys are written once (a SET of an existing
+// dead (see Store::dead_ranks). An authenticated connection that goes silent
+// outside a blocking request is closed after idle_timeout. Keys are written once (a SET of an existing
 // key with another value is refused), so a rendezvous cannot be rewritten.
 #pragma once
 
@@ -20,6 +21,12 @@ struct TcpStoreServerOptions {
   // connection that makes no progress for this long, in the middle of sending
   // a message or while not reading its replies, is closed.
   std::chrono::milliseconds io_timeout{std::chrono::seconds(30)};
+  // An authenticated connection that sends nothing for this long while it
+  // has no request waiting and no reply unsent is closed (without reporting
+  // its rank dead). The server tells every client this bound when it
+  // authenticates; TcpStore pings its idle connections well within it, so a
+  // live rank keeps its connections however long it is quiet. Zero: never.
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
   // More simultaneous connections than this are refused (closed at once);
   // never more than half the process's descriptor limit (RLIMIT_NOFILE), so
   // the store cannot starve the rank that runs it.
