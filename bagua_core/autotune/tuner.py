@@ -1,0 +1,163 @@
+"""Rank 0's search for a bucket plan: the sampler loop and its bookkeeping.
+
+A plan is a bucket size (``2**bucket_size_2p`` bytes, ``bucket_size_2p`` in
+[10, 31] as in Bagua 0.9, but at most the first power of two that holds every
+gradient: larger sizes all make one bucket) applied to the tensors in the order they became
+ready in backward. The first sample is the plan training started with (the
+default size, registration order); the next ones are asked of optuna (TPE,
+seeded, so a run is reproducible up to the measured speeds). A size whose
+buckets are the same as an already measured size's gets that score without
+being measured again. After ``max_samples`` samples the best measured plan is
+kept for the rest of training.
+
+Timing (as Bagua 0.9): nothing is measured during the first ``warmup_s``
+seconds; then each plan is measured for at least ``confidence_s`` seconds
+(and two steps), starting with the step after it was applied, so the
+re-bucketing itself is not counted. Score: gradient bytes per second of the
+median step, in GB/s. The tuner is fed times and step numbers; it never
+reads a clock or a store itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+from typing import Callable, Dict, Hashable, Tuple, List, NamedTuple, Optional
+
+MIN_2P = 10
+MAX_2P = 31
+
+
+class Sample(NamedTuple):
+    train_iter: int  # step at which the measurement ended
+    plan_id: int
+    bucket_bytes: int
+    num_buckets: int
+    score_gbps: float
+    median_step_s: float
+
+
+class Tuner:
+    """``partition(bucket_bytes)`` gives the buckets a size makes, as a tuple
+    (one hashable entry per bucket; equal tuples: the same plan)."""
+
+    LOG_FIELDS = ("train_iter", "plan_id", "bucket_size_2p", "bucket_bytes", "num_buckets", "score_gbps",
+                  "median_step_s")
+
+    def __init__(self, default_bucket_bytes: int, payload_bytes: int, max_samples: int, warmup_s: float,
+                 confidence_s: float, partition: Callable[[int], Tuple[Hashable, ...]], log_path: Optional[str] = None,
+                 seed: int = 0):
+        import optuna  # only rank 0 of an autotuned run needs it
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._optuna = optuna
+        self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+        self.payload_bytes = int(payload_bytes)
+        self.max_2p = min(MAX_2P, max(MIN_2P, math.ceil(math.log2(max(1, self.payload_bytes)))))
+        self.max_samples = int(max_samples)
+        self.warmup_s = float(warmup_s)
+        self.confidence_s = float(confidence_s)
+        self.partition = partition
+        self.log_path = log_path
+        self.samples: List[Sample] = []
+        self.completed = False
+        self.current_bytes = int(default_bucket_bytes)
+        self.current_id = 0
+        self._trial = None  # the optuna trial of the current plan (None: the default plan)
+        self._scores: Dict[Hashable, float] = {}
+        self._since: Optional[float] = None  # start of the current measurement
+        self._warm = self.warmup_s <= 0
+        self._steps: List[float] = []
+        if log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            with open(log_path, "w", newline="") as f:
+                csv.writer(f).writerow(self.LOG_FIELDS)
+
+    # ---- feeding ----
+    def started(self, now: float) -> None:
+        """Training (with the default plan) starts at ``now`` (seconds)."""
+        self._since = now
+
+    def observe_step(self, seconds: float) -> None:
+        """The duration of one training step of the current plan."""
+        self._steps.append(float(seconds))
+
+    # ---- deciding ----
+    def decide(self, now: float, train_iter: int) -> Optional[int]:
+        """At a decision point: the bucket size of the next plan to apply, or
+        None to keep the current one. Sets :attr:`completed` once the best plan
+        is chosen (its size is returned, once)."""
+        if self.completed:
+            return None
+        if self._since is None:
+            self._since = now
+        if not self._warm:
+            if now - self._since < self.warmup_s:
+                return None
+            self._warm = True
+            self._restart(now)
+            return None
+        if now - self._since < self.confidence_s or len(self._steps) < 2:
+            return None
+        self._record(train_iter)
+        while len(self.samples) < self.max_samples:
+            size = self._ask()
+            cached = self._scores.get(self.partition(size))
+            if cached is None:
+                return self._apply(size, now)
+            self.study.tell(self._trial, cached)  # the same buckets: no need to measure again
+            self._trial = None
+            sample = Sample(train_iter, -1, size, len(self.partition(size)), cached, 0.0)
+            self.samples.append(sample)
+            self._log(sample)
+        self.completed = True
+        best = max(self.samples, key=lambda s: s.score_gbps)
+        if self.partition(best.bucket_bytes) == self.partition(self.current_bytes):
+            return None
+        return self._apply(best.bucket_bytes, now)
+
+    def best(self) -> Optional[Sample]:
+        return max(self.samples, key=lambda s: s.score_gbps) if self.samples else None
+
+    # ---- internals ----
+    def _restart(self, now: float) -> None:
+        self._since = now
+        self._steps = []
+
+    def _apply(self, size: int, now: float) -> int:
+        self.current_bytes = size
+        self.current_id += 1
+        self._restart(now)
+        return size
+
+    def _ask(self) -> int:
+        self._trial = self.study.ask()
+        return 2 ** self._trial.suggest_int("bucket_size_2p", MIN_2P, self.max_2p)
+
+    def _record(self, train_iter: int) -> None:
+        # The first step after a switch paid for the re-bucketing: not counted.
+        steps = self._steps[1:] if len(self._steps) > 2 else self._steps
+        median = statistics.median(steps)
+        score = self.payload_bytes / median / 1e9 if median > 0 else 0.0
+        size = self.current_bytes
+        if self._trial is not None:
+            self.study.tell(self._trial, score)
+            self._trial = None
+        else:  # the default plan: tell optuna about it too, at its nearest power of two
+            p = min(self.max_2p, max(MIN_2P, round(math.log2(size))))
+            dist = {"bucket_size_2p": self._optuna.distributions.IntDistribution(MIN_2P, self.max_2p)}
+            self.study.add_trial(self._optuna.trial.create_trial(params={"bucket_size_2p": p}, distributions=dist,
+                                                                 value=score))
+        self._scores[self.partition(size)] = score
+        sample = Sample(train_iter, self.current_id, size, len(self.partition(size)), score, median)
+        self.samples.append(sample)
+        self._log(sample)
+
+    def _log(self, s: Sample) -> None:
+        if not self.log_path:
+            return
+        with open(self.log_path, "a", newline="") as f:
+            csv.writer(f).writerow([s.train_iter, s.plan_id, int(round(math.log2(s.bucket_bytes))), s.bucket_bytes,
+                                    s.num_buckets, f"{s.score_gbps:.6g}", f"{s.median_step_s:.6g}"])
