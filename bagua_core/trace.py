@@ -6,7 +6,10 @@ per-bucket timings, with the framework's own phases on the same timeline.
 closing the JSON array when the process exits (or :func:`close`). A file cut
 short by a crash still opens in Perfetto (the trace format allows a missing
 ``]``). ``python -m bagua_core.trace merge out.json path.rank*.json`` joins
-the ranks into one file (each rank is its own process row, ``pid`` = rank).
+the ranks into one file (each rank is its own process row, ``pid`` = rank);
+``python -m bagua_core.trace summary path.rank*.json`` prints, per rank and
+model, the median per step of the communication time and of the share of it
+that ran before backward ended (the overlap the engine buys).
 
 Per wrapped model, step and bucket the engine records (``Engine.timings()``,
 monotonic clock, ns) when the bucket's last tensor became **ready**, when it
@@ -36,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from bagua_core import config
 
-_FLUSH_EVENTS = 2000
+_FLUSH_RECORDS = 512  # steps and spans kept before they are formatted and written
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -52,7 +55,8 @@ class TraceWriter:
         self.path = path
         self.rank = int(rank)
         self._lock = threading.Lock()
-        self._pending: List[str] = []
+        self._pending: List[str] = []  # formatted events
+        self._records: list = []  # raw steps and spans
         self._tids: Dict[Tuple[str, str], int] = {}
         self._first = True
         self._closed = False
@@ -77,40 +81,55 @@ class TraceWriter:
                         "args": {"sort_index": tid}})
         return tid
 
-    def _slice(self, model: str, lane: str, name: str, start_ns: int, end_ns: int, args: dict) -> None:
-        self._emit({"name": name, "cat": "bagua", "ph": "X", "pid": self.rank, "tid": self._tid(model, lane),
-                    "ts": start_ns / 1000.0, "dur": max(0, end_ns - start_ns) / 1000.0, "args": args})
-
+    # The step path only appends raw numbers; events are formatted when written.
     def engine_step(self, model: str, step: int, bucket_names: Sequence[str], timings: Sequence[tuple]) -> None:
         """One engine step: ``timings[i]`` = (ready, launch, start, end) ns of bucket i."""
         with self._lock:
-            if self._closed:
-                return
-            for i, (name, (ready, launch, start, end)) in enumerate(zip(bucket_names, timings)):
-                args = {"model": model, "step": int(step), "bucket": i, "bucket_name": name, "ready_ns": ready,
-                        "launch_ns": launch, "start_ns": start, "end_ns": end}
-                lane = f"bucket {i}"
-                if 0 <= ready <= launch:
-                    self._slice(model, lane, "waits for earlier buckets", ready, launch, args)
-                if 0 <= launch <= start:
-                    self._slice(model, lane, "queued", launch, start, args)
-                if 0 <= start <= end:
-                    self._slice(model, "comm thread", f"bucket {i}", start, end, args)
-            self._maybe_flush()
+            if not self._closed:
+                self._records.append((model, int(step), tuple(bucket_names), [tuple(t) for t in timings]))
+                self._maybe_flush()
 
     def span(self, model: str, name: str, start_ns: int, end_ns: int, **args) -> None:
         """A framework phase on the model's ``framework`` row."""
         with self._lock:
-            if self._closed or start_ns < 0 or end_ns < start_ns:
-                return
-            self._slice(model, "framework", name, start_ns, end_ns, {"model": model, **args})
-            self._maybe_flush()
+            if not self._closed and 0 <= start_ns <= end_ns:
+                self._records.append((model, name, start_ns, end_ns, args))
+                self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if len(self._pending) >= _FLUSH_EVENTS:
+        if len(self._records) >= _FLUSH_RECORDS:
             self._flush()
 
+    def _format(self, record: tuple) -> None:
+        pid = self.rank
+        if len(record) == 5:  # a framework span
+            model, name, start, end, args = record
+            self._emit({"name": name, "cat": "bagua", "ph": "X", "pid": pid, "tid": self._tid(model, "framework"),
+                        "ts": start / 1000.0, "dur": (end - start) / 1000.0, "args": {"model": model, **args}})
+            return
+        model, step, names, timings = record
+        quoted = json.dumps(model)
+        comm_tid = self._tid(model, "comm thread")
+        out = self._pending
+        for i, (name, (ready, launch, start, end)) in enumerate(zip(names, timings)):
+            args = (f'{{"model":{quoted},"step":{step},"bucket":{i},"bucket_name":{json.dumps(name)},'
+                    f'"ready_ns":{ready},"launch_ns":{launch},"start_ns":{start},"end_ns":{end}}}')
+            tid = self._tid(model, f"bucket {i}")
+            head = f'{{"cat":"bagua","ph":"X","pid":{pid},'
+            if 0 <= ready <= launch:
+                out.append(f'{head}"tid":{tid},"name":"waits for earlier buckets","ts":{ready / 1000.0},'
+                           f'"dur":{(launch - ready) / 1000.0},"args":{args}}}')
+            if 0 <= launch <= start:
+                out.append(f'{head}"tid":{tid},"name":"queued","ts":{launch / 1000.0},'
+                           f'"dur":{(start - launch) / 1000.0},"args":{args}}}')
+            if 0 <= start <= end:
+                out.append(f'{head}"tid":{comm_tid},"name":"bucket {i}","ts":{start / 1000.0},'
+                           f'"dur":{(end - start) / 1000.0},"args":{args}}}')
+
     def _flush(self) -> None:
+        for record in self._records:
+            self._format(record)
+        self._records.clear()
         if not self._pending:
             return
         text = ",\n".join(self._pending)
@@ -174,14 +193,60 @@ def merge(out: str, inputs: Sequence[str]) -> int:
     return len(events)
 
 
+def summary(events: Sequence[dict]) -> Dict[Tuple[int, str], dict]:
+    """Per (rank, model): steps, buckets, and the medians over steps of the
+    communication time (ms, sum over buckets of start -> end), of its share
+    that ran before backward ended, and of forward start -> backward end (ms)."""
+    import statistics
+
+    comm: Dict[tuple, List[Tuple[int, int]]] = {}
+    backward_end: Dict[tuple, Tuple[int, int]] = {}
+    buckets: Dict[tuple, set] = {}
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("ph") != "X" or "model" not in a:
+            continue
+        key = (e["pid"], a["model"], a.get("step"))
+        if "start_ns" in a and e["name"].startswith("bucket "):
+            comm.setdefault(key, []).append((a["start_ns"], a["end_ns"]))
+            buckets.setdefault(key[:2], set()).add(a["bucket"])
+        elif e["name"] == "forward start -> backward end":
+            start = int(round(e["ts"] * 1000))
+            backward_end[key] = (start, start + int(round(e["dur"] * 1000)))
+    per: Dict[Tuple[int, str], dict] = {}
+    for key, spans in comm.items():
+        total = sum(end - start for start, end in spans)
+        row = per.setdefault(key[:2], {"comm_ms": [], "overlap": [], "step_ms": []})
+        row["comm_ms"].append(total / 1e6)
+        if key in backward_end:
+            f0, b1 = backward_end[key]
+            before = sum(max(0, min(end, b1) - start) for start, end in spans)
+            row["overlap"].append(before / total if total else 0.0)
+            row["step_ms"].append((b1 - f0) / 1e6)
+    out = {}
+    for k, row in per.items():
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        out[k] = {"steps": len(row["comm_ms"]), "buckets": len(buckets[k]), "comm_ms": med(row["comm_ms"]),
+                  "overlap": med(row["overlap"]), "forward_backward_ms": med(row["step_ms"])}
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[0] != "merge":
-        print("usage: python -m bagua_core.trace merge OUT.json RANK_TRACE.json...", file=sys.stderr)
-        return 2
-    n = merge(argv[1], argv[2:])
-    print(f"{argv[1]}: {n} events from {len(argv) - 2} file(s)")
-    return 0
+    if len(argv) >= 3 and argv[0] == "merge":
+        n = merge(argv[1], argv[2:])
+        print(f"{argv[1]}: {n} events from {len(argv) - 2} file(s)")
+        return 0
+    if len(argv) >= 2 and argv[0] == "summary":
+        events = [e for p in argv[1:] for e in load(p)]
+        for (rank, model), r in sorted(summary(events).items()):
+            print(f"rank {rank} {model}: {r['steps']} steps, {r['buckets']} buckets; per step (median): "
+                  f"communication {r['comm_ms']:.1f} ms, {100 * r['overlap']:.0f}% of it before backward ended; "
+                  f"forward start -> backward end {r['forward_backward_ms']:.1f} ms")
+        return 0
+    print("usage: python -m bagua_core.trace merge OUT.json RANK_TRACE.json...\n"
+          "       python -m bagua_core.trace summary RANK_TRACE.json...", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -14,10 +14,15 @@ batches:
                 ``--confidence`` s after ``--warmup`` s, a decision every
                 ``--interval`` steps), then with the chosen plan
 
+With ``--trace PATH`` a third copy, ``default traced``, trains with the
+default plan and ``BAGUA_TRACE=PATH`` (files ``PATH.rank<r>.json``): its
+throughput shows what tracing costs, and its trace's summary (communication
+per step, share overlapped with backward) is printed at the end.
+
 Then ``--rounds`` rounds of ``--steps`` timed steps of each (between
-barriers, every other round in reverse order, so both see the same load).
-Printed: both plans, the median samples/s of each over the rounds and the
-median of the per-round ratios autotuned / default.
+barriers, every other round in reverse order, so all see the same load).
+Printed: the plans, the median samples/s of each over the rounds and the
+median of the per-round ratios to the default.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=float, default=1.0, help="BAGUA_AUTOTUNE_WARMUP_TIME_S (default 1.0)")
     p.add_argument("--interval", type=int, default=10, help="BAGUA_AUTOTUNE_INTERVAL_STEPS (default 10)")
     p.add_argument("--max-tune-steps", type=int, default=1000, help="stop tuning after this many steps")
+    p.add_argument("--trace", help="also train a traced copy of the default, tracing to this path")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--nproc", type=int, default=2, help="processes (driver mode only; default 2)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds before the driver stops the run")
@@ -81,10 +87,11 @@ def work(argv) -> int:
                 torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(8)]
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def wrap(autotune: bool):
+    def wrap(autotune: bool, trace: str = ""):
         os.environ["BAGUA_AUTOTUNE"] = "1" if autotune else "0"
+        os.environ["BAGUA_TRACE"] = trace
         model = build()
-        model.bagua_module_name = "autotuned" if autotune else "default"
+        model.bagua_module_name = "autotuned" if autotune else "default traced" if trace else "default"
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         model.with_bagua([opt], bagua_torch.algorithms.GradientAllReduceAlgorithm())
         return model, opt
@@ -119,28 +126,46 @@ def work(argv) -> int:
         f"{len(session.switches)} plan switch(es) at steps {[s for s, _ in session.switches]}")
     if rank == 0 and session.tuner is not None:
         for s in session.tuner.samples:
+            same = " (same buckets as an earlier sample: not measured again)" if s.plan_id < 0 else ""
             say(f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
-                f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms")
+                f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms{same}")
     say(f"default plan:   {plan_text(default)}")
     say(f"autotuned plan: {plan_text(tuned)} (bucket size {session.plan.bucket_bytes} B, "
         f"{'readiness' if session.plan.order is not None else 'registration'} order)")
 
     train(default, default_opt, 5)
+    order = [("default", default, default_opt), ("autotuned", tuned, tuned_opt)]
+    if args.trace:
+        traced, traced_opt = wrap(False, args.trace)
+        train(traced, traced_opt, 5)
+        order.append(("default traced", traced, traced_opt))
     samples = args.steps * args.batch_size * world
-    per_round = {"default": [], "autotuned": []}
+    per_round = {name: [] for name, _, _ in order}
     for r in range(args.rounds):
-        order = [("default", default, default_opt), ("autotuned", tuned, tuned_opt)]
         for name, model, opt in (order if r % 2 == 0 else order[::-1]):
             barrier()
             t = time.perf_counter()
             train(model, opt, args.steps)
             barrier()
             per_round[name].append(samples / (time.perf_counter() - t))
-    ratio = statistics.median(a / d for a, d in zip(per_round["autotuned"], per_round["default"]))
+    ratios = {k: statistics.median(a / d for a, d in zip(v, per_round["default"])) for k, v in per_round.items()}
+    ratio = ratios["autotuned"]
     result = {k: statistics.median(v) for k, v in per_round.items()}
-    say(f"\nsamples/s (both ranks, median of {args.rounds} rounds of {args.steps} steps): default "
-        f"{result['default']:.0f}, autotuned {result['autotuned']:.0f}; autotuned/default {ratio:.3f} "
-        f"(median of per-round ratios; load average {os.getloadavg()[0]:.2f})")
+    say(f"\nsamples/s (all ranks, median of {args.rounds} rounds of {args.steps} steps; ratio to default: median "
+        f"of per-round ratios; load average {os.getloadavg()[0]:.2f}):")
+    for k in per_round:
+        say(f"  {k:15s} {result[k]:8.0f}   {ratios[k]:.3f}")
+    if args.trace:
+        from bagua_core import trace
+
+        trace.close()
+        barrier()
+        if rank == 0:
+            events = [e for r in range(world) for e in trace.load(trace.rank_path(args.trace, r))]
+            for (r, model), s in sorted(trace.summary(events).items()):
+                say(f"trace, rank {r}: {s['buckets']} buckets, per step (median) communication {s['comm_ms']:.1f} ms, "
+                    f"{100 * s['overlap']:.0f}% of it before backward ended; forward start -> backward end "
+                    f"{s['forward_backward_ms']:.1f} ms")
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"samples_per_s": result, "ratio": ratio, "rounds": per_round, "tune_steps": steps,

@@ -117,6 +117,9 @@ if __name__ == "__main__":
                 for e in backward:  # the last bucket is ready within backward
                     last = max(c["args"]["ready_ns"] for c in comm if c["args"]["step"] == e["args"]["step"])
                     assert e["ts"] * 1000 - 1000 <= last <= (e["ts"] + e["dur"]) * 1000 + 1000
+                [(key, summary)] = trace.summary(events).items()
+                assert key == (self.rank, model.bagua_ddp.module_name) and summary["steps"] == steps, summary
+                assert summary["buckets"] == len(names) and 0 <= summary["overlap"] <= 1, summary
                 self.dist.barrier()
                 if self.rank == 0:  # every rank's file, merged
                     merged = os.path.join(folder, "merged.json")

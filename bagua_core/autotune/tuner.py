@@ -32,7 +32,7 @@ MAX_2P = 31
 
 class Sample(NamedTuple):
     train_iter: int  # step at which the measurement ended
-    plan_id: int
+    plan_id: int  # -1: not measured, the buckets are those of an earlier sample (its score and step time)
     bucket_bytes: int
     num_buckets: int
     score_gbps: float
@@ -66,7 +66,7 @@ class Tuner:
         self.current_bytes = int(default_bucket_bytes)
         self.current_id = 0
         self._trial = None  # the optuna trial of the current plan (None: the default plan)
-        self._scores: Dict[Hashable, float] = {}
+        self._scores: Dict[Hashable, Sample] = {}  # measured plans by their buckets
         self._since: Optional[float] = None  # start of the current measurement
         self._warm = self.warmup_s <= 0
         self._steps: List[float] = []
@@ -107,9 +107,9 @@ class Tuner:
             cached = self._scores.get(self.partition(size))
             if cached is None:
                 return self._apply(size, now)
-            self.study.tell(self._trial, cached)  # the same buckets: no need to measure again
+            self.study.tell(self._trial, cached.score_gbps)  # the same buckets: no need to measure again
             self._trial = None
-            sample = Sample(train_iter, -1, size, len(self.partition(size)), cached, 0.0)
+            sample = cached._replace(train_iter=train_iter, plan_id=-1, bucket_bytes=size)
             self.samples.append(sample)
             self._log(sample)
         self.completed = True
@@ -150,8 +150,8 @@ class Tuner:
             dist = {"bucket_size_2p": self._optuna.distributions.IntDistribution(MIN_2P, self.max_2p)}
             self.study.add_trial(self._optuna.trial.create_trial(params={"bucket_size_2p": p}, distributions=dist,
                                                                  value=score))
-        self._scores[self.partition(size)] = score
         sample = Sample(train_iter, self.current_id, size, len(self.partition(size)), score, median)
+        self._scores[self.partition(size)] = sample
         self.samples.append(sample)
         self._log(sample)
 
