@@ -48,12 +48,12 @@ def test_warmup_then_confidence_then_samples(tmp_path):
         if got is not None:
             sizes.append(got)
         assert it < 400, "the tuner never completed"
-    assert len(t.samples) == 3
+    assert t.measured == 3 and len(sizes) >= 3
     best = t.best()
     assert best.score_gbps == max(s.score_gbps for s in t.samples)
     assert _partition(t.current_bytes) == _partition(best.bucket_bytes)  # the best plan is kept
     rows = log.read_text().splitlines()
-    assert rows[0].split(",") == list(Tuner.LOG_FIELDS) and len(rows) == 4
+    assert rows[0].split(",") == list(Tuner.LOG_FIELDS) and len(rows) == 1 + len(t.samples)
     assert t.decide(now + 100, it + 10) is None  # completed: no more decisions
 
 
@@ -67,10 +67,10 @@ def test_same_buckets_are_not_measured_twice():
         now += 1
         if t.decide(now, int(now)) is not None:
             measured += 1
-    # 8 tensors make at most 4 different plans of >= 1 MiB buckets (1, 2, 4, 8 per bucket) and the
-    # sizes < 1 MiB all make 8 buckets: at most 4 measured plans, plus the final switch
-    assert measured <= 6, measured
-    assert len(t.samples) == 12
+    # 8 tensors of 1 MiB make 4 different plans (1, 2, 4 or 8 tensors per bucket; the sizes < 1 MiB
+    # all make 8 buckets): at most 4 measured plans, plus the final switch; repeats cost no budget
+    assert t.measured <= 4 and measured <= 5, (t.measured, measured)
+    assert len(t.samples) > t.measured
 
 
 def test_settings_parse():

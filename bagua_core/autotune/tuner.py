@@ -7,8 +7,10 @@ ready in backward. The first sample is the plan training started with (the
 default size, registration order); the next ones are asked of optuna (TPE,
 seeded, so a run is reproducible up to the measured speeds). A size whose
 buckets are the same as an already measured size's gets that score without
-being measured again. After ``max_samples`` samples the best measured plan is
-kept for the rest of training.
+being measured again, and does not count as a sample. After ``max_samples``
+measured plans, or once every size was asked (or optuna asked
+``10 * max_samples`` times), the best measured plan is kept for the rest of
+training.
 
 Timing (as Bagua 0.9): nothing is measured during the first ``warmup_s``
 seconds; then each plan is measured for at least ``confidence_s`` seconds
@@ -70,6 +72,7 @@ class Tuner:
         self._since: Optional[float] = None  # start of the current measurement
         self._warm = self.warmup_s <= 0
         self._steps: List[float] = []
+        self._asked = set()  # bucket_size_2p values optuna asked for
         if log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             with open(log_path, "w", newline="") as f:
@@ -102,7 +105,9 @@ class Tuner:
         if now - self._since < self.confidence_s or len(self._steps) < 2:
             return None
         self._record(train_iter)
-        while len(self.samples) < self.max_samples:
+        sizes = self.max_2p - MIN_2P + 1
+        while (self.measured < self.max_samples and len(self._asked) < sizes
+               and len(self.study.trials) < 10 * self.max_samples):
             size = self._ask()
             cached = self._scores.get(self.partition(size))
             if cached is None:
@@ -117,6 +122,11 @@ class Tuner:
         if self.partition(best.bucket_bytes) == self.partition(self.current_bytes):
             return None
         return self._apply(best.bucket_bytes, now)
+
+    @property
+    def measured(self) -> int:
+        """Plans measured so far (the samples that count against ``max_samples``)."""
+        return sum(1 for s in self.samples if s.plan_id >= 0)
 
     def best(self) -> Optional[Sample]:
         return max(self.samples, key=lambda s: s.score_gbps) if self.samples else None
@@ -134,7 +144,9 @@ class Tuner:
 
     def _ask(self) -> int:
         self._trial = self.study.ask()
-        return 2 ** self._trial.suggest_int("bucket_size_2p", MIN_2P, self.max_2p)
+        p = self._trial.suggest_int("bucket_size_2p", MIN_2P, self.max_2p)
+        self._asked.add(p)
+        return 2 ** p
 
     def _record(self, train_iter: int) -> None:
         # The first step after a switch paid for the re-bucketing: not counted.
