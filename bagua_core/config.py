@@ -50,7 +50,7 @@ Settings (all optional):
                                  Unset: no trace, no clock reads
 ``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
                                  online (see :mod:`bagua_core.autotune`); default 0
-``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans tried before the best one is kept (default 60)
+``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans measured before the best one is kept (default 60)
 ``BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S``
                                  seconds each plan is measured (default 5.0)
 ``BAGUA_AUTOTUNE_WARMUP_TIME_S`` seconds of training before the first measurement
