@@ -116,9 +116,9 @@ class AutotuneSession:
             return None
         now = time.monotonic()
         if self.tuner is not None:
-            if self._last_time is None:
+            if self._last_step is None:
                 self.tuner.started(now)
-            elif self._last_step == step - 1:
+            elif self._last_time is not None and self._last_step == step - 1:
                 self.tuner.observe_step(now - self._last_time)
             self._last_time, self._last_step = now, step
         if step == 0 or step % self.interval:
@@ -139,9 +139,8 @@ class AutotuneSession:
         self.switches.append((step, new))
         log.logger.info("autotune %s: plan %d (buckets of %d bytes, %d bucket(s)) from step %d%s", self.model, new.id,
                         new.bucket_bytes, len(self.buckets(new)), step, " (final)" if self.completed else "")
-        # ready_order was consulted above on rank 0: the last step's timings are still there
         if self.tuner is not None:
-            self._last_time = None  # the switch itself is not a step of the new plan
+            self._last_time = None  # this step re-buckets: not a step of either plan
         return new
 
     def _key(self, what: str, n: int, rank: Optional[int] = None) -> str:

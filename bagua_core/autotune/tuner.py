@@ -14,8 +14,8 @@ training.
 
 Timing (as Bagua 0.9): nothing is measured during the first ``warmup_s``
 seconds; then each plan is measured for at least ``confidence_s`` seconds
-(and two steps), starting with the step after it was applied, so the
-re-bucketing itself is not counted. Score: gradient bytes per second of the
+(and two steps) from its decision on; the caller does not feed the step
+that switched plans, so the re-bucketing itself is not counted. Score: gradient bytes per second of the
 median step, in GB/s. The tuner is fed times and step numbers; it never
 reads a clock or a store itself.
 """
@@ -84,7 +84,8 @@ class Tuner:
         self._since = now
 
     def observe_step(self, seconds: float) -> None:
-        """The duration of one training step of the current plan."""
+        """The duration of one training step of the current plan (not the
+        step that switched to it: re-bucketing is not the plan's cost)."""
         self._steps.append(float(seconds))
 
     # ---- deciding ----
@@ -149,9 +150,7 @@ class Tuner:
         return 2 ** p
 
     def _record(self, train_iter: int) -> None:
-        # The first step after a switch paid for the re-bucketing: not counted.
-        steps = self._steps[1:] if len(self._steps) > 2 else self._steps
-        median = statistics.median(steps)
+        median = statistics.median(self._steps)
         score = self.payload_bytes / median / 1e9 if median > 0 else 0.0
         size = self.current_bytes
         if self._trial is not None:
