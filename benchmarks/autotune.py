@@ -129,6 +129,9 @@ def work(argv) -> int:
             same = " (same buckets as an earlier sample: not measured again)" if s.plan_id < 0 else ""
             say(f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
                 f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms{same}")
+        for s in session.tuner.confirmations:
+            say(f"  measured again after the search: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
+                f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms")
     say(f"default plan:   {plan_text(default)}")
     say(f"autotuned plan: {plan_text(tuned)} (bucket size {session.plan.bucket_bytes} B, "
         f"{'readiness' if session.plan.order is not None else 'registration'} order)")

@@ -9,8 +9,9 @@ seeded, so a run is reproducible up to the measured speeds). A size whose
 buckets are the same as an already measured size's gets that score without
 being measured again, and does not count as a sample. After ``max_samples``
 measured plans, or once every size was asked (or optuna asked
-``10 * max_samples`` times), the best measured plan is kept for the rest of
-training.
+``10 * max_samples`` times), the best plan and the default are measured again
+back to back (the load may have changed during the search) and the faster of
+the two is kept for the rest of training.
 
 Timing (as Bagua 0.9): nothing is measured during the first ``warmup_s``
 seconds; then each plan is measured for at least ``confidence_s`` seconds
@@ -73,6 +74,9 @@ class Tuner:
         self._warm = self.warmup_s <= 0
         self._steps: List[float] = []
         self._asked = set()  # bucket_size_2p values optuna asked for
+        self._confirm: Optional[List[int]] = None  # sizes still to measure again (after the search)
+        self.confirmations: List[Sample] = []  # the default and the best, measured again
+        self.chosen: Optional[Sample] = None  # the plan kept
         if log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             with open(log_path, "w", newline="") as f:
@@ -105,6 +109,8 @@ class Tuner:
             return None
         if now - self._since < self.confidence_s or len(self._steps) < 2:
             return None
+        if self._confirm is not None:
+            return self._confirm_next(now, train_iter)
         self._record(train_iter)
         sizes = self.max_2p - MIN_2P + 1
         while (self.measured < self.max_samples and len(self._asked) < sizes
@@ -118,11 +124,41 @@ class Tuner:
             sample = cached._replace(train_iter=train_iter, plan_id=-1, bucket_bytes=size)
             self.samples.append(sample)
             self._log(sample)
-        self.completed = True
-        best = max(self.samples, key=lambda s: s.score_gbps)
-        if self.partition(best.bucket_bytes) == self.partition(self.current_bytes):
+        return self._start_confirming(now, train_iter)
+
+    # The search measured plans one after the other, while the load may have
+    # changed: the best one and the default are measured again, back to back,
+    # and the faster of these two fresh measurements is kept.
+    def _start_confirming(self, now: float, train_iter: int) -> Optional[int]:
+        best, default = self.best(), self.samples[0]
+        if self.partition(best.bucket_bytes) == self.partition(default.bucket_bytes):
+            return self._finish(best, now)
+        order = [default.bucket_bytes, best.bucket_bytes]
+        if self.partition(self.current_bytes) == self.partition(best.bucket_bytes):
+            order.reverse()  # measure the current plan first: one switch less
+        self._confirm = order
+        if self.partition(order[0]) == self.partition(self.current_bytes):
+            self._restart(now)
             return None
-        return self._apply(best.bucket_bytes, now)
+        return self._apply(order[0], now)
+
+    def _confirm_next(self, now: float, train_iter: int) -> Optional[int]:
+        median = statistics.median(self._steps)
+        sample = Sample(train_iter, self.current_id, self.current_bytes, len(self.partition(self.current_bytes)),
+                        self.payload_bytes / median / 1e9 if median > 0 else 0.0, median)
+        self.confirmations.append(sample)
+        self._log(sample)
+        self._confirm.pop(0)
+        if self._confirm:
+            return self._apply(self._confirm[0], now)
+        return self._finish(max(self.confirmations, key=lambda x: x.score_gbps), now)
+
+    def _finish(self, chosen: Sample, now: float) -> Optional[int]:
+        self.completed = True
+        self.chosen = chosen
+        if self.partition(chosen.bucket_bytes) == self.partition(self.current_bytes):
+            return None
+        return self._apply(chosen.bucket_bytes, now)
 
     @property
     def measured(self) -> int:
@@ -130,6 +166,7 @@ class Tuner:
         return sum(1 for s in self.samples if s.plan_id >= 0)
 
     def best(self) -> Optional[Sample]:
+        """The best sample of the search (before the confirmation)."""
         return max(self.samples, key=lambda s: s.score_gbps) if self.samples else None
 
     # ---- internals ----
