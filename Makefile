@@ -46,7 +46,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
-	$(PIP) install -q "lmdb>=1.4" "redis>=5"
+	$(PIP) install -q "lmdb>=1.4" "redis>=5" "optuna>=3.4"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
 	touch $@
 

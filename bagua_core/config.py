@@ -47,6 +47,22 @@ Settings (all optional):
 ``BAGUA_STORE_IDLE_TIMEOUT``     seconds an authenticated store connection may stay
                                  silent outside a blocking request before the store
                                  closes it (default 60; ranks ping theirs well within it)
+``BAGUA_TRACE``                  path of a Chrome trace (Perfetto) of the engine's
+                                 per-bucket timings; each rank writes
+                                 ``<stem>.rank<r><suffix>`` (see :mod:`bagua_core.trace`).
+                                 Unset: no trace, no clock reads
+``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
+                                 online (see :mod:`bagua_core.autotune`); default 0
+``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans measured before the best one is kept (default 60)
+``BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S``
+                                 seconds each plan is measured (default 5.0)
+``BAGUA_AUTOTUNE_WARMUP_TIME_S`` seconds of training before the first measurement
+                                 (default 30.0)
+``BAGUA_AUTOTUNE_INTERVAL_STEPS`` steps between two autotune decisions, where every
+                                 rank meets rank 0's decision in the store (default
+                                 100, Bagua 0.9's cycle)
+``BAGUA_IS_OUTPUT_AUTOTUNE_LOG`` rank 0 writes each measured plan to
+                                 ``$TMPDIR/bagua_autotune_<model>.log`` (CSV; default off)
 ===============================  =======================================================
 
 Settings of ``baguarun`` (the multi-host launcher, :func:`ssh_settings`):
@@ -185,6 +201,13 @@ class Settings:
     store_idle_timeout_s: Optional[float] = None
     launched: bool = True  # False: neither a launcher's nor Slurm's variables were found
     log_level: Optional[str] = None
+    trace_path: Optional[str] = None
+    autotune_level: int = 0
+    autotune_max_samples: int = 60
+    autotune_sampling_confidence_time_s: float = 5.0
+    autotune_warmup_time_s: float = 30.0
+    autotune_interval_steps: int = 100
+    autotune_log: bool = False
 
     @property
     def store_limits(self) -> dict:
@@ -263,7 +286,24 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
                                              maximum=MAX_TIMEOUT_S),
         launched=launched,
         log_level=_log_level(g("BAGUA_LOG_LEVEL")),
+        trace_path=g("BAGUA_TRACE") or None,
+        autotune_level=parse_int("BAGUA_AUTOTUNE", g("BAGUA_AUTOTUNE"), 0, minimum=0),
+        autotune_max_samples=parse_int("BAGUA_AUTOTUNE_MAX_SAMPLES", g("BAGUA_AUTOTUNE_MAX_SAMPLES"), 60, minimum=1),
+        autotune_sampling_confidence_time_s=_seconds("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S",
+                                                     g("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"), 5.0),
+        autotune_warmup_time_s=_seconds("BAGUA_AUTOTUNE_WARMUP_TIME_S", g("BAGUA_AUTOTUNE_WARMUP_TIME_S"), 30.0),
+        autotune_interval_steps=parse_int("BAGUA_AUTOTUNE_INTERVAL_STEPS", g("BAGUA_AUTOTUNE_INTERVAL_STEPS"), 100,
+                                          minimum=1),
+        autotune_log=parse_bool("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", g("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"), False),
     )
+
+
+def _seconds(name: str, value: Optional[str], default: float) -> float:
+    """A duration >= 0 (0: no waiting)."""
+    x = parse_float(name, value, default, minimum=float("-inf"), maximum=MAX_TIMEOUT_S)
+    if not x >= 0:
+        raise ConfigError(f"{name}={x} must be >= 0")
+    return x
 
 
 @dataclasses.dataclass(frozen=True)

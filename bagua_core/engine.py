@@ -71,8 +71,10 @@ Shape = Sequence[int]
 
 class BucketTiming(NamedTuple):
     """Times of one bucket in the current or last step, in ns of
-    ``time.monotonic_ns()``'s clock; -1 when it has not happened (yet)."""
+    ``time.monotonic_ns()``'s clock; -1 when it has not happened (yet).
+    ``ready_ns`` is recorded only while ``Engine.record_ready`` is on."""
 
+    ready_ns: int  # its last tensor was marked ready
     launch_ns: int  # all its tensors ready and every earlier bucket launched
     start_ns: int  # the comm thread began its ops
     end_ns: int  # its ops finished (or failed)
@@ -328,8 +330,32 @@ class Engine:
         return self._core.timeout_s
 
     def timings(self) -> List[BucketTiming]:
-        """Per bucket launch/start/end times of the current or last step."""
+        """Per bucket ready/launch/start/end times of the current or last step."""
         return [BucketTiming(*t) for t in self._core.timings()]
+
+    @property
+    def record_ready(self) -> bool:
+        """Whether the engine records when each tensor becomes ready (for
+        traces and the autotuner; off by default, then readiness reads no
+        clock). Set it between steps; it applies from the next step."""
+        return self._core.record_ready
+
+    @record_ready.setter
+    def record_ready(self, on: bool) -> None:
+        self._core.record_ready = bool(on)
+
+    def ready_order(self) -> List[str]:
+        """Tensor names in the order they were marked ready in the current or
+        last step (needs :attr:`record_ready`); tensors never marked come last,
+        in registration order."""
+        marked, unmarked = [], []
+        for b in self._buckets:
+            times = self._core.slot_ready_ns(b.index)
+            for i, name in enumerate(b._core.slot_names):
+                if b.slot(i)["is_padding"]:
+                    continue
+                (marked if times[i] >= 0 else unmarked).append((times[i], len(marked) + len(unmarked), name))
+        return [n for _, _, n in sorted(marked)] + [n for _, _, n in unmarked]
 
     def close(self) -> None:
         """Stops and joins the comm thread (after the bucket it runs) and frees

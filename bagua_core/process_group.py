@@ -152,6 +152,12 @@ class ProcessGroup:
             self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()))
         return self._inter
 
+    @property
+    def store(self):
+        """The job's rendezvous store client (a ``_C.Store``; None in a
+        single-process job), e.g. to share small decisions between ranks."""
+        return self._ctx.store
+
     def clone(self) -> "ProcessGroup":
         """A private copy of this group: the same ranks over new communicators,
         connected under the store prefix ``"<name>/clone<k>"`` (its intra- and

@@ -44,11 +44,13 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_core import agreement, steps
+from bagua_core import agreement, config, log, steps
+from bagua_core import trace as core_trace
 from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START
 from bagua_core.dtypes import as_dtype
-from bagua_core.engine import Engine
+from bagua_core.autotune import AutotuneSession
+from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
 from bagua_torch import _sync
@@ -169,6 +171,10 @@ class BaguaDistributedDataParallel:
         self._marked: set = set()
         self._callback_queued = False
         self._closed = False
+        self._settings = config.load()
+        self._tracer = None  # BAGUA_TRACE: this process's trace writer
+        self.autotune: Optional[AutotuneSession] = None  # BAGUA_AUTOTUNE on a plan it can re-bucket
+        self._t_forward = self._t_first_grad = self._t_backward_end = -1
 
         self.ignored = _ignored_names(module)
         self.params = self._build_params()
@@ -200,6 +206,7 @@ class BaguaDistributedDataParallel:
             if self.background_plan is not None:
                 self._build_weight_buckets()
             self._register_hooks()
+            self._start_observing(bucket_bytes)
         except BaseException:
             self.close()
             raise
@@ -284,7 +291,9 @@ class BaguaDistributedDataParallel:
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
 
     def _signature(self) -> List[tuple]:
-        sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core()))]
+        sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
+               ("setting", "BAGUA_AUTOTUNE", self._settings.autotune_level > 0, "BAGUA_AUTOTUNE_INTERVAL_STEPS",
+                self._settings.autotune_interval_steps)]
         for n, p in self.module.named_parameters():
             if n not in self.ignored:
                 sig.append(("parameter", n, tuple(p.shape), str(p.dtype), "requires_grad" if p.requires_grad else ""))
@@ -305,8 +314,11 @@ class BaguaDistributedDataParallel:
         for opt in self.optimizers:
             _sync.broadcast_optimizer_state(opt, 0, g, skip=ignored)
 
-    def _build_buckets(self, bucket_bytes: Optional[int]) -> None:
-        order = list(reversed(self.params))  # backward produces gradients roughly in this order
+    def _build_buckets(self, bucket_bytes: Optional[int], order_names: Optional[Sequence[str]] = None) -> None:
+        if order_names is None:
+            order = list(reversed(self.params))  # backward produces gradients roughly in this order
+        else:
+            order = [(n, self._by_name[n]) for n in order_names]
         decls = [(n, tuple(p.shape), as_dtype(p.dtype)) for n, p in order]
         alignment = self.step_info.alignment
         if self.plan.one_bucket_per_dtype:
@@ -381,6 +393,56 @@ class BaguaDistributedDataParallel:
     def communicates_weights(self) -> bool:
         return self.plan.communicates == "weights"
 
+    # ------------------------------------------------------------ trace and autotune
+
+    def _autotune_unsupported(self) -> str:
+        """Why the bucket plan of this algorithm cannot change during training ('' if it can)."""
+        if self.background_plan is not None:
+            return "it switches to averaging weights in the background after its warm-up"
+        if self.plan.phase != BACKWARD or self.communicates_weights:
+            return "it communicates weights"
+        if self.plan.one_bucket_per_dtype:
+            return "it uses one bucket per dtype"
+        if self.plan.optimizer_state or self.impl.keeps_state:
+            return "its steps keep state per bucket"
+        return ""
+
+    def _start_observing(self, bucket_bytes: Optional[int]) -> None:
+        s = self._settings
+        self._tracer = core_trace.writer(s)
+        if s.autotune_level >= 1:
+            reason = self._autotune_unsupported()
+            if reason:
+                log.logger.warning("BAGUA_AUTOTUNE: %s keeps its bucket plan: %s", self.algorithm.name, reason)
+            else:
+                group = self.engine.group
+                decls = [(n, p.numel(), as_dtype(p.dtype)) for n, p in reversed(self.params)]
+                self.autotune = AutotuneSession(decls, bucket_bytes or s.bucket_size, group.store, group.name,
+                                                group.rank, group.size, self.module_name, s)
+        if self._tracer is not None or self.autotune is not None:
+            self.engine.record_ready = True
+
+    def _autotune_step(self) -> None:
+        plan = self.autotune.on_step_start(self.engine.steps, self.engine.ready_order)
+        if plan is None:
+            return
+        with torch.no_grad():  # gradients keep their values, in their own memory until the new buckets
+            for n, p in self.params:
+                if _same_memory(p.grad, self.slots[n]):
+                    p.grad = self.slots[n].clone()
+        self.engine.clear_buckets()
+        self._build_buckets(plan.bucket_bytes, [n for n, _, _ in self.autotune.ordered_decls(plan)])
+
+    def _trace_step(self) -> None:
+        step = self.engine.steps - 1
+        self._tracer.engine_step(self.module_name, step, [b.name for b in self.buckets], self.engine.timings())
+        if self._t_backward_end >= 0:
+            self._tracer.span(self.module_name, "forward start -> backward end", self._t_forward,
+                              self._t_backward_end, step=step)
+            self._tracer.span(self.module_name, "backward: first gradient -> end", self._t_first_grad,
+                              self._t_backward_end, step=step)
+        self._t_forward = self._t_first_grad = self._t_backward_end = -1
+
     def _register_hooks(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
         owners: Dict[int, list] = {}
@@ -427,6 +489,10 @@ class BaguaDistributedDataParallel:
         self.finish_step()  # a step left open (backward never ran)
         if self.averager is not None:
             self._background_before_forward()
+        if self.autotune is not None:
+            self._autotune_step()
+        if self._tracer is not None:
+            self._t_forward = monotonic_ns()
         if self.plan.optimizer_state:
             self._share_optimizer_state()
         # not while asynchronous model average runs: a collective per step would
@@ -447,6 +513,8 @@ class BaguaDistributedDataParallel:
             return
         if param.grad is not None and param.grad.layout != torch.strided:
             raise ValueError(f"parameter '{name}' got a sparse gradient; Bagua supports dense gradients only")
+        if self._tracer is not None and self._t_first_grad < 0:
+            self._t_first_grad = monotonic_ns()
         if self.plan.phase == BACKWARD:
             self.mark_gradient_ready(name)
         if not self._callback_queued:
@@ -457,6 +525,8 @@ class BaguaDistributedDataParallel:
         self._callback_queued = False
         if self._closed:
             return
+        if self._tracer is not None:
+            self._t_backward_end = monotonic_ns()
         missing = self.mark_unused_gradients_ready() if self.plan.phase == BACKWARD else []
         self.finish_step()
         self.check_unused(missing)
@@ -535,6 +605,8 @@ class BaguaDistributedDataParallel:
         self.step_pending = False
         try:
             self.engine.wait()
+            if self._tracer is not None:
+                self._trace_step()
             self._apply_results()
         finally:
             self._marked.clear()

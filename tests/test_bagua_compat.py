@@ -139,10 +139,11 @@ def test_env_getters_read_the_environment_through_config(monkeypatch):
     monkeypatch.delenv("BAGUA_STORE_PORT", raising=False)
     monkeypatch.delenv("NODE_RANK", raising=False)
     monkeypatch.delenv("GROUP_RANK", raising=False)
+    monkeypatch.delenv("BAGUA_AUTOTUNE", raising=False)
     assert (env.get_rank(), env.get_world_size(), env.get_local_rank(), env.get_local_size()) == (2, 4, 0, 2)
     assert env.get_node_rank() == 1 and env.get_master_addr() == "10.0.0.1"
     assert env.get_default_bucket_size() == 4096 and env.get_bagua_service_port() == 31000
-    assert env.get_autotune_level() == 0
+    assert env.get_autotune_level() == 0  # BAGUA_AUTOTUNE unset
 
 
 def test_light_imports():

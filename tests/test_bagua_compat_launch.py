@@ -90,7 +90,7 @@ def test_mnist_example_with_an_algorithm_not_built_says_so():
 SHOW = """
 import json, os, sys
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "BAGUA_SERVICE_PORT", "BAGUA_DEFAULT_BUCKET_SIZE")
+        "BAGUA_SERVICE_PORT", "BAGUA_DEFAULT_BUCKET_SIZE", "BAGUA_AUTOTUNE")
 print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:]}))
 """
 
@@ -115,7 +115,8 @@ def test_launch_flags(tmp_path):
         assert e["WORLD_SIZE"] == "3" and e["LOCAL_RANK"] == str(i) and e["MASTER_PORT"] == "29950"
         assert e["BAGUA_SERVICE_PORT"] == "29960" and e["BAGUA_DEFAULT_BUCKET_SIZE"] == "4096"
         assert e["argv"] == ["--lr", "0.1", f"--local_rank={i}"]
-    assert "--autotune_level has no effect here" in got.stderr
+        assert e["BAGUA_AUTOTUNE"] == "1"
+    assert "--autotune_level" not in got.stderr
     assert "--enable_bagua_net has no effect here" in got.stderr
     assert got.stdout.startswith("[rank ")  # bagua-run's prefixes
 

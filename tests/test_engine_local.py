@@ -216,6 +216,27 @@ def test_timings_use_python_monotonic_clock(eng):
     assert abs(E.monotonic_ns() - time.monotonic_ns()) < 50_000_000
 
 
+def test_ready_times_only_while_recorded(eng):
+    _two_buckets(eng)
+    eng.mark_all_ready()
+    eng.wait()
+    assert all(t.ready_ns == -1 for t in eng.timings())  # off by default: no clock read
+    eng.record_ready = True
+    eng.mark_ready("c")
+    time.sleep(0.01)
+    eng.mark_ready("b")
+    eng.mark_ready("a")
+    with pytest.raises(ValueError, match="set_record_ready during a step"):
+        eng.record_ready = False
+    eng.wait()
+    t = eng.timings()
+    assert 0 < t[1].ready_ns < t[0].ready_ns  # "c" completed bucket 1 first...
+    assert t[0].ready_ns <= t[0].launch_ns <= t[1].launch_ns  # ...which still launched second
+    for x in t:
+        assert x.ready_ns <= x.launch_ns <= x.start_ns <= x.end_ns
+    assert eng.ready_order() == ["c", "b", "a"]
+
+
 def test_first_bucket_launches_while_later_tensors_pending(eng):
     _two_buckets(eng)
     eng.mark_ready("a")

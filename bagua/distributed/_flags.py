@@ -11,14 +11,8 @@ from typing import List, Optional
 from bagua_core.launcher.cli import make_config
 from bagua_core.launcher.supervisor import Supervisor
 
-_NO_AUTOTUNE = "this Bagua has no autotune service"
 # flag -> why it does nothing here
 NO_EFFECT = {
-    "autotune_level": _NO_AUTOTUNE,
-    "is_output_autotune_log": _NO_AUTOTUNE,
-    "autotune_max_samples": _NO_AUTOTUNE,
-    "autotune_sampling_confidence_time": _NO_AUTOTUNE,
-    "autotune_warmup_time": _NO_AUTOTUNE,
     "report_metrics": "it had no effect in Bagua 0.9 either",
     "enable_bagua_net": "Bagua-Net is not built; Gloo's TCP transport is used",
 }
@@ -30,13 +24,14 @@ def add_bagua_flags(p: argparse.ArgumentParser) -> None:
                         "sets BAGUA_SERVICE_PORT")
     p.add_argument("--default_bucket_size", type=int, default=None,
                    help="bytes per bucket; sets BAGUA_DEFAULT_BUCKET_SIZE (default 10 MiB)")
-    p.add_argument("--autotune_level", type=int, default=None, help="accepted, no effect (no autotune)")
+    p.add_argument("--autotune_level", type=int, default=None, help="sets BAGUA_AUTOTUNE (>= 1: tune buckets)")
     p.add_argument("--is_output_autotune_log", action="store_const", const=True, default=None,
-                   help="accepted, no effect")
+                   help="sets BAGUA_IS_OUTPUT_AUTOTUNE_LOG=1")
     p.add_argument("--report_metrics", action="store_const", const=True, default=None, help="accepted, no effect")
-    p.add_argument("--autotune_max_samples", type=int, default=None, help="accepted, no effect")
-    p.add_argument("--autotune_sampling_confidence_time", type=float, default=None, help="accepted, no effect")
-    p.add_argument("--autotune_warmup_time", type=float, default=None, help="accepted, no effect")
+    p.add_argument("--autotune_max_samples", type=int, default=None, help="sets BAGUA_AUTOTUNE_MAX_SAMPLES")
+    p.add_argument("--autotune_sampling_confidence_time", type=float, default=None,
+                   help="sets BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S")
+    p.add_argument("--autotune_warmup_time", type=float, default=None, help="sets BAGUA_AUTOTUNE_WARMUP_TIME_S")
     p.add_argument("--enable_bagua_net", action="store_const", const=True, default=None,
                    help="accepted, no effect (Bagua-Net is not built)")
 
@@ -68,6 +63,13 @@ def bagua_env(args: argparse.Namespace) -> tuple:
         env.append(("BAGUA_SERVICE_PORT", str(args.bagua_service_port)))
     if args.default_bucket_size is not None:
         env.append(("BAGUA_DEFAULT_BUCKET_SIZE", str(args.default_bucket_size)))
+    for flag, name in (("autotune_level", "BAGUA_AUTOTUNE"), ("autotune_max_samples", "BAGUA_AUTOTUNE_MAX_SAMPLES"),
+                       ("autotune_sampling_confidence_time", "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"),
+                       ("autotune_warmup_time", "BAGUA_AUTOTUNE_WARMUP_TIME_S")):
+        if getattr(args, flag) is not None:
+            env.append((name, str(getattr(args, flag))))
+    if args.is_output_autotune_log:
+        env.append(("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", "1"))
     return tuple(env)
 
 

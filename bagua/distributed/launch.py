@@ -5,8 +5,9 @@ Same flags: ``--nproc_per_node``, ``--nnodes``, ``--node_rank``,
 ``--logdir`` (each worker's output in ``node_{n}_local_rank_{r}_stdout`` /
 ``_stderr`` there), ``--set_additional_flag`` (append ``--local_rank=N`` to
 the script's arguments), ``--bagua_service_port`` and ``--default_bucket_size``
-(passed to the workers as ``BAGUA_SERVICE_PORT`` / ``BAGUA_DEFAULT_BUCKET_SIZE``).
-The autotune flags, ``--report_metrics``, ``--enable_bagua_net``, ``--host_list``
+(passed to the workers as ``BAGUA_SERVICE_PORT`` / ``BAGUA_DEFAULT_BUCKET_SIZE``),
+the autotune flags (as ``BAGUA_AUTOTUNE``, ``BAGUA_AUTOTUNE_MAX_SAMPLES``, ...).
+``--report_metrics``, ``--enable_bagua_net``, ``--host_list``
 and ``--ssh_port`` are accepted and have no effect (one notice each).
 
 Differences: without ``--master_port`` a single node picks a free port (as

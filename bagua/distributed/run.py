@@ -5,11 +5,11 @@ Flags as there (torch elastic's plus Bagua's): ``--nnodes`` (``N`` or a fixed
 ``--node_rank``, ``--master_addr``, ``--master_port``, ``--rdzv_endpoint``
 (``HOST[:PORT]``, used as the master address), ``--standalone`` (one node on
 localhost), ``-m/--module``, ``--no_python``, ``--log_dir``,
-``--bagua_service_port``, ``--default_bucket_size``. Accepted without effect
+``--bagua_service_port``, ``--default_bucket_size``, the autotune flags. Accepted without effect
 (a notice each): ``--rdzv_backend``, ``--rdzv_id``, ``--rdzv_conf``,
 ``--max_restarts`` (no restarts: a failed worker stops the job),
 ``--monitor_interval``, ``--start_method``, ``--role``, ``--run_path``,
-``-r/--redirects``, ``-t/--tee``, ``--use_env`` and the autotune flags.
+``-r/--redirects``, ``-t/--tee`` and ``--use_env``.
 Elastic ranges (``--nnodes 1:4``) are refused: the job size is fixed.
 """
 

@@ -43,8 +43,8 @@ def get_bagua_service_port() -> int:
 
 
 def get_autotune_level() -> int:
-    """Always 0: this Bagua has no autotune service."""
-    return 0
+    """``BAGUA_AUTOTUNE`` (>= 1: bucket plans are tuned online; see bagua_core.autotune)."""
+    return config.load().autotune_level
 
 
 __all__ = [

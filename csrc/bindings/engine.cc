@@ -110,7 +110,7 @@ DType to_dtype(int v) {
 
 int dtype_code(DType t) { return static_cast<int>(t); }
 
-py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.launch_ns, t.start_ns, t.end_ns); }
+py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.ready_ns, t.launch_ns, t.start_ns, t.end_ns); }
 
 CommSet make_comms(CommunicatorPtr global, CommunicatorPtr intra, CommunicatorPtr inter) {
   if (!global) throw InvalidArgument("Engine: comm is required");
@@ -357,7 +357,11 @@ first failure. See csrc/sched/engine.h.)doc")
              for (const auto& t : e.timings()) out.append(timing_tuple(t));
              return out;
            },
-           "Per bucket (launch_ns, start_ns, end_ns) of the current or last step (monotonic_ns clock; -1: not yet).")
+           "Per bucket (ready_ns, launch_ns, start_ns, end_ns) of the current or last step (monotonic_ns clock; -1: not yet).")
+      .def_property("record_ready", &Engine::record_ready, &Engine::set_record_ready,
+                    "Record when each tensor and bucket becomes ready (between steps; off by default).")
+      .def("slot_ready_ns", &Engine::slot_ready_ns, py::arg("bucket"),
+           "Per slot of the bucket, when it was marked ready in the current or last step (-1: not recorded).")
       .def_property_readonly("launches", &Engine::launches)
       .def_property_readonly("steps", &Engine::steps)
       .def_property_readonly("in_step", &Engine::in_step)

@@ -94,6 +94,7 @@ size_t Engine::add_bucket(BucketPtr bucket) {
   Entry e;
   e.bucket = bucket;
   e.ready.assign(bucket->num_slots(), 0);
+  e.slot_ready_ns.assign(bucket->num_slots(), -1);
   for (size_t i = 0; i < bucket->num_slots(); ++i) {
     by_name_[bucket->slot(i).name] = {index, i};
     if (bucket->slot(i).is_padding) {
@@ -152,7 +153,10 @@ std::vector<OpPtr> Engine::ops(size_t bucket) const {
 
 void Engine::begin_step_locked() {
   in_step_ = true;
-  for (auto& e : entries_) e.timing = BucketTiming{};
+  for (auto& e : entries_) {
+    e.timing = BucketTiming{};
+    if (record_ready_) std::fill(e.slot_ready_ns.begin(), e.slot_ready_ns.end(), -1);
+  }
 }
 
 void Engine::mark_locked(size_t bucket, size_t slot) {
@@ -170,12 +174,19 @@ void Engine::mark_locked(size_t bucket, size_t slot) {
                           "' was marked ready twice in one step (call wait() to end a step)");
   e.ready[slot] = 1;
   ++e.ready_count;
+  if (record_ready_) {
+    const int64_t now = monotonic_ns();
+    e.slot_ready_ns[slot] = now;
+    if (e.ready_count == e.ready.size()) e.timing.ready_ns = now;
+  }
 }
 
 void Engine::launch_ready_locked() {
   bool launched = false;
   while (next_launch_ < entries_.size() && entries_[next_launch_].ready_count == entries_[next_launch_].ready.size()) {
-    entries_[next_launch_].timing.launch_ns = monotonic_ns();
+    BucketTiming& t = entries_[next_launch_].timing;
+    t.launch_ns = monotonic_ns();
+    if (record_ready_ && t.ready_ns < 0) t.ready_ns = t.launch_ns;  // padding only: ready from the start
     queue_.push_back(next_launch_);
     ++next_launch_;
     ++launches_;
@@ -363,6 +374,23 @@ std::vector<BucketTiming> Engine::timings() const {
   std::vector<BucketTiming> out;
   for (const auto& e : entries_) out.push_back(e.timing);
   return out;
+}
+
+void Engine::set_record_ready(bool on) {
+  std::lock_guard<std::mutex> g(mu_);
+  check_idle_locked("set_record_ready");
+  record_ready_ = on;
+}
+
+bool Engine::record_ready() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return record_ready_;
+}
+
+std::vector<int64_t> Engine::slot_ready_ns(size_t bucket) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (bucket >= entries_.size()) throw InvalidArgument("slot_ready_ns: no bucket " + std::to_string(bucket));
+  return entries_[bucket].slot_ready_ns;
 }
 
 uint64_t Engine::launches() const {

@@ -42,7 +42,10 @@ namespace bagua {
 // Per-bucket times of the current (or last) step, in nanoseconds of the
 // monotonic clock (std::chrono::steady_clock = CLOCK_MONOTONIC on Linux, the
 // clock of Python's time.monotonic_ns()). -1 when it has not happened.
+// ready_ns is recorded only while set_record_ready(true) (a trace or the
+// autotuner asked for it): off, readiness costs no clock reads.
 struct BucketTiming {
+  int64_t ready_ns = -1;   // its last tensor was marked ready
   int64_t launch_ns = -1;  // all slots ready and earlier buckets launched
   int64_t start_ns = -1;   // the comm thread began its op chain
   int64_t end_ns = -1;     // the op chain finished (or failed)
@@ -84,6 +87,13 @@ class Engine {
 
   // ---- observation ----
   std::vector<BucketTiming> timings() const;  // current or last step
+  // Records when each tensor (and bucket) became ready, from the next step on
+  // (between steps). Off by default: then ready times stay -1.
+  void set_record_ready(bool on);
+  bool record_ready() const;
+  // Per slot of `bucket`, when it was marked ready in the current or last
+  // step (-1: not marked, padding, or recording off).
+  std::vector<int64_t> slot_ready_ns(size_t bucket) const;
   uint64_t launches() const;  // buckets launched since construction
   uint64_t steps() const;     // steps completed by wait()
   bool in_step() const;
@@ -101,6 +111,7 @@ class Engine {
     size_t ready_count = 0;
     size_t padding_count = 0;
     BucketTiming timing;
+    std::vector<int64_t> slot_ready_ns;  // filled while record_ready_
   };
 
   void check_usable_locked() const;
@@ -124,6 +135,7 @@ class Engine {
   std::unordered_map<std::string, std::pair<size_t, size_t>> by_name_;
   std::deque<size_t> queue_;
   bool in_step_ = false;
+  bool record_ready_ = false;
   size_t next_launch_ = 0;  // buckets [0, next_launch_) launched this step
   size_t finished_ = 0;     // buckets [0, finished_) finished this step
   int64_t running_ = -1;    // bucket on the comm thread, or -1
