@@ -204,3 +204,17 @@ def test_unreachable_host_is_named(sshd, tmp_path):
     rc, out = _finish(proc, timeout=50)
     assert rc == 255 and "ssh failed" in out, out[-4000:]
     _assert_nothing_left(marker)
+
+
+@pytest.mark.timeout(30)
+def test_bagua_flags_reach_every_host_launcher():
+    from bagua.script import baguarun
+
+    a = baguarun.build_parser().parse_args(["--host_list", "h1,h2", "--nproc_per_node", "3", "--master_port", "1234",
+                                            "--autotune_level", "1", "--default_bucket_size", "4096",
+                                            "--is_output_autotune_log", "train.py", "--lr", "0.1"])
+    script = baguarun.remote_script(1, 2, "h1", a, [("FOO", "a b")])
+    for part in ("--nnodes=2", "--node_rank=1", "--master_addr=h1", "--nproc_per_node=3", "--master_port=1234",
+                 "--autotune_level=1", "--default_bucket_size=4096", "--is_output_autotune_log",
+                 "train.py --lr 0.1", "export FOO="):
+        assert part in script, (part, script)

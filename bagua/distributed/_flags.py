@@ -39,8 +39,10 @@ def add_bagua_flags(p: argparse.ArgumentParser) -> None:
 def flag_args(args: argparse.Namespace) -> List[str]:
     """The Bagua flags given in ``args``, as command-line arguments again (to
     hand them to another launcher)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_bagua_flags(probe)
     out = []
-    for flag in ("bagua_service_port", "default_bucket_size", *NO_EFFECT):
+    for flag in (action.dest for action in probe._actions):
         value = getattr(args, flag, None)
         if value is True:
             out.append(f"--{flag}")
