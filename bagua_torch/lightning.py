@@ -8,7 +8,10 @@ The model is wrapped in :class:`bagua_torch.DistributedDataParallel` when
 fitting, with the optimizers Lightning built (so they are set up first);
 ``barrier``, ``broadcast`` and ``reduce`` use Bagua's primitives over the
 world group. torch's default process group is made too (gloo on CPU), for
-Lightning's own utilities. Launch as for Lightning's DDP (Lightning starts the
+Lightning's own utilities. As in Bagua 0.9: ``algorithm="qadam"`` takes its
+optimizer from ``configure_optimizers``, which must return exactly one
+``QAdamOptimizer``; ``"async"`` stops its background averaging when the
+strategy tears down (every rank then holds the same weights). Launch as for Lightning's DDP (Lightning starts the
 processes, or ``bagua-run`` / torchrun does). Manual optimization and
 ``sync_batchnorm`` are not supported yet.
 """
@@ -41,15 +44,24 @@ class BaguaStrategy(DDPStrategy):
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
-        if isinstance(algorithm, str):
-            algorithm = Algorithm.init(algorithm, **bagua_kwargs)  # checked now, not in the workers
-        elif bagua_kwargs:
-            raise TypeError(f"keyword arguments {sorted(bagua_kwargs)} go with an algorithm name, not an instance")
-        self._bagua_algorithm = Algorithm.coerce(algorithm, accept_names=False)
+        self._qadam_kwargs = None  # "qadam" by name: made once the optimizer exists
+        if algorithm == "qadam" and "q_adam_optimizer" not in bagua_kwargs:
+            unknown = set(bagua_kwargs) - {"hierarchical"}
+            if unknown:
+                raise TypeError(f"unknown keyword arguments for qadam: {sorted(unknown)}")
+            self._qadam_kwargs = bagua_kwargs
+            self._bagua_algorithm = None
+        else:
+            if isinstance(algorithm, str):
+                algorithm = Algorithm.init(algorithm, **bagua_kwargs)  # checked now, not in the workers
+            elif bagua_kwargs:
+                raise TypeError(f"keyword arguments {sorted(bagua_kwargs)} go with an algorithm name, not an instance")
+            self._bagua_algorithm = Algorithm.coerce(algorithm, accept_names=False)
         self._bagua_flatten = flatten
 
     @property
-    def bagua_algorithm(self) -> Algorithm:
+    def bagua_algorithm(self) -> Optional[Algorithm]:
+        """The algorithm (None for ``"qadam"`` by name until fitting begins)."""
         return self._bagua_algorithm
 
     def setup_distributed(self) -> None:
@@ -75,11 +87,20 @@ class BaguaStrategy(DDPStrategy):
         self.setup_precision_plugin()
 
     def _setup_model(self, model: torch.nn.Module) -> bagua_torch.DistributedDataParallel:
+        if self._qadam_kwargs is not None:
+            from bagua_torch.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
+
+            if len(self.optimizers) != 1 or not isinstance(self.optimizers[0], QAdamOptimizer):
+                raise ValueError("BaguaStrategy(algorithm='qadam') needs configure_optimizers to return exactly one "
+                                 f"QAdamOptimizer, got {[type(o).__name__ for o in self.optimizers]}")
+            self._bagua_algorithm = QAdamAlgorithm(self.optimizers[0], **self._qadam_kwargs)
         return bagua_torch.DistributedDataParallel(model, optimizers=self.optimizers, algorithm=self._bagua_algorithm,
                                                    gradient_as_bucket_view=self._bagua_flatten)
 
     def teardown(self) -> None:
         if isinstance(self.model, bagua_torch.DistributedDataParallel):
+            if hasattr(self._bagua_algorithm, "abort"):  # async: a last average, then the loop stops
+                self._bagua_algorithm.abort(self.model)
             self.model.close()
             self.model = self.lightning_module
         super().teardown()

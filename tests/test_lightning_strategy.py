@@ -1,7 +1,10 @@
 """``bagua_torch.lightning.BaguaStrategy`` in a real Lightning ``Trainer`` on 2
 processes: GradientAllReduce ends with the same weights as Lightning's own DDP
 strategy (the reference, fitted in the same processes), ByteGrad keeps every
-rank identical, and ``strategy="bagua"`` resolves by name. Skipped when
+rank identical, decentralized and low-precision decentralized train, QAdam
+takes its optimizer from ``configure_optimizers`` (and refuses another one),
+async ends with equal weights on every rank, and ``strategy="bagua"`` resolves
+by name. Skipped when
 Lightning is not installed (``make deps`` installs it)."""
 
 from __future__ import annotations
@@ -43,9 +46,15 @@ def worker():
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
-    def fit(strategy):
+    class BoringQAdam(Boring):
+        def configure_optimizers(self):
+            from bagua_torch.algorithms.q_adam import QAdamOptimizer
+
+            return QAdamOptimizer(self.parameters(), lr=0.01, warmup_steps=4)
+
+    def fit(strategy, module=Boring):
         torch.manual_seed(13)
-        model = Boring()
+        model = module()
         g = torch.Generator().manual_seed(0)
         data = torch.utils.data.TensorDataset(torch.randn(96, 32, generator=g), torch.randint(0, 2, (96,), generator=g))
         trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=2, logger=False,
@@ -64,6 +73,20 @@ def worker():
     assert (w - ddp).abs().max() < 0.1  # close to DDP's: the compression error is small
     w, _ = fit(BaguaStrategy(algorithm="decentralized", hierarchical=False))
     assert torch.isfinite(w).all()
+    w, _ = fit(BaguaStrategy(algorithm="low_precision_decentralized", hierarchical=False))
+    assert torch.isfinite(w).all()
+    w, trainer = fit(BaguaStrategy(algorithm="qadam", hierarchical=False), module=BoringQAdam)
+    assert type(trainer.strategy.bagua_algorithm).__name__ == "QAdamAlgorithm"
+    allv = bagua_torch.allgather(w)
+    assert torch.equal(allv[0], allv[1])  # every step averages the (compressed) momentum: ranks step alike
+    try:
+        fit(BaguaStrategy(algorithm="qadam"))  # SGD from configure_optimizers
+        raise AssertionError("qadam with an SGD optimizer was accepted")
+    except ValueError as e:
+        assert "exactly one QAdamOptimizer" in str(e), e
+    w, _ = fit(BaguaStrategy(algorithm="async", sync_interval_ms=5))
+    allv = bagua_torch.allgather(w)
+    assert torch.equal(allv[0], allv[1])  # teardown aborts: a last average leaves the ranks equal
     by_name, trainer = fit("bagua")
     assert isinstance(trainer.strategy, BaguaStrategy) and torch.allclose(by_name, ddp, rtol=1e-5, atol=1e-6)
     print("LIGHTNING-OK")
