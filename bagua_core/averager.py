@@ -72,7 +72,9 @@ class AsyncAverager:
         """Every rank calls it: blocks until every rank did, the last round
         ran with training stopped everywhere (every rank then holds the same
         weights) and the loop ended. A no-op when it is not running. Releases
-        the weight lock first if this thread holds it."""
+        the weight lock first if this thread holds it. Raises
+        ``CommTimeoutError`` when some rank did not call it within the
+        timeout: the request is withdrawn and the averaging goes on."""
         self.unlock()
         self._core.abort()
 

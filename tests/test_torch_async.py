@@ -10,8 +10,15 @@
   (an optimizer that moves every weight by the same amount keeps all weights
   equal only if steps and averages never interleave), the weights reach the
   average once training stops, abort/resume cycles, the loss goes down;
+* the copy-back ``w = avg + (w - snapshot)``: a round held between its
+  snapshot and its apply (the engine's test hook) while every rank takes an
+  optimizer step leaves each rank with the numpy mean of the snapshots plus
+  its own step;
 * a peer dying during background averaging raises on the survivors within
   the timeout (session "dead");
+* ``abort`` on some ranks only raises CommTimeoutError within the timeout,
+  withdraws the request (a later lone ``abort`` times out too) and leaves the
+  averaging running, until every rank aborts (session "abort_timeout");
 * bad input raises at wrap time.
 
 One multi-process session per world size runs every case (this file is also
@@ -32,14 +39,18 @@ from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
 NEVER_MS = 10 ** 7  # a sync interval longer than any test: rounds only at abort()
 DEAD_TIMEOUT_S = 4.0
+ABORT_TIMEOUT_S = 3.0
 VICTIM, VICTIM_RC = 2, 3
-SESSIONS = {"w2": Session(2), "w3": Session(3), "dead": Session(3, env={"BAGUA_TIMEOUT": str(DEAD_TIMEOUT_S)})}
+SESSIONS = {"w2": Session(2), "w3": Session(3), "dead": Session(3, env={"BAGUA_TIMEOUT": str(DEAD_TIMEOUT_S)}),
+            "abort_timeout": Session(3, env={"BAGUA_TIMEOUT": str(ABORT_TIMEOUT_S)})}
 
 
 def case_names(session: str):
     if session == "dead":
         return ["survivors_raise_within_timeout"]
-    names = ["abort_gives_exact_average", "warmup_allreduces_then_abort_averages", "weights_reach_average_when_idle",
+    if session == "abort_timeout":
+        return ["abort_times_out_unless_every_rank_aborts"]
+    names = ["update_during_round_kept", "abort_gives_exact_average", "warmup_allreduces_then_abort_averages", "weights_reach_average_when_idle",
              "abort_resume_cycles", "state_dict_keeps_step", "bad_input_refused", "loss_goes_down",
              "torch_api_and_init_by_name", "buffers_broadcast_at_abort", "fast_rank_not_blocked_by_slow_peer"]
     if session == "w2":
@@ -102,6 +113,54 @@ class Worker(TorchWorker):
 
     def warmup_allreduces_then_abort_averages(self):
         self._schedule(warmup=3)
+
+    def update_during_round_kept(self):
+        """One round held (engine test hook) after its snapshot w0: every
+        rank takes an optimizer step (ranks > 0 with their allreduce in
+        flight, waiting for rank 0, still held), then the round applies:
+        each rank must hold mean(w0) + (w1 - w0), w1 its weights after the step."""
+        import numpy as np
+
+        torch = self.torch
+        model = self.mlp(11)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        algo = self.algo(sync_interval_ms=5)
+        model.with_bagua([opt], algo)
+        averager = model.bagua_ddp.averager
+        hook = averager._core
+        with torch.no_grad():  # different weights per rank (the loop does not run yet)
+            g = torch.Generator().manual_seed(300 + self.rank)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g))
+        hook._test_hold(True)
+        try:
+            averager.start()
+            assert hook._test_wait_held(30.0), "no round took its snapshot"
+            w0 = self.flat(model).clone()  # the snapshot: nothing changed the weights since
+            if self.rank > 0:
+                hook._test_release_held()  # its allreduce now waits for rank 0
+            self.train_step(model, opt, 7)  # takes the weight lock while the round is in flight
+            w1 = self.flat(model).clone()
+            self.dist.barrier()  # every rank stepped before rank 0 lets the allreduce finish
+            if self.rank == 0:
+                hook._test_release_held()
+            deadline = time.monotonic() + 30.0
+            while averager.rounds < 1:
+                assert time.monotonic() < deadline, "the held round did not finish"
+                time.sleep(0.005)
+            got = self.flat(model).clone()  # the next round, if any, is held after its snapshot
+        finally:
+            hook._test_hold(False)
+        every = [torch.empty_like(w0) for _ in range(self.world)]
+        self.dist.all_gather(every, w0)
+        mean = np.mean(np.stack([e.double().numpy() for e in every]), axis=0)
+        want = torch.from_numpy(mean + (w1.double().numpy() - w0.double().numpy()))
+        step = (w1 - w0).abs().max().item()
+        assert step > 1e-3 and (w0.double() - mean).abs().max().item() > 1e-2, "the test would not tell"
+        self.close_to(got.double(), want, rtol=0, atol=1e-5)
+        algo.abort(model)
+        self.same_everywhere(self.flat(model))
+        model.bagua_ddp.close()
 
     def weights_reach_average_when_idle(self):
         torch = self.torch
@@ -269,6 +328,43 @@ class Worker(TorchWorker):
         if self.rank != 1:
             assert elapsed < 2.0, f"10 steps took {elapsed:.1f} s: they waited for the paused rank"
         algo.abort(model)
+        self.same_everywhere(self.flat(model))
+        model.bagua_ddp.close()
+
+    def abort_times_out_unless_every_rank_aborts(self):
+        """The last rank does not call abort (it waits in a torch.distributed
+        barrier, its loop averaging): the others' abort raises within the
+        timeout; then the last rank's lone abort times out too (the others'
+        requests were withdrawn); then every rank aborts."""
+        from bagua_core import CommTimeoutError
+
+        torch = self.torch
+        model = self.mlp(12)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        algo = self.algo(sync_interval_ms=5)
+        model.with_bagua([opt], algo)
+        averager = model.bagua_ddp.averager
+        for step in range(3):
+            self.train_step(model, opt, step)
+        late = self.world - 1
+
+        def abort_times_out():
+            t0 = time.monotonic()
+            e = self.expect_error(CommTimeoutError, lambda: algo.abort(model), "abort() waited 3 s",
+                                  "other ranks to call abort()", "call abort() on every rank")
+            elapsed = time.monotonic() - t0
+            assert ABORT_TIMEOUT_S - 0.1 <= elapsed < ABORT_TIMEOUT_S + 3, f"raised after {elapsed:.1f} s: {e}"
+            assert averager.running, "the averaging stopped after a timed-out abort"
+            self.train_step(model, opt, 100)  # training goes on
+
+        if self.rank != late:
+            abort_times_out()
+        self.dist.barrier()
+        if self.rank == late:
+            abort_times_out()
+        self.dist.barrier()
+        algo.abort(model)
+        assert not averager.running
         self.same_everywhere(self.flat(model))
         model.bagua_ddp.close()
 

@@ -62,7 +62,9 @@ class AsyncModelAverageAlgorithm(Algorithm):
     def abort(self, model) -> None:
         """Stops the background averaging of ``model`` (every rank calls it):
         returns once every rank did, after a last round that leaves every
-        rank with the same weights. Idempotent."""
+        rank with the same weights. Idempotent. Raises ``CommTimeoutError``
+        when some rank did not call it within the timeout (BAGUA_TIMEOUT);
+        the averaging then goes on: call it again on every rank."""
         _ddp_of(model).impl.abort()
 
     def resume(self, model) -> None:

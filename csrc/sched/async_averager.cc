@@ -25,7 +25,14 @@ std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix) 
   }
 }
 
-struct Closing {};  // unwinds the loop when close() interrupts a wait for the weight lock
+std::string seconds(std::chrono::milliseconds ms) {
+  std::string s = std::to_string(ms.count() / 1000.0);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s + " s";
+}
+
+struct Closing {};  // unwinds the loop when close() interrupts a wait (weight lock, test hold)
 
 }  // namespace
 
@@ -114,9 +121,12 @@ void AsyncAverager::abort() {
     if (running_) {
       stop_requested_ = true;
       cv_.notify_all();
-      if (!cv_.wait_for(l, timeout_, [&] { return !running_; }))
-        throw TimeoutError(describe() + ": abort() waited " + std::to_string(timeout_.count() / 1000.0) +
-                           " s for the other ranks to abort too; call abort() on every rank");
+      if (!cv_.wait_for(l, timeout_, [&] { return !running_; })) {
+        stop_requested_ = false;  // withdrawn: see the header
+        throw TimeoutError(describe() + ": abort() waited " + seconds(timeout_) +
+                           " for the other ranks to call abort() too; the averaging goes on: call abort() on "
+                           "every rank");
+      }
     }
   }
   join_finished();
@@ -147,6 +157,27 @@ void AsyncAverager::close() {
   join_finished();
 }
 
+void AsyncAverager::test_hold(bool on) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    test_hold_ = on;
+  }
+  cv_.notify_all();
+}
+
+bool AsyncAverager::test_wait_held(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, timeout, [&] { return test_held_ && !test_release_; });
+}
+
+void AsyncAverager::test_release_held() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (test_held_) test_release_ = true;
+  }
+  cv_.notify_all();
+}
+
 void AsyncAverager::round() {
   const ExecContext ctx{DeviceType::kCPU, nullptr, &scratch_};
   std::vector<Span> w, snap, avg;
@@ -159,6 +190,16 @@ void AsyncAverager::round() {
   {
     LoopLock hold(*this);
     for (size_t i = 0; i < w.size(); ++i) std::memcpy(snap[i].data, w[i].data, w[i].nbytes());
+  }
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (test_hold_) {
+      test_held_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return !test_hold_ || test_release_ || closing_; });
+      test_held_ = test_release_ = false;
+      if (closing_) throw Closing{};
+    }
   }
   for (size_t i = 0; i < w.size(); ++i) step_->run(ctx, snap[i], avg[i], 0);
   {

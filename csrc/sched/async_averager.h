@@ -48,8 +48,10 @@ class AsyncAverager {
   // Starts the loop (no-op while it runs). Raises the loop's failure, if any.
   void start();
   // See above. No-op when the loop is not running. Raises the loop's failure,
-  // or TimeoutError when the other ranks did not abort within the timeout (the
-  // loop then keeps running; call abort() again).
+  // or TimeoutError when the other ranks did not abort within the timeout: the
+  // request is then withdrawn (the loop keeps running as if abort() had not
+  // been called, so a rank that goes back to training is never stopped by the
+  // others' later abort()); call abort() again on every rank.
   void abort();
   // The weight lock, for the training thread. lock_weights() raises the
   // loop's failure instead of blocking once the loop failed.
@@ -64,6 +66,16 @@ class AsyncAverager {
 
   // Ends the loop without asking the peers (shutdown) and joins it. Idempotent.
   void close();
+
+  // For tests only: a deterministic window between a round's snapshot and
+  // its apply. While test_hold(true), every round stops right after taking
+  // its snapshot (the weight lock released, before its allreduce);
+  // test_wait_held() returns true once one has (false after `timeout`), and
+  // test_release_held() lets that one round go on. test_hold(false) lets any
+  // held round go on and stops holding.
+  void test_hold(bool on);
+  bool test_wait_held(std::chrono::milliseconds timeout);
+  void test_release_held();
 
  private:
   class LoopLock;
@@ -86,6 +98,9 @@ class AsyncAverager {
   bool stop_requested_ = false;
   bool closing_ = false;
   uint64_t rounds_ = 0;
+  bool test_hold_ = false;     // test_hold(true)
+  bool test_held_ = false;     // a round waits after its snapshot
+  bool test_release_ = false;  // test_release_held(): that round goes on
   std::exception_ptr error_;
   std::thread thread_;
 };
