@@ -24,6 +24,7 @@ import numpy as np
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
 from tests.mp import session_tests  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
@@ -36,26 +37,7 @@ def case_names(session: str):
             "misuse_refused", "loss_goes_down"]
 
 
-class Worker:
-    def __init__(self):
-        os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-        import jax
-        import jax.numpy as jnp
-        import optax
-
-        self.jax, self.jnp, self.optax = jax, jnp, optax
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        self._torch = None
-
-    @property
-    def torch(self):
-        if self._torch is None:
-            from tests.torch_worker import TorchWorker
-
-            self._torch = TorchWorker()
-        return self._torch
-
+class Worker(JaxWorker):
     def grads(self, step):
         rng = np.random.default_rng(977 * step + self.rank)
         return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
@@ -248,19 +230,9 @@ class Worker:
         algo._binding.close()
 
 
-def worker_main():
-    from tests.worker import run_cases
-
-    w = Worker()
-    failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])
-    if w._torch is not None:
-        w._torch.dist.destroy_process_group()
-    sys.exit(1 if failures else 0)
-
-
 test_case, test_session_exits_cleanly = session_tests(
     __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=("jax", "optax"))
 
 
 if __name__ == "__main__":
-    worker_main()
+    worker_main(Worker, case_names)

@@ -27,6 +27,7 @@ import numpy as np
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
 from tests.mp import Session, session_tests  # noqa: E402
 
 # session -> (world size, local world size)
@@ -50,28 +51,7 @@ def case_names(session: str):
 # ---------------------------------------------------------------- worker side
 
 
-class Worker:
-    def __init__(self):
-        os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-        import jax
-        import jax.numpy as jnp
-        import optax
-
-        self.jax, self.jnp, self.optax = jax, jnp, optax
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        self._torch = None
-
-    # -- helpers --
-    @property
-    def torch(self):
-        """The torch frontend on the same group, with torch.distributed beside it."""
-        if self._torch is None:
-            from tests.torch_worker import TorchWorker
-
-            self._torch = TorchWorker()
-        return self._torch
-
+class Worker(JaxWorker):
     def values(self, shapes, salt, rank=None, dtype=np.float32):
         rng = np.random.default_rng(977 * salt + (self.rank if rank is None else rank))
         return [rng.standard_normal(s).astype(dtype) for s in shapes]
@@ -396,17 +376,6 @@ class Worker:
         assert time.monotonic() - start < 45
 
 
-def worker_main():
-    from tests.worker import run_cases
-
-    session = sys.argv[1]
-    w = Worker()
-    failures = run_cases([(c, getattr(w, c)) for c in case_names(session)])
-    if w._torch is not None:
-        w._torch.dist.destroy_process_group()
-    sys.exit(1 if failures else 0)
-
-
 # ---------------------------------------------------------------- pytest side
 
 
@@ -415,4 +384,4 @@ test_case, test_session_exits_cleanly = session_tests(
     timeout=150, test_timeout=240, requires=("jax", "optax", "flax"))
 
 if __name__ == "__main__":
-    worker_main()
+    worker_main(Worker, case_names)
