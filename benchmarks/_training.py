@@ -224,3 +224,15 @@ def quartiles(xs):
         return xs[0], xs[0], xs[0]
     q1, q2, q3 = statistics.quantiles(xs, n=4)
     return q1, q2, q3
+
+
+def parse_configs(parser, text, known, baseline):
+    """``--configs`` ("a,b,..."): each must be in ``known``, and ``baseline``
+    (what the ratios divide by) must be among them; errors through ``parser``."""
+    configs = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in configs if c not in known]
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; choose from {list(known)}")
+    if baseline not in configs:
+        parser.error(f"{baseline!r} is the baseline of the ratios and must be measured")
+    return configs

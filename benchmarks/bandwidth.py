@@ -95,12 +95,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.batch_size, args.features, args.hidden, args.warmup, args.steps = 4, 16, 32, 1, 2
         args.max_steps, args.max_seconds = min(args.max_steps, 5), min(args.max_seconds, 30.0)
-    args.configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    unknown = [c for c in args.configs if c not in CONFIGS]
-    if unknown:
-        p.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
-    if BASELINE not in args.configs:
-        p.error(f"{BASELINE!r} is the baseline of the ratios and must be measured")
+    args.configs = _training.parse_configs(p, args.configs, CONFIGS, BASELINE)
     args.rates = tuple(r.strip().lower() for r in args.rates.split(",") if r.strip())
     try:
         if not args.rates:

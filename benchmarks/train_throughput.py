@@ -65,7 +65,7 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import Trainer, quartiles, timed_steps  # benchmarks/_training.py
+from _training import Trainer, parse_configs, quartiles, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
@@ -92,12 +92,7 @@ def parse_args(argv=None):
         args.batch_size, args.steps, args.warmup, args.rounds = 4, 1, 1, 2
         args.channels, args.hidden = "8,16", 32
     args.channels = tuple(int(c) for c in args.channels.split(","))
-    args.configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    unknown = [c for c in args.configs if c not in CONFIGS]
-    if unknown:
-        p.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
-    if BASELINE not in args.configs:
-        p.error(f"{BASELINE!r} is the baseline of the ratios and must be measured")
+    args.configs = parse_configs(p, args.configs, CONFIGS, BASELINE)
     if min(args.batch_size, args.steps, args.rounds, args.hidden, *args.channels) < 1 or args.warmup < 0:
         p.error("sizes and counts must be positive (warm-up >= 0)")
     if 32 >> len(args.channels) < 1:
