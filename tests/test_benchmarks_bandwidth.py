@@ -180,10 +180,15 @@ def test_shaped_run_creates_and_removes_its_hosts(tmp_path):
     assert set(doc["runs"]["100mbit"]["results"]) == {"DDP", "Bagua ByteGrad"}
 
 
+# A tiny model for many steps: still running when the test interrupts it
+# (--smoke would cap the steps at 2 and let a quiet machine finish first).
+LONG_TINY_RUN = ("--batch-size", "4", "--features", "16", "--hidden", "32", "--warmup", "1", "--steps", "1000")
+
+
 @needs_netns
 @pytest.mark.timeout(60)
 def test_interrupted_run_removes_its_hosts_and_workers(tmp_path):
-    proc = _start("--smoke", "--rates", "100mbit,10mbit", "--configs", "DDP", "--steps", "1000",
+    proc = _start(*LONG_TINY_RUN, "--rates", "100mbit,10mbit", "--configs", "DDP",
                   "--out-dir", str(tmp_path), "--timeout", "50")
     try:
         _, pids = _wait_for_workers(proc)
@@ -199,7 +204,7 @@ def test_interrupted_run_removes_its_hosts_and_workers(tmp_path):
 @needs_netns
 @pytest.mark.timeout(60)
 def test_run_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path):
-    proc = _start("--smoke", "--rates", "100mbit", "--configs", "DDP", "--steps", "1000", "--out-dir", str(tmp_path),
+    proc = _start(*LONG_TINY_RUN, "--rates", "100mbit", "--configs", "DDP", "--out-dir", str(tmp_path),
                   "--timeout", "50")
     try:
         names, pids = _wait_for_workers(proc)
