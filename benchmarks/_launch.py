@@ -23,10 +23,12 @@ def _raise_stopped(signum, _frame):
 
 
 def raise_on_stop_signals() -> None:
-    """SIGTERM and SIGHUP raise :class:`Stopped` (Ctrl-C raises KeyboardInterrupt), so a driver's
-    ``finally`` blocks run whichever way it is stopped."""
+    """SIGTERM and SIGHUP raise :class:`Stopped` and SIGINT KeyboardInterrupt, so a driver's
+    ``finally`` blocks run whichever way it is stopped. SIGINT's handler is set too: a
+    process started in the background by a shell inherits SIGINT ignored."""
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _raise_stopped)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def worker_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
