@@ -1,9 +1,11 @@
 """The JAX side of ``bagua-compare`` (run by it under ``bagua-run``): trains
-:class:`bagua_core.compare.problem.Problem`'s MLP with
-``bagua_jax.transform`` and plain SGD (the transform before the optimizer
-for gradient algorithms, after it for weight algorithms; QAdam's transform
-is the whole optimizer; asynchronous model average's update runs outside
-jit); rank 0 writes every step's loss (mean over ranks) and time."""
+:class:`bagua_core.compare.problem.Problem`'s MLP, in the problem's dtype
+(float64 turns on ``jax_enable_x64``), with ``bagua_jax.transform`` and plain
+SGD (the transform before the optimizer for gradient algorithms, after it for
+weight algorithms; QAdam's transform is the whole optimizer, bagua_jax.qadam;
+asynchronous model average's update runs outside jit and averages at the
+problem's fixed steps, as the torch side); rank 0 writes every step's loss
+(mean over ranks) and time."""
 
 from __future__ import annotations
 
@@ -34,12 +36,18 @@ def forward(params, x):
 
 def main(argv=None) -> None:
     args, problem = worker_arguments(argv)
+    if problem.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
     group = bagua_jax.init_process_group()
     if args.algorithm == "qadam":  # the transform is the whole optimizer
         tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
             bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
     else:
-        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        extra = {}
+        if args.algorithm == "async":
+            extra = {"warmup_steps": problem.warmup_steps}
+            if problem.async_sync_interval_ms() is not None:
+                extra["sync_interval_ms"] = problem.async_sync_interval_ms()
         algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm, **extra)
         bagua = bagua_jax.transform(algorithm)
         sgd = optax.sgd(problem.lr)
@@ -73,9 +81,12 @@ def main(argv=None) -> None:
         loss.block_until_ready()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
+        if args.algorithm == "async" and problem.averages_after(t):
+            params = algorithm.abort(params)  # the average, with training stopped on every rank
+            algorithm.resume(params)
     if args.algorithm == "async":
         algorithm.abort(params)  # every rank: the loop's last round, then it stops
-    mean = bagua_jax.allreduce(jnp.asarray(losses, jnp.float32), op="avg")
+    mean = bagua_jax.allreduce(jnp.asarray(losses, problem.dtype), op="avg")
     if group.rank == 0:
         write_result(args.out, "jax", args.algorithm, group.size, np.asarray(mean).tolist(), times)
 

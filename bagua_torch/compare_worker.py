@@ -1,8 +1,10 @@
 """The torch side of ``bagua-compare`` (run by it under ``bagua-run``):
-trains :class:`bagua_core.compare.problem.Problem`'s MLP with
-``with_bagua`` and plain SGD (QAdam: its own optimizer); rank 0 writes every step's loss (mean over
-ranks) and time. Asynchronous model average averages at wall-clock times, so
-its trajectory differs from run to run."""
+trains :class:`bagua_core.compare.problem.Problem`'s MLP, in the problem's
+dtype, with ``with_bagua`` and plain SGD (QAdam: its own optimizer,
+QAdamOptimizer); rank 0 writes every step's loss (mean over ranks) and time.
+Asynchronous model average averages at the problem's fixed steps
+(``abort`` + ``resume``), or with ``--async-average-every 0`` at wall-clock
+times (its trajectory then differs from run to run)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def main(argv=None) -> None:
         layers.append(torch.nn.Linear(fan_in, fan_out))
         if i + 1 < len(problem.sizes):
             layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*layers).to(getattr(torch, problem.dtype))
     with torch.no_grad():
         for p, w in zip(model.parameters(), problem.initial_weights()):
             p.copy_(torch.from_numpy(w))
@@ -35,7 +37,11 @@ def main(argv=None) -> None:
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-        extra = {"warmup_steps": problem.warmup_steps} if args.algorithm == "async" else {}
+        extra = {}
+        if args.algorithm == "async":
+            extra = {"warmup_steps": problem.warmup_steps}
+            if problem.async_sync_interval_ms() is not None:
+                extra["sync_interval_ms"] = problem.async_sync_interval_ms()
         algorithm = Algorithm.init(args.algorithm, **extra)
     model = model.with_bagua([opt], algorithm)
 
@@ -49,6 +55,9 @@ def main(argv=None) -> None:
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
+        if args.algorithm == "async" and problem.averages_after(step):
+            algorithm.abort(model)  # the average, with training stopped on every rank
+            algorithm.resume(model)
     if args.algorithm == "async":
         algorithm.abort(model)  # every rank: the loop's last round, then it stops
     mean = torch.tensor(np.asarray(losses, np.float64))

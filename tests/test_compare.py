@@ -1,6 +1,10 @@
 """bagua-compare end to end: the torch and JAX frontends train the same MLP on
-the same data with every algorithm, on 3 processes, and their loss curves
-agree to float tolerance over 50 steps; the tool writes its JSON and PNG."""
+the same data with every algorithm, on 3 processes, over 50 steps, and their
+loss curves agree to float tolerance; QAdam in float32 only within its
+measured quantisation gap, and in float64 (both frameworks) to float64
+tolerance, as low-precision decentralized; asynchronous model average
+averages at fixed steps (abort + resume), so its whole curve is compared.
+The tool writes its JSON and PNG."""
 
 from __future__ import annotations
 
@@ -13,59 +17,113 @@ import pytest
 
 from tests.mp import REPO
 
+STEPS = 50
+
+
+def run_compare(out, *args):
+    proc = subprocess.run([sys.executable, "-m", "bagua_core.compare", "--nproc", "3", "--steps", str(STEPS),
+                           "--out", str(out), "--timeout", "240", *args],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    with open(os.path.join(out, "compare.json")) as f:
+        return json.load(f), proc.stdout
+
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     pytest.importorskip("jax")
     pytest.importorskip("matplotlib")
     out = tmp_path_factory.mktemp("compare")
-    proc = subprocess.run([sys.executable, "-m", "bagua_core.compare", "--algorithm", "all", "--nproc", "3",
-                           "--steps", "50", "--out", str(out), "--timeout", "240"],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return out, proc.stdout
+    return (out, *run_compare(out, "--algorithm", "all"))
+
+
+@pytest.fixture(scope="module")
+def compared_float64(tmp_path_factory):
+    pytest.importorskip("jax")
+    pytest.importorskip("matplotlib")
+    return run_compare(tmp_path_factory.mktemp("compare64"), "--algorithm", "qadam,low_precision_decentralized",
+                       "--dtype", "float64")
+
+
+def check_run(name, r, dtype):
+    assert len(r["torch"]["losses"]) == len(r["jax"]["losses"]) == STEPS
+    assert r["torch"]["world_size"] == r["jax"]["world_size"] == 3
+    assert r["summary"]["dtype"] == dtype
+    assert r["torch"]["losses"][-1] < r["torch"]["losses"][0], name  # it trained
 
 
 @pytest.mark.timeout(900)
 def test_every_algorithm_agrees_across_frameworks(compared):
     from bagua_core.algorithms import names
-    from bagua_core.compare.problem import Problem
 
-    out, stdout = compared
-    with open(os.path.join(out, "compare.json")) as f:
-        results = json.load(f)
+    _, results, stdout = compared
     assert sorted(results) == sorted(names())
     for name, r in results.items():
-        assert len(r["torch"]["losses"]) == len(r["jax"]["losses"]) == 50
-        assert r["torch"]["world_size"] == r["jax"]["world_size"] == 3
-        # QAdam's Adam update runs in each framework's own arithmetic (torch ops, XLA): ulp
-        # differences in the weights become whole quantisation steps of the 8-bit momentum,
-        # so its curves agree only closely (its communicated momentum is bitwise the same
-        # for the same inputs: tests/test_jax_more_algorithms.py)
-        if name == "async":
-            # rounds at wall-clock times: only its gradient-allreduce warm-up is deterministic
-            warm = Problem().warmup_steps
-            diffs = [abs(a - b) / abs(a) for a, b in zip(r["torch"]["losses"][:warm], r["jax"]["losses"][:warm])]
-            assert max(diffs) < 1e-4, (name, diffs)
-        else:
-            tolerance = 0.1 if name == "qadam" else 1e-4
-            assert r["summary"]["max_rel_divergence"] < tolerance, (name, r["summary"])
-        assert r["torch"]["losses"][-1] < r["torch"]["losses"][0], name  # it trained
-        assert f"== {name} (3 processes) ==" in stdout
+        check_run(name, r, "float32")
+        # QAdam, float32: each framework's own float32 matmuls give gradients a few ulps
+        # apart; after the warm-up the 8-bit momentum turns such differences into whole
+        # quantisation steps (divided by a frozen sqrt(v)) now and then. Measured: 3.5%
+        # (its communicated momentum is bitwise the same for the same inputs:
+        # tests/test_jax_more_algorithms.py; float64 below removes the gap).
+        tolerance = 0.1 if name == "qadam" else 1e-4
+        assert r["summary"]["max_rel_divergence"] < tolerance, (name, r["summary"])
+        assert f"== {name} (3 processes, float32) ==" in stdout
+    assert "averaged by abort() + resume() every 5 steps" in stdout
+
+
+@pytest.mark.timeout(900)
+def test_quantised_algorithms_agree_to_float64_tolerance(compared_float64):
+    """In float64 the frameworks' gradients differ by float64 ulps, which
+    almost never move a value across a float32 rounding boundary of the
+    compressor (it quantises from float32): no quantisation step flips, and
+    the curves agree to float64 rounding through QAdam's warm-up switch."""
+    from bagua_core.compare.problem import Problem
+
+    assert STEPS > Problem().warmup_steps
+    results, stdout = compared_float64
+    assert sorted(results) == ["low_precision_decentralized", "qadam"]
+    for name, r in results.items():
+        check_run(name, r, "float64")
+        assert r["summary"]["max_rel_divergence"] < 1e-12, (name, r["summary"])
+        assert f"== {name} (3 processes, float64) ==" in stdout
 
 
 @pytest.mark.timeout(900)
 def test_writes_a_png(compared):
-    out, _ = compared
+    out = compared[0]
     with open(os.path.join(out, "compare.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_async_average_schedule():
+    from bagua_core.compare.problem import Problem
+
+    p = Problem(warmup_steps=10, async_average_every=5)
+    assert [s for s in range(30) if p.averages_after(s)] == [14, 19, 24, 29]
+    assert p.async_sync_interval_ms() >= 3600 * 1000  # no timed round within a comparison
+    timer = Problem(async_average_every=0)
+    assert timer.async_sync_interval_ms() is None and not any(timer.averages_after(s) for s in range(30))
+
+
+def test_problem_in_float64_holds_the_float32_values():
+    import numpy as np
+
+    from bagua_core.compare.problem import Problem
+
+    a, b = Problem(), Problem(dtype="float64")
+    for x, y in zip(a.initial_weights() + list(a.batch(3, 1)[:1]), b.initial_weights() + list(b.batch(3, 1)[:1])):
+        assert x.dtype == np.float32 and y.dtype == np.float64
+        np.testing.assert_array_equal(x.astype(np.float64), y)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,fragment", [
-    (["--algorithm", "nope"], "invalid choice"),
+    (["--algorithm", "nope"], "unknown algorithm(s) ['nope']"),
+    (["--algorithm", "qadam,nope"], "unknown algorithm(s) ['nope']"),
     (["--nproc", "0"], "--nproc must be >= 1"),
     (["--steps", "2"], "--steps must be >"),
+    (["--dtype", "float16"], "invalid choice"),
+    (["--async-average-every", "-1"], "async_average_every must be >= 0"),
 ])
 def test_bad_arguments(args, fragment):
     proc = subprocess.run([sys.executable, "-m", "bagua_core.compare", *args], cwd=REPO,

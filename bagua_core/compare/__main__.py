@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from bagua_core.algorithms import names as algorithm_names
 from bagua_core.compare import report
@@ -19,14 +19,23 @@ FRONTENDS = {"torch": "bagua_torch.compare_worker", "jax": "bagua_jax.compare_wo
 
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(prog="bagua-compare", description=__doc__.splitlines()[0])
-    p.add_argument("--algorithm", default="all", choices=[*algorithm_names(), "all"],
-                   help="an algorithm by its original name, or all of them")
+    p.add_argument("--algorithm", default="all",
+                   help=f"algorithms by their original names, comma-separated ({', '.join(algorithm_names())}), "
+                        "or all of them")
     p.add_argument("--nproc", type=int, default=2, help="processes per run")
     p.add_argument("--out", default="bagua-compare", help="directory for compare.json and compare.png")
     p.add_argument("--print-every", type=int, default=10, help="loss rows shown per algorithm")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run before it is stopped")
     Problem.add_args(p)
     args = p.parse_args(argv)
+    args.algorithm = list(algorithm_names()) if args.algorithm == "all" else args.algorithm.split(",")
+    unknown = [a for a in args.algorithm if a not in algorithm_names()]
+    if unknown:
+        p.error(f"unknown algorithm(s) {unknown}; choose from {list(algorithm_names())} or all")
+    try:
+        Problem.from_args(args)
+    except ValueError as e:
+        p.error(str(e))
     if args.nproc < 1:
         p.error("--nproc must be >= 1")
     if args.steps <= report.WARMUP_STEPS:
@@ -54,13 +63,12 @@ def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, tim
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     problem = Problem.from_args(args)
-    chosen: List[str] = list(algorithm_names()) if args.algorithm == "all" else [args.algorithm]
     results = {}
-    for name in chosen:
-        print(f"bagua-compare: {name}: torch, then jax, on {args.nproc} processes", flush=True)
+    for name in args.algorithm:
+        print(f"bagua-compare: {name}: torch, then jax, on {args.nproc} processes, {problem.dtype}", flush=True)
         runs = {fe: run_workers(fe, name, problem, args.nproc, args.timeout) for fe in FRONTENDS}
-        results[name] = {**runs, "summary": report.summarise(runs["torch"], runs["jax"])}
-    report.print_report(results, max(1, args.print_every))
+        results[name] = {**runs, "summary": {**report.summarise(runs["torch"], runs["jax"]), "dtype": problem.dtype}}
+    report.print_report(results, max(1, args.print_every), problem)
     for path in report.write(results, args.out):
         print(f"wrote {path}")
     return 0

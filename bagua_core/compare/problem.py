@@ -1,6 +1,7 @@
 """The problem both frontends train in ``bagua-compare``: an MLP's initial
 weights and every rank's batches, drawn with numpy from fixed seeds, so the
-torch and JAX runs start identical and see identical data.
+torch and JAX runs start identical and see identical data, in ``dtype``
+(float32, or float64: the same values, drawn in float32, held in float64).
 
 Weights are listed in torch's ``named_parameters()`` order with torch's
 layouts (a linear layer's weight is ``(out, in)``): the JAX worker keeps the
@@ -13,6 +14,8 @@ import dataclasses
 from typing import List, Tuple
 
 import numpy as np
+
+DTYPES = ("float32", "float64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,29 @@ class Problem:
     # warmup_steps is asynchronous model average's warm-up too
     adam_lr: float = 0.005
     warmup_steps: int = 10
+    # asynchronous model average: averages after every this many steps past the
+    # warm-up, triggered by abort() + resume() with a timer that never fires, so
+    # both frontends average at the same steps; 0: the timer (sync_interval_ms
+    # default), whose rounds fall at wall-clock times
+    async_average_every: int = 5
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.async_average_every < 0:
+            raise ValueError(f"async_average_every must be >= 0, got {self.async_average_every}")
+
+    def async_sync_interval_ms(self):
+        """AsyncModelAverage's sync_interval_ms: None (its default) for the
+        timer, else a day: no timed round within a comparison."""
+        return None if self.async_average_every == 0 else 24 * 3600 * 1000
+
+    def averages_after(self, step: int) -> bool:
+        """Whether asynchronous model average averages (abort + resume) after
+        0-based training step ``step``."""
+        k = self.async_average_every
+        return k > 0 and step + 1 > self.warmup_steps and (step + 1 - self.warmup_steps) % k == 0
 
     @property
     def sizes(self) -> List[Tuple[int, int]]:
@@ -35,13 +61,13 @@ class Problem:
         return [(self.features, self.hidden), (self.hidden, self.hidden), (self.hidden, self.classes)]
 
     def initial_weights(self) -> List[np.ndarray]:
-        """[w0, b0, w1, b1, ...] float32, w of shape (out, in) (torch's default init)."""
+        """[w0, b0, w1, b1, ...] in ``dtype``, w of shape (out, in) (torch's default init)."""
         rng = np.random.default_rng(self.seed)
         out = []
         for fan_in, fan_out in self.sizes:
             bound = 1.0 / np.sqrt(fan_in)
-            out.append(rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32))
-            out.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+            out.append(rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32).astype(self.dtype))
+            out.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32).astype(self.dtype))
         return out
 
     def batch(self, step: int, rank: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -50,7 +76,7 @@ class Problem:
         rng = np.random.default_rng([self.seed, step, rank])
         y = rng.integers(0, self.classes, self.batch_size)
         x = centres[y] + rng.standard_normal((self.batch_size, self.features))
-        return x.astype(np.float32), y.astype(np.int64)
+        return x.astype(np.float32).astype(self.dtype), y.astype(np.int64)
 
     def to_args(self) -> List[str]:
         return [f"--{f.name.replace('_', '-')}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
@@ -58,7 +84,9 @@ class Problem:
     @classmethod
     def add_args(cls, parser) -> None:
         for f in dataclasses.fields(cls):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+            choices = DTYPES if f.name == "dtype" else None
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                                choices=choices)
 
     @classmethod
     def from_args(cls, args) -> "Problem":

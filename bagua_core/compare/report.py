@@ -29,19 +29,22 @@ def summarise(torch_run: dict, jax_run: dict) -> dict:
             "torch_step_ms": tt * 1e3, "jax_step_ms": tj * 1e3, "jax_over_torch_time": tj / tt}
 
 
-def print_report(results: Dict[str, dict], every: int) -> None:
+def print_report(results: Dict[str, dict], every: int, problem) -> None:
     for name, r in results.items():
         t, j, s = r["torch"], r["jax"], r["summary"]
-        print(f"\n== {name} ({t['world_size']} processes) ==")
+        print(f"\n== {name} ({t['world_size']} processes, {problem.dtype}) ==")
         print(f"{'step':>6}{'torch loss':>14}{'jax loss':>14}{'|diff|':>12}")
         for i in range(0, len(t["losses"]), every):
             a, b = t["losses"][i], j["losses"][i]
             print(f"{i:>6}{a:>14.6f}{b:>14.6f}{abs(a - b):>12.2e}")
         print(f"largest divergence {s['max_abs_divergence']:.3e} (relative {s['max_rel_divergence']:.2e}) "
               f"at step {s['at_step']}")
-        if name == "async":
+        if name == "async" and problem.async_average_every == 0:
             print("(asynchronous model average averages at wall-clock times: after its warm-up the curves differ "
                   "from run to run, in either framework)")
+        elif name == "async":
+            print(f"(asynchronous model average: averaged by abort() + resume() every "
+                  f"{problem.async_average_every} steps after the warm-up, its timer off)")
         print(f"time per step (median): torch {s['torch_step_ms']:.2f} ms, jax {s['jax_step_ms']:.2f} ms "
               f"(jax/torch {s['jax_over_torch_time']:.2f})")
 

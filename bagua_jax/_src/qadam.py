@@ -72,7 +72,7 @@ def qadam(learning_rate, warmup_steps: int = 100, b1: float = 0.9, b2: float = 0
         if hp.weight_decay != 0.0 and params is None:
             raise ValueError("bagua_jax.qadam with weight_decay needs params: tx.update(grads, state, params)")
         count = state.count + jnp.asarray(1, jnp.int32)
-        t = count.astype(jnp.float32)
+        t = count.astype(jnp.result_type(float))  # float64 under jax_enable_x64, as torch's Python floats
         warm = count < hp.warmup_steps
         if hp.weight_decay != 0.0:
             grads = jax.tree_util.tree_map(lambda g, p: g + hp.weight_decay * p, updates, params)
