@@ -39,8 +39,7 @@ def case_names(session: str):
 
 class Worker(JaxWorker):
     def grads(self, step):
-        rng = np.random.default_rng(977 * step + self.rank)
-        return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+        return self.rank_grads(SHAPES, step)
 
     def start(self):
         rng = np.random.default_rng(5)  # the same on every rank
@@ -201,31 +200,9 @@ class Worker(JaxWorker):
     def loss_goes_down(self):
         import bagua_jax
 
-        jax, jnp, optax = self.jax, self.jnp, self.optax
-        rng = np.random.default_rng(0)
-        true_w = rng.standard_normal((4, 3)).astype(np.float32)
-        params = {"w": jnp.asarray(rng.standard_normal((4, 3)) * 0.1, jnp.float32), "b": jnp.zeros(3, jnp.float32)}
-
-        def loss(p, x, y):
-            return optax.softmax_cross_entropy_with_integer_labels(x @ p["w"] + p["b"], y).mean()
-
-        def batch(step, n=32):
-            g = np.random.default_rng(1000 * step + self.rank)
-            x = g.standard_normal((n, 4)).astype(np.float32)
-            return x, (x @ true_w).argmax(1)
-
         algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=5, warmup_steps=5)
-        tx = optax.chain(optax.sgd(0.3), bagua_jax.transform(algo))
-        grad = jax.jit(jax.grad(loss))
-        ex, ey = batch(10 ** 6, 512)
-        before = float(loss(params, ex, ey))
-        p, s = params, tx.init(params)
-        for t in range(60):
-            u, s = tx.update(grad(p, *batch(t)), s, p)
-            p = optax.apply_updates(p, u)
-        p = algo.abort(p)
-        after = float(loss(p, ex, ey))
-        assert after < 0.6 * before, f"loss {before:.4f} -> {after:.4f}"
+        tx = self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(algo))
+        self.assert_training_reduces_loss(tx, eager=True, finish=algo.abort)
         assert algo._binding.averager.rounds > 0
         algo._binding.close()
 

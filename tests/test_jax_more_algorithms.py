@@ -43,9 +43,15 @@ def case_names(session: str):
 
 
 class Worker(JaxWorker):
-    def grads(self, shapes, step):
-        rng = np.random.default_rng(977 * step + self.rank)
-        return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    def torch_model_of_grads(self, shapes):
+        """A torch module of zero parameters of ``shapes`` whose forward(gs)
+        makes backward give exactly the numpy gradients gs; (module, parameters)."""
+        torch = self.torch.torch
+        params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
+        model = torch.nn.Module()
+        model.params = params
+        model.forward = lambda gs: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, gs))
+        return model, params
 
     def init(self):
         import bagua_jax
@@ -58,20 +64,15 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        tw = self.torch
-        torch = tw.torch
         shapes = [(6, 5), (7,), (3, 4)]
         steps = 3
-        params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
-        model = torch.nn.Module()
-        model.params = params
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        model.forward = lambda gs: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, gs))
+        model, params = self.torch_model_of_grads(shapes)
+        opt = self.torch.torch.optim.SGD(model.parameters(), lr=1.0)
         model = model.with_bagua([opt], ta.LowPrecisionDecentralizedAlgorithm(hierarchical=hierarchical))
         torch_weights = []
         for t in range(steps):
             opt.zero_grad()
-            model(self.grads(shapes, t)).backward()
+            model(self.rank_grads(shapes, t)).backward()
             opt.step()
             torch_weights.append([p.detach().numpy().copy() for p in params])
         model.bagua_ddp.close()
@@ -83,7 +84,7 @@ class Worker(JaxWorker):
         state = tx.init(p)
         update = self.jax.jit(tx.update)
         for t in range(steps):
-            u, state = update([jnp.asarray(g) for g in self.grads(shapes, t)], state, p)
+            u, state = update([jnp.asarray(g) for g in self.rank_grads(shapes, t)], state, p)
             # the step's result is p + u; compare it as the communicated weights
             want = torch_weights[t]
             prev = [np.zeros(s, np.float32) for s in shapes] if t == 0 else torch_weights[t - 1]
@@ -107,7 +108,7 @@ class Worker(JaxWorker):
         state = tx.init(params)
         assert state[1].step_state[0].shape == (15,)
         update = jax.jit(tx.update)
-        g = {"w": jnp.asarray(self.grads([(5,)], 0)[0])}
+        g = {"w": jnp.asarray(self.rank_grads([(5,)], 0)[0])}
         u0, state = update(g, state, params)  # step 0 communicates: replicas move
         assert np.any(np.asarray(state[1].step_state[0]) != 0)
         u1, state = update(g, state, params)  # step 1 does not: the plain SGD update
@@ -118,40 +119,10 @@ class Worker(JaxWorker):
         np.testing.assert_array_equal(np.asarray(ua["w"]), np.asarray(ub["w"]))
         np.testing.assert_array_equal(np.asarray(sa[1].step_state[0]), np.asarray(sb[1].step_state[0]))
 
-    def _assert_training_reduces_loss(self, tx, steps=60, factor=0.6):
-        """Trains a linear classifier with ``tx`` under jax.jit on a separable
-        task, each rank its own batches; the held-out loss must fall below
-        ``factor`` times its start."""
-        jax, jnp, optax = self.jax, self.jnp, self.optax
-        rng = np.random.default_rng(0)
-        true_w = rng.standard_normal((4, 3)).astype(np.float32)
-        params = {"w": jnp.asarray(rng.standard_normal((4, 3)) * 0.1, jnp.float32), "b": jnp.zeros(3, jnp.float32)}
-
-        def loss(p, x, y):
-            return optax.softmax_cross_entropy_with_integer_labels(x @ p["w"] + p["b"], y).mean()
-
-        def batch(step, n=32):
-            g = np.random.default_rng(1000 * step + self.rank)
-            x = g.standard_normal((n, 4)).astype(np.float32)
-            return x, (x @ true_w).argmax(1)
-
-        @jax.jit
-        def step(p, s, x, y):
-            u, s = tx.update(jax.grad(loss)(p, x, y), s, p)
-            return optax.apply_updates(p, u), s
-
-        ex, ey = batch(10 ** 6, 512)
-        before = float(loss(params, ex, ey))
-        p, s = params, tx.init(params)
-        for t in range(steps):
-            p, s = step(p, s, *batch(t))
-        after = float(loss(p, ex, ey))
-        assert after < factor * before, f"loss {before:.4f} -> {after:.4f}"
-
     def loss_goes_down(self):
         import bagua_jax
 
-        self._assert_training_reduces_loss(self.optax.chain(
+        self.assert_training_reduces_loss(self.optax.chain(
             self.optax.sgd(0.3), bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm())))
 
     # -- QAdam --
@@ -163,7 +134,7 @@ class Worker(JaxWorker):
         q, a = bagua_jax.qadam(0.01, warmup_steps=1000), optax.adam(0.01)
         qs, as_ = q.init(p), a.init(p)
         for t in range(10):
-            g = {"w": jnp.asarray(self.grads([(6,)], t)[0])}
+            g = {"w": jnp.asarray(self.rank_grads([(6,)], t)[0])}
             qu, qs = q.update(g, qs, p)
             au, as_ = a.update(g, as_, p)
             np.testing.assert_allclose(np.asarray(qu["w"]), np.asarray(au["w"]), rtol=1e-5, atol=1e-7)
@@ -174,18 +145,14 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        torch = self.torch.torch
         shapes = [(6, 5), (7,), (3, 4)]
-        params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
-        model = torch.nn.Module()
-        model.params = params
-        model.forward = lambda gs: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, gs))
+        model, params = self.torch_model_of_grads(shapes)
         opt = ta.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=warmup)
         model = model.with_bagua([opt], ta.QAdamAlgorithm(opt, hierarchical=hierarchical))
         out = []
         for t in range(steps):
             opt.zero_grad()
-            model(self.grads(shapes, t)).backward()
+            model(self.rank_grads(shapes, t)).backward()
             opt.step()
             out.append(([p.detach().numpy().copy() for p in params],
                         [opt.state[p]["exp_avg"].numpy().copy() for p in params]))
@@ -199,7 +166,7 @@ class Worker(JaxWorker):
         update = self.jax.jit(tx.update)
         res = []
         for t in range(steps):
-            u, state = update([jnp.asarray(g) for g in self.grads(shapes, t)], state, p)
+            u, state = update([jnp.asarray(g) for g in self.rank_grads(shapes, t)], state, p)
             p = self.optax.apply_updates(p, u)
             res.append(([np.asarray(x) for x in p], [np.asarray(m) for m in state.mu]))
         return out, res
@@ -240,7 +207,7 @@ class Worker(JaxWorker):
     def qadam_loss_goes_down(self):
         import bagua_jax
 
-        self._assert_training_reduces_loss(bagua_jax.transform(bagua_jax.QAdamAlgorithm(
+        self.assert_training_reduces_loss(bagua_jax.transform(bagua_jax.QAdamAlgorithm(
             bagua_jax.qadam(self.optax.constant_schedule(0.05), warmup_steps=10))))
 
 

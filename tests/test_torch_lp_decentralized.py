@@ -1,6 +1,6 @@
 """LowPrecisionDecentralizedAlgorithm across real processes against an
 independent reference written with numpy (tests/reference's MinMaxUInt8
-compressor) and torch.distributed all_gather:
+compressor) and torch.distributed all_gather (tests/reference/compressed_exchange.py):
 
 * flat on 2 and 3 ranks (communication_interval 1 and 2), hierarchical on 4
   ranks as 2 nodes; the replicas are exact: my W equals my left neighbour's R
@@ -44,9 +44,7 @@ STEPS = 12
 
 class Worker(TorchWorker):
     def model(self, seed):
-        nn = self.nn
-        self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3, bias=False))  # 128 parameters
+        return self.mlp(seed, out_bias=False)  # 128 parameters
 
     def train_step(self, model, opt, step):
         x, y = self.batch(step)
@@ -66,16 +64,13 @@ class Worker(TorchWorker):
         state = [W, L, R] (float32 numpy), updated in place; returns the new x."""
         import numpy as np
 
-        from tests.reference import minmax_uint8 as mm
+        from tests.reference import compressed_exchange, minmax_uint8 as mm
 
-        torch = self.torch
         W, L, R = state
         d = x + L / np.float32(3) + R / np.float32(3) - W * (np.float32(5) / np.float32(3))
-        q = torch.from_numpy(mm.compress(d, 1))
-        every = [torch.empty_like(q) for _ in range(self.world)]
-        self.dist.all_gather(every, q)
+        every = compressed_exchange.allgather_compressed(self.dist, d, 1)
         left, right = (my_peer - 1) % peers, (my_peer + 1) % peers
-        dec = lambda j: mm.decompress(every[rank_of_peer(j)].numpy(), x.size, 1, np.float32)  # noqa: E731
+        dec = lambda j: mm.decompress(every[rank_of_peer(j)], x.size, 1, np.float32)  # noqa: E731
         L += dec(left)
         R += dec(right)
         new = W + dec(my_peer)

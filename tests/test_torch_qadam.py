@@ -2,8 +2,8 @@
 independent reference: Adam's arithmetic written out here with torch
 tensors, gradients averaged with torch.distributed during the warm-up, and
 afterwards the momentum averaged with the MinMaxUInt8 scatter-reduce-gather
-built from tests/reference's numpy compressor and torch.distributed
-all_gather. Group sizes 2 and 3; the run crosses the warm-up switch (and uses
+of tests/reference/compressed_exchange.py (numpy compressor, torch.distributed
+all_gather). Group sizes 2 and 3; the run crosses the warm-up switch (and uses
 the gradient of the switching step); hierarchical QAdam (4 ranks as 2 nodes)
 trains. Also: QAdamOptimizer alone is Adam when
 the warm-up outlasts training; bad input raises at wrap time; a checkpoint
@@ -38,9 +38,7 @@ LR, WARMUP, STEPS, B1, B2, EPS, WD = 0.01, 4, 9, 0.9, 0.999, 1e-8, 0.01
 
 class Worker(TorchWorker):
     def model(self, seed):
-        nn = self.nn
-        self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3, bias=False))  # 128 parameters
+        return self.mlp(seed, out_bias=False)  # 128 parameters
 
     def grads_of(self, model, step):
         x, y = self.batch(step)
@@ -63,26 +61,10 @@ class Worker(TorchWorker):
                 o.step()
         self.close_to(self.flat(a), self.flat(b), rtol=1e-5, atol=1e-6)
 
-    def srg_reference(self, flat):
-        """MinMaxUInt8 scatter-reduce-gather mean of one flat float32 bucket."""
-        import numpy as np
-
-        from tests.reference import minmax_uint8 as mm
-
-        torch, n, r = self.torch, self.world, self.rank
-        chunk = flat.size // n
-        rb = mm.record_nbytes(chunk)
-        every = [torch.empty(mm.compressed_nbytes(flat.size, n), dtype=torch.uint8) for _ in range(n)]
-        self.dist.all_gather(every, torch.from_numpy(mm.compress(flat, n)))
-        received = np.concatenate([e.numpy()[r * rb:(r + 1) * rb] for e in every])
-        reduced = mm.reduce_chunks(received, chunk, n, np.float32, average=True)
-        own = torch.from_numpy(mm.compress(reduced, 1))
-        records = [torch.empty_like(own) for _ in range(n)]
-        self.dist.all_gather(records, own)
-        return mm.decompress(np.concatenate([x.numpy() for x in records]), flat.size, n, np.float32)
-
     def equals_reference_through_switch(self):
         import numpy as np
+
+        from tests.reference import compressed_exchange
 
         torch = self.torch
         model = self.model(100 + self.rank)
@@ -114,7 +96,7 @@ class Worker(TorchWorker):
                         local = (np.float32(B1) * m[n].numpy() + np.float32(1 - B1) * params[n].grad.numpy())
                         flat[off:off + local.size] = local.reshape(-1)
                         off += local.size
-                    avg = self.srg_reference(flat)
+                    avg = compressed_exchange.scatter_reduce_gather_mean(self.dist, flat)
                     off = 0
                     for n in names:
                         m[n] = torch.from_numpy(avg[off:off + m[n].numel()].copy()).reshape(m[n].shape)

@@ -24,10 +24,11 @@ class TorchWorker:
         self.rank = self.group.rank
         self.world = self.group.size
 
-    def mlp(self, seed, hidden=16):
+    def mlp(self, seed, hidden=16, out_bias=True):
+        """4 inputs -> ``hidden`` -> 3 classes, initialised from ``seed``."""
         nn = self.nn
         self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+        return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3, bias=out_bias))
 
     def batch(self, step, n=8):
         g = self.torch.Generator().manual_seed(1000 * step + self.rank)
