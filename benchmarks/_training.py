@@ -218,6 +218,32 @@ def timed_steps(trainer, n, barrier):
     return time.perf_counter() - t0
 
 
+def timed_async_window(trainer, min_steps, barrier, all_agree):
+    """Asynchronous model average's timed window: ``(steps, seconds)``, the same steps on every rank.
+
+    Its background loop runs only inside the window (``resume`` first, ``abort`` after, untimed):
+    left running, its rounds, which the weight lock keeps out of its own steps, would land in the
+    other configurations' windows and slow them instead. The window lasts until at least
+    ``min_steps`` steps ran and one averaging round has completed on every rank since it began (a
+    pause of ``sync_interval_ms`` and its round: one period of the loop's steady state), so it holds
+    the cost of its averaging. After each step the ranks agree whether to go on
+    (``all_agree(flag)``: true when true on every rank), so, as in a window of :func:`timed_steps`,
+    every step ends in a synchronisation of the ranks."""
+    ddp = trainer.net.bagua_ddp
+    ddp.impl.resume()
+    barrier()
+    t0 = time.perf_counter()
+    start, n = ddp.averager.rounds, 0
+    while True:
+        trainer.steps(1)
+        n += 1
+        if all_agree(n >= min_steps and ddp.averager.rounds > start):
+            break
+    seconds = time.perf_counter() - t0
+    ddp.impl.abort()
+    return n, seconds
+
+
 def quartiles(xs):
     """(25th percentile, median, 75th percentile)."""
     if len(xs) < 2:

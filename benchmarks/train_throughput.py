@@ -30,9 +30,15 @@ SGD with momentum, in the same processes:
     Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
                           the untimed steps, so the timed ones communicate compressed momentum
     Bagua Async           AsyncModelAverageAlgorithm() (weights averaged every 500 ms by the engine's
-                          background loop; it keeps running, so its rounds also load the machine
-                          while the other configurations are timed; see benchmarks/async_straggler.py
-                          for each rank's own speed with a straggler)
+                          background loop). Its loop runs only in its own timed windows (abort()
+                          after each, resume() before, untimed): its weight lock keeps its rounds
+                          out of its own steps, so a loop left running did its averaging inside
+                          the OTHER configurations' windows (measured: 68 of 75 rounds), which
+                          made it look faster than "no communication". Each window lasts at least
+                          --steps steps and until one round has completed (one pause + round
+                          period); every step ends with the ranks agreeing whether to go on (a
+                          4-byte allreduce), as every other window ends with a barrier. See
+                          benchmarks/async_straggler.py for each rank's own speed with a straggler
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
                           ``bucket_cap_mb=25``, DDP's bucket size
@@ -65,7 +71,7 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import Trainer, parse_configs, quartiles, timed_steps  # benchmarks/_training.py
+from _training import Trainer, parse_configs, quartiles, timed_async_window, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
@@ -163,15 +169,32 @@ def work(argv) -> int:
         for name in args.configs:
             trainers.append(Trainer(name, lambda: build_model(args.channels, args.hidden), batches, args.warmup))
             trainers[-1].steps(args.warmup)
+            if name == "Bagua Async":
+                trainers[-1].net.bagua_ddp.impl.abort()  # its loop runs in its own windows only
+
+        def all_agree(flag):
+            t = torch.tensor([int(flag)])
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return bool(t.item())
+
         per_round = {name: [] for name in args.configs}
+        async_window_steps = []
         for r in range(args.rounds):
             order = trainers if r % 2 == 0 else trainers[::-1]
             for t in order:
-                per_round[t.name].append(samples / timed_steps(t, args.steps, dist.barrier))
+                if t.name == "Bagua Async":
+                    n, seconds = timed_async_window(t, args.steps, dist.barrier, all_agree)
+                    per_round[t.name].append(n * args.batch_size * world / seconds)
+                    async_window_steps.append(n)
+                else:
+                    per_round[t.name].append(samples / timed_steps(t, args.steps, dist.barrier))
             if (r + 1) % max(1, args.rounds // 10) == 0 or r + 1 == args.rounds:
                 say(f"round {r + 1}/{args.rounds}, median samples/s so far: "
                     + ", ".join(f"{n} {statistics.median(v):.0f}" for n, v in per_round.items())
                     + f" (load {os.getloadavg()[0]:.2f})")
+        if async_window_steps:
+            say(f"Bagua Async: {statistics.mean(async_window_steps):.1f} steps per timed window, each holding one "
+                f"averaging round or more")
     finally:
         for t in trainers:
             t.close()
@@ -180,6 +203,8 @@ def work(argv) -> int:
 
     results = {t.name: {"samples_per_s": statistics.median(per_round[t.name]), "rounds": per_round[t.name],
                         "loss": t.loss} for t in trainers}
+    if async_window_steps:
+        results["Bagua Async"]["steps_per_window"] = async_window_steps
     base = results[BASELINE]
     for r in results.values():
         # Paired: each round's steps ran within about a second of each other, under the same load.

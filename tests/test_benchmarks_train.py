@@ -46,6 +46,9 @@ def test_smoke_run_reports_every_configuration(tmp_path):
         r = doc["results"][name]
         assert r["samples_per_s"] > 0 and math.isfinite(r["ratio_to_ddp"]), (name, r)
         assert math.isfinite(r["loss"]), (name, r)
+    # asynchronous model average is timed over windows that each hold one of its averaging rounds
+    assert len(doc["results"]["Bagua Async"]["steps_per_window"]) == doc["rounds"]
+    assert "steps per timed window, each holding one averaging round" in p.stdout
 
 
 def test_async_straggler_smoke_run(tmp_path):
