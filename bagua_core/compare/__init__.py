@@ -24,10 +24,12 @@ How close the curves are: both frontends run the same C++ steps, so for equal
 inputs the communicated values are bitwise equal; what differs is each
 framework's own arithmetic (matmul summation order, fused operations), a few
 float ulps per step. In float32 (3 processes, 50 steps) the curves agree within
-1e-5 relative, except QAdam's: after its warm-up the 8-bit momentum (MinMaxUInt8,
-255 steps between a chunk's min and max) turns an ulp difference that lands on
-a rounding boundary into a whole quantisation step, divided by the frozen
-sqrt(v); those flips accumulate to a few percent (3.5% measured). In float64
+1e-5 relative, except QAdam's: Adam divides by sqrt(v), tiny for some weights,
+which amplifies ulp differences (plain Adam: 6e-4), and after its warm-up the
+8-bit momentum (MinMaxUInt8, 255 levels between a chunk's min and max) turns a
+difference that lands on a rounding boundary into a whole quantisation step,
+divided by the frozen sqrt(v); those flips accumulate to a few percent (3.5%
+measured). In float64
 the frameworks' differences are float64 ulps, which almost never change the
 float32 value the compressor quantises, and QAdam's and low-precision
 decentralized's curves agree to about 1e-15.
