@@ -15,7 +15,7 @@ import pytest
 
 from bagua_core import _C, engine as E
 from bagua_core.dtypes import DType
-from bagua_core.errors import BaguaError, CommTimeoutError
+from bagua_core.errors import BaguaError, CommTimeoutError, MismatchError, PeerError
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +311,20 @@ def test_never_ready_tensor_raises_naming_it(comm):
         eng.wait()
     eng.mark_ready("a")  # ignored once broken; wait() keeps reporting
     eng.close()
+
+
+@pytest.mark.parametrize("kind,cls,text", [
+    ("timeout", CommTimeoutError, "late"), ("peer", PeerError, "gone"), ("mismatch", MismatchError, "differs"),
+    ("error", BaguaError, "failed"), ("invalid", ValueError, "bad"), ("std", BaguaError, "foreign"),
+    ("other", BaguaError, "unknown error")])
+def test_background_errors_keep_their_type_with_a_prefix(kind, cls, text):
+    # the engine's and the async averager's comm threads re-raise their errors
+    # in the caller through one helper (csrc/common/error.h: with_prefix)
+    with pytest.raises(cls) as info:
+        _C._raise_with_prefix(kind, "bucket 2: ")
+    assert str(info.value) == f"bucket 2: {text}"
+    if cls is BaguaError:
+        assert type(info.value) is BaguaError
 
 
 def test_readiness_errors(eng):

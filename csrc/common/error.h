@@ -2,6 +2,7 @@
 // (see bagua_core/errors.py), so callers can tell a timeout from a dead peer.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -40,5 +41,10 @@ class InvalidArgument : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+// The error `e` again, of the same type (a PeerError keeps its peer), with
+// `prefix` in front of its message; a foreign exception becomes an Error.
+// For errors of a background thread re-raised in the caller with context.
+std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix);
 
 }  // namespace bagua

@@ -1,0 +1,25 @@
+#include "common/error.h"
+
+namespace bagua {
+
+std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const TimeoutError& x) {
+    return std::make_exception_ptr(TimeoutError(prefix + x.what()));
+  } catch (const PeerError& x) {
+    return std::make_exception_ptr(PeerError(prefix + x.what(), x.peer()));
+  } catch (const MismatchError& x) {
+    return std::make_exception_ptr(MismatchError(prefix + x.what()));
+  } catch (const Error& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (const InvalidArgument& x) {
+    return std::make_exception_ptr(InvalidArgument(prefix + x.what()));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(Error(prefix + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(Error(prefix + "unknown error"));
+  }
+}
+
+}  // namespace bagua
