@@ -11,6 +11,7 @@ benchmark scripts import this module without them.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 
@@ -242,6 +243,20 @@ def timed_async_window(trainer, min_steps, barrier, all_agree):
     seconds = time.perf_counter() - t0
     ddp.impl.abort()
     return n, seconds
+
+
+def finish(rank, json_path, doc) -> int:
+    """The end of a torch.distributed benchmark worker: rank 0 writes ``doc``
+    to ``json_path`` (when given), then every rank meets the others and tears
+    the process group down. Returns the worker's exit status (0)."""
+    import torch.distributed as dist
+
+    if rank == 0 and json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
 
 
 def quartiles(xs):

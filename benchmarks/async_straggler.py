@@ -28,11 +28,11 @@ DDP holds every rank at 1.0x.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
+from _training import finish  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "Bagua Async", "no communication")
 
@@ -153,17 +153,11 @@ def work(argv) -> int:
                       + f" | {ratio:.2f}x | {vs_slow:.2f}x |")
         print(f"\n(each rank's own samples/s over {args.steps} steps of batch {args.batch_size}; "
               f"Bagua Async sync_interval_ms={args.interval_ms})", flush=True)
-        if args.json:
-            doc = {"results": [{"config": n, "slow_ms": s, "per_rank": [{"samples_per_s": v, "rounds": r}
-                                                                          for v, r in every]}
-                               for (n, s), every in results.items()],
-                   "slow_rank": args.slow_rank, "steps": args.steps, "batch_size": args.batch_size,
-                   "interval_ms": args.interval_ms, "channels": list(args.channels), "hidden": args.hidden}
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=2)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    doc = {"results": [{"config": n, "slow_ms": s, "per_rank": [{"samples_per_s": v, "rounds": r} for v, r in every]}
+                       for (n, s), every in results.items()],
+           "slow_rank": args.slow_rank, "steps": args.steps, "batch_size": args.batch_size,
+           "interval_ms": args.interval_ms, "channels": list(args.channels), "hidden": args.hidden}
+    return finish(rank, args.json, doc)
 
 
 if __name__ == "__main__":

@@ -64,14 +64,13 @@ the engine's comm thread for Bagua).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import Trainer, parse_configs, quartiles, timed_async_window, timed_steps  # benchmarks/_training.py
+from _training import Trainer, finish, parse_configs, quartiles, timed_async_window, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
@@ -216,17 +215,12 @@ def work(argv) -> int:
         print(f"\n(samples/s of both ranks, median over {args.rounds} rounds of {args.steps} step(s); ratio: median of "
               f"the per-round ratios; {total_s:.0f} s in all; "
               f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})", flush=True)
-        if args.json:
-            doc = {"results": results, "configs": list(args.configs), "world_size": world,
-                   "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                   "channels": list(args.channels), "hidden": args.hidden, "parameters": n_params,
-                   "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-                   "load_average_before": load_before, "load_average_after": load_after, "seconds": total_s}
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=2)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    doc = {"results": results, "configs": list(args.configs), "world_size": world,
+           "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+           "channels": list(args.channels), "hidden": args.hidden, "parameters": n_params,
+           "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+           "load_average_before": load_before, "load_average_after": load_after, "seconds": total_s}
+    return finish(rank, args.json, doc)
 
 
 if __name__ == "__main__":
