@@ -61,6 +61,10 @@ Settings (all optional):
 ``BAGUA_AUTOTUNE_INTERVAL_STEPS`` steps between two autotune decisions, where every
                                  rank meets rank 0's decision in the store (default
                                  100, Bagua 0.9's cycle)
+``BAGUA_AUTOTUNE_CONFIRM_PAIRS`` after the search, the best plan and the default are
+                                 measured this many times each, alternately; the
+                                 best replaces the default only if its gain over
+                                 these pairs exceeds their noise (default 5, >= 2)
 ``BAGUA_IS_OUTPUT_AUTOTUNE_LOG`` rank 0 writes each measured plan to
                                  ``$TMPDIR/bagua_autotune_<model>.log`` (CSV; default off)
 ===============================  =======================================================
@@ -207,6 +211,7 @@ class Settings:
     autotune_sampling_confidence_time_s: float = 5.0
     autotune_warmup_time_s: float = 30.0
     autotune_interval_steps: int = 100
+    autotune_confirm_pairs: int = 5
     autotune_log: bool = False
 
     @property
@@ -294,6 +299,8 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         autotune_warmup_time_s=_seconds("BAGUA_AUTOTUNE_WARMUP_TIME_S", g("BAGUA_AUTOTUNE_WARMUP_TIME_S"), 30.0),
         autotune_interval_steps=parse_int("BAGUA_AUTOTUNE_INTERVAL_STEPS", g("BAGUA_AUTOTUNE_INTERVAL_STEPS"), 100,
                                           minimum=1),
+        autotune_confirm_pairs=parse_int("BAGUA_AUTOTUNE_CONFIRM_PAIRS", g("BAGUA_AUTOTUNE_CONFIRM_PAIRS"), 5,
+                                         minimum=2),
         autotune_log=parse_bool("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", g("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"), False),
     )
 

@@ -26,6 +26,7 @@ AUTOTUNE_ENV = {
     "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": "0",
     "BAGUA_AUTOTUNE_WARMUP_TIME_S": "0",
     "BAGUA_AUTOTUNE_INTERVAL_STEPS": "3",
+    "BAGUA_AUTOTUNE_CONFIRM_PAIRS": "2",
     "BAGUA_IS_OUTPUT_AUTOTUNE_LOG": "1",
 }
 TRACE_ENV = {"BAGUA_BUCKET_SIZE": "256"}  # several buckets for a small model
@@ -35,7 +36,7 @@ SESSIONS = {
     "autotune2": Session(2, env=AUTOTUNE_ENV),
     "autotune3": Session(3, env=AUTOTUNE_ENV),
 }
-STEPS = 30
+STEPS = 45
 
 
 def case_names(session):
@@ -159,6 +160,10 @@ if __name__ == "__main__":
             self.train(reference, ref_opt, STEPS, full_batch=True)
             self.close_to(self.flat(model), self.flat(reference), rtol=1e-4, atol=1e-5)
             if self.rank == 0:
+                # a plan other than the default is kept only when the paired confirmation showed it faster
+                v = session.tuner.verdict
+                assert v is not None and v.switched == (session.plan.order is not None or
+                                                        session.plan.bucket_bytes != v.default_bytes), (v, session.plan)
                 assert session.log_path and os.path.exists(session.log_path)
                 rows = plot.read_log(session.log_path)
                 assert len(rows) >= 2 and {r["plan_id"] for r in rows} >= {0}, rows

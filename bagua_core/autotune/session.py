@@ -90,7 +90,8 @@ class AutotuneSession:
             self.log_path = log_path(model) if s.autotune_log else None
             payload = sum(int(n) * _itemsize(d) for _, n, d in self.decls)
             self.tuner = Tuner(default_bucket_bytes, payload, s.autotune_max_samples, s.autotune_warmup_time_s,
-                               s.autotune_sampling_confidence_time_s, self._partition, self.log_path)
+                               s.autotune_sampling_confidence_time_s, self._partition, self.log_path,
+                               confirm_pairs=s.autotune_confirm_pairs)
 
     # ---- plans ----
     def buckets(self, plan: Optional[Plan] = None) -> List[List[str]]:
@@ -150,6 +151,11 @@ class AutotuneSession:
         if self.store is not None and n > 0:
             self._check_acks(n - 1)
         size = self.tuner.decide(now, step)
+        if self.tuner.completed and not self.completed and self.tuner.verdict is not None:  # just settled
+            v = self.tuner.verdict
+            log.logger.info("autotune %s: %s %d-byte buckets: %s", self.model,
+                            "switches to" if v.switched else "keeps the default plan, not", v.candidate_bytes,
+                            v.reason)
         plan = None
         if size is not None:
             if self._order is None:
@@ -157,8 +163,9 @@ class AutotuneSession:
                 self._order = tuple(position[name] for name in ready_order() if name in position)
                 if len(self._order) != len(self.names):
                     self._order = None  # readiness unknown: keep the declaration order
-            plan = {"id": self.tuner.current_id, "bucket_bytes": size,
-                    "order": None if self._order is None else list(self._order)}
+            # the default plan, when the tuner goes back to it, is exactly the plan training started with
+            order = None if self.tuner.current_is_default or self._order is None else list(self._order)
+            plan = {"id": self.tuner.current_id, "bucket_bytes": size, "order": order}
         message = {"step": step, "previous": self.plan.id, "plan": plan, "completed": self.tuner.completed}
         if self.store is not None:
             self.store.set(self._key("decision", n), json.dumps(message).encode())

@@ -9,9 +9,17 @@ seeded, so a run is reproducible up to the measured speeds). A size whose
 buckets are the same as an already measured size's gets that score without
 being measured again, and does not count as a sample. After ``max_samples``
 measured plans, or once every size was asked (or optuna asked
-``10 * max_samples`` times), the best plan and the default are measured again
-back to back (the load may have changed during the search) and the faster of
-the two is kept for the rest of training.
+``10 * max_samples`` times), the search is over. Its samples were measured one
+after the other while the load may have changed, so they only nominate a
+candidate, the best one. The candidate replaces the default only on fresh,
+paired evidence: the two are measured ``confirm_pairs`` times each,
+alternately (ABBA order, so a steady drift of the load favours neither), and
+the candidate is kept only if the lower end of a one-sided 95% confidence
+interval of its speed-up (Student's t over the pairs' log ratios of median
+step times) is above 1: its gain exceeds the noise measured between the
+pairs. Otherwise training goes on with the default plan (:attr:`Tuner.verdict`
+says which and why). So the kept plan is never a plan that only looked faster
+by chance; a real gain smaller than the noise is given up.
 
 Timing (as Bagua 0.9): nothing is measured during the first ``warmup_s``
 seconds; then each plan is measured for at least ``confidence_s`` seconds
@@ -31,6 +39,7 @@ from typing import Callable, Dict, Hashable, Tuple, List, NamedTuple, Optional
 
 MIN_2P = 10
 MAX_2P = 31
+DEFAULT, CANDIDATE = "default", "candidate"  # the two plans of the confirmation
 
 
 class Sample(NamedTuple):
@@ -42,6 +51,31 @@ class Sample(NamedTuple):
     median_step_s: float
 
 
+class Verdict(NamedTuple):
+    """How the search's candidate fared against the default, measured in pairs."""
+
+    default_bytes: int
+    candidate_bytes: int
+    switched: bool  # the candidate replaced the default
+    pairs: int  # 0: no candidate (the search's best makes the default's buckets)
+    speedup: float  # exp(mean log ratio) of the default's median step over the candidate's
+    low: float  # one-sided 95% confidence bounds of the speed-up
+    high: float
+    reason: str
+
+
+# One-sided 95% quantiles of Student's t by degrees of freedom; between two
+# entries the smaller df's (larger, so more cautious) value is used.
+_T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), (7, 1.895), (8, 1.860),
+        (9, 1.833), (10, 1.812), (12, 1.782), (15, 1.753), (20, 1.725), (30, 1.697), (60, 1.671), (120, 1.658))
+
+
+def one_sided_t95(df: int) -> float:
+    if df < 1:
+        raise ValueError("a confidence interval needs at least 2 pairs")
+    return [t for d, t in _T95 if d <= df][-1]
+
+
 class Tuner:
     """``partition(bucket_bytes)`` gives the buckets a size makes, as a tuple
     (one hashable entry per bucket; equal tuples: the same plan)."""
@@ -51,7 +85,7 @@ class Tuner:
 
     def __init__(self, default_bucket_bytes: int, payload_bytes: int, max_samples: int, warmup_s: float,
                  confidence_s: float, partition: Callable[[int], Tuple[Hashable, ...]], log_path: Optional[str] = None,
-                 seed: int = 0):
+                 seed: int = 0, confirm_pairs: int = 5):
         import optuna  # only rank 0 of an autotuned run needs it
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -74,9 +108,16 @@ class Tuner:
         self._warm = self.warmup_s <= 0
         self._steps: List[float] = []
         self._asked = set()  # bucket_size_2p values optuna asked for
-        self._confirm: Optional[List[int]] = None  # sizes still to measure again (after the search)
-        self.confirmations: List[Sample] = []  # the default and the best, measured again
-        self.chosen: Optional[Sample] = None  # the plan kept
+        self.current_is_default = True  # the current plan is the default (not a size asked of optuna)
+        self._candidate: Optional[Sample] = None  # the search's best, being confirmed
+        self._confirm: Optional[List[str]] = None  # DEFAULT / CANDIDATE: confirmation windows still to measure
+        if int(confirm_pairs) < 2:
+            raise ValueError(f"confirm_pairs must be >= 2, got {confirm_pairs}")
+        self.confirm_pairs = int(confirm_pairs)
+        # (DEFAULT or CANDIDATE, its measurement): the two measured again, alternately
+        self.confirmations: List[Tuple[str, Sample]] = []
+        self.chosen: Optional[Sample] = None  # the plan kept (a confirmation window of it, when confirmed)
+        self.verdict: Optional[Verdict] = None  # set when the search is over
         if log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             with open(log_path, "w", newline="") as f:
@@ -126,39 +167,67 @@ class Tuner:
             self._log(sample)
         return self._start_confirming(now, train_iter)
 
-    # The search measured plans one after the other, while the load may have
-    # changed: the best one and the default are measured again, back to back,
-    # and the faster of these two fresh measurements is kept.
     def _start_confirming(self, now: float, train_iter: int) -> Optional[int]:
         best, default = self.best(), self.samples[0]
-        if self.partition(best.bucket_bytes) == self.partition(default.bucket_bytes):
-            return self._finish(best, now)
-        order = [default.bucket_bytes, best.bucket_bytes]
-        if self.partition(self.current_bytes) == self.partition(best.bucket_bytes):
-            order.reverse()  # measure the current plan first: one switch less
-        self._confirm = order
-        if self.partition(order[0]) == self.partition(self.current_bytes):
-            self._restart(now)
-            return None
-        return self._apply(order[0], now)
+        if best is default or self.partition(best.bucket_bytes) == self.partition(default.bucket_bytes):
+            self.verdict = Verdict(default.bucket_bytes, best.bucket_bytes, False, 0, 1.0, 1.0, 1.0,
+                                   "the search found no plan faster than the default")
+            return self._finish(DEFAULT, now)
+        self._candidate = best
+        running_candidate = (not self.current_is_default
+                             and self.partition(self.current_bytes) == self.partition(best.bucket_bytes))
+        first, other = (CANDIDATE, DEFAULT) if running_candidate else (DEFAULT, CANDIDATE)
+        self._confirm = []
+        for k in range(self.confirm_pairs):  # ABBA...: consecutive windows of one plan need no switch
+            self._confirm += [first, other] if k % 2 == 0 else [other, first]
+        return self._switch_to(self._confirm[0], now)
 
     def _confirm_next(self, now: float, train_iter: int) -> Optional[int]:
         median = statistics.median(self._steps)
         sample = Sample(train_iter, self.current_id, self.current_bytes, len(self.partition(self.current_bytes)),
                         self.payload_bytes / median / 1e9 if median > 0 else 0.0, median)
-        self.confirmations.append(sample)
+        self.confirmations.append((self._confirm.pop(0), sample))
         self._log(sample)
-        self._confirm.pop(0)
         if self._confirm:
-            return self._apply(self._confirm[0], now)
-        return self._finish(max(self.confirmations, key=lambda x: x.score_gbps), now)
+            return self._switch_to(self._confirm[0], now)
+        return self._judge(now)
 
-    def _finish(self, chosen: Sample, now: float) -> Optional[int]:
+    # Pair k = confirmation windows 2k and 2k+1 (one of each plan, measured
+    # back to back). Speed-up of pair k: default's median step / candidate's.
+    def _judge(self, now: float) -> Optional[int]:
+        default_bytes, candidate_bytes = self.samples[0].bucket_bytes, self._candidate.bucket_bytes
+        logs = []
+        for (la, a), (_, b) in zip(self.confirmations[0::2], self.confirmations[1::2]):
+            d, c = (a, b) if la == DEFAULT else (b, a)
+            logs.append(math.log(d.median_step_s / c.median_step_s))
+        n = len(logs)
+        mean = statistics.fmean(logs)
+        half = one_sided_t95(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        low, high = math.exp(mean - half), math.exp(mean + half)
+        switch = low > 1.0
+        measured = f"speed-up {math.exp(mean):.3f}x over {n} pairs, 95% lower bound {low:.3f}x"
+        reason = (f"faster beyond the noise ({measured} > 1)" if switch else
+                  f"not shown faster than the default ({measured} <= 1)")
+        self.verdict = Verdict(default_bytes, candidate_bytes, switch, n, math.exp(mean), low, high, reason)
+        return self._finish(CANDIDATE if switch else DEFAULT, now)
+
+    def _finish(self, which: str, now: float) -> Optional[int]:
         self.completed = True
-        self.chosen = chosen
-        if self.partition(chosen.bucket_bytes) == self.partition(self.current_bytes):
+        kept = sorted((s for label, s in self.confirmations if label == which), key=lambda s: s.score_gbps)
+        self.chosen = kept[len(kept) // 2] if kept else self.samples[0]
+        return self._switch_to(which, now)
+
+    def _switch_to(self, which: str, now: float) -> Optional[int]:
+        """Runs the default or the candidate plan from now on: its size, or None if it runs already."""
+        if which == DEFAULT:
+            if self.current_is_default:
+                self._restart(now)
+                return None
+            return self._apply(self.samples[0].bucket_bytes, now, default=True)
+        if not self.current_is_default and self.current_bytes == self._candidate.bucket_bytes:
+            self._restart(now)
             return None
-        return self._apply(chosen.bucket_bytes, now)
+        return self._apply(self._candidate.bucket_bytes, now)
 
     @property
     def measured(self) -> int:
@@ -174,8 +243,9 @@ class Tuner:
         self._since = now
         self._steps = []
 
-    def _apply(self, size: int, now: float) -> int:
+    def _apply(self, size: int, now: float, default: bool = False) -> int:
         self.current_bytes = size
+        self.current_is_default = default
         self.current_id += 1
         self._restart(now)
         return size
