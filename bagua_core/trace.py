@@ -26,6 +26,18 @@ Every slice carries ``args`` with the model, step, bucket and the four raw
 times. Ranks on one host share the clock; across hosts the clocks are not
 aligned. Off (``BAGUA_TRACE`` unset) nothing here is created and the engine
 reads no clock for readiness.
+
+JAX (``bagua_jax.transform``, whose buckets run as ``bagua_step`` calls inside
+the jitted program): the same rows and files, the model being the transform's
+``name`` and the step its ``BaguaState.step``; :func:`follow_ffi_steps` moves
+the calls' times into the trace from a background thread. There, **ready** is
+when XLA called the step (its leaves computed *and* the previous bucket's step
+completed: the steps are chained), **launch** when it was queued on the step
+thread, **start**/**end** the step thread's work (gather, communicate,
+scatter). What the JAX trace lacks: no ``framework`` row (XLA runs forward
+and backward as one program and tells no one when backward ends, so there is
+no overlap share in :func:`summary`), and "waits for earlier buckets" is
+folded into ready (XLA only calls a step once the previous one completed).
 """
 
 from __future__ import annotations
@@ -37,9 +49,10 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from bagua_core import config
+from bagua_core import config, log
 
 _FLUSH_RECORDS = 512  # steps and spans kept before they are formatted and written
+_FFI_DRAIN_S = 0.5  # how often the JAX step timings are moved into the trace
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -82,11 +95,14 @@ class TraceWriter:
         return tid
 
     # The step path only appends raw numbers; events are formatted when written.
-    def engine_step(self, model: str, step: int, bucket_names: Sequence[str], timings: Sequence[tuple]) -> None:
-        """One engine step: ``timings[i]`` = (ready, launch, start, end) ns of bucket i."""
+    def engine_step(self, model: str, step: int, bucket_names: Sequence[str], timings: Sequence[tuple],
+                    first_bucket: int = 0) -> None:
+        """One engine step: ``timings[i]`` = (ready, launch, start, end) ns of
+        bucket ``first_bucket + i``."""
         with self._lock:
             if not self._closed:
-                self._records.append((model, int(step), tuple(bucket_names), [tuple(t) for t in timings]))
+                self._records.append((model, int(step), tuple(bucket_names), [tuple(t) for t in timings],
+                                      int(first_bucket)))
                 self._maybe_flush()
 
     def span(self, model: str, name: str, start_ns: int, end_ns: int, **args) -> None:
@@ -102,16 +118,16 @@ class TraceWriter:
 
     def _format(self, record: tuple) -> None:
         pid = self.rank
-        if len(record) == 5:  # a framework span
+        if isinstance(record[1], str):  # a framework span
             model, name, start, end, args = record
             self._emit({"name": name, "cat": "bagua", "ph": "X", "pid": pid, "tid": self._tid(model, "framework"),
                         "ts": start / 1000.0, "dur": (end - start) / 1000.0, "args": {"model": model, **args}})
             return
-        model, step, names, timings = record
+        model, step, names, timings, first = record
         quoted = json.dumps(model)
         comm_tid = self._tid(model, "comm thread")
         out = self._pending
-        for i, (name, (ready, launch, start, end)) in enumerate(zip(names, timings)):
+        for i, (name, (ready, launch, start, end)) in enumerate(zip(names, timings), start=first):
             args = (f'{{"model":{quoted},"step":{step},"bucket":{i},"bucket_name":{json.dumps(name)},'
                     f'"ready_ns":{ready},"launch_ns":{launch},"start_ns":{start},"end_ns":{end}}}')
             tid = self._tid(model, f"bucket {i}")
@@ -167,8 +183,86 @@ def writer(settings: Optional[config.Settings] = None) -> Optional[TraceWriter]:
         return _writer
 
 
+class _FfiStepFollower:
+    """Moves the times of the step calls of jitted JAX programs
+    (``csrc/ffi/step_timings.h``, recorded by the engine while this runs) into
+    the trace, every ``_FFI_DRAIN_S`` seconds and when stopped. One model's
+    calls of one step form one engine step of the trace; bucket names are
+    their indices."""
+
+    def __init__(self, settings: config.Settings):
+        from bagua_core._loader import _C
+
+        self._C = _C
+        self._settings = settings
+        self._stop = threading.Event()
+        self.dropped = 0
+        _C.set_ffi_step_timings(True)
+        self._thread = threading.Thread(target=self._loop, name="bagua-trace-ffi", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_FFI_DRAIN_S):
+            self.drain()
+
+    def drain(self) -> None:
+        records, dropped = self._C.drain_ffi_step_timings()
+        if dropped:
+            self.dropped += dropped
+            log.logger.warning("BAGUA_TRACE: %d JAX step timings were dropped (not drained in time)", dropped)
+        if not records:
+            return
+        w = writer(self._settings)
+        run: list = []
+        for r in records:  # (model, bucket, step, ready, launch, start, end)
+            if run and not (r[0] == run[-1][0] and r[2] == run[-1][2] and r[1] == run[-1][1] + 1):
+                self._write(w, run)
+                run = []
+            run.append(r)
+        self._write(w, run)
+
+    @staticmethod
+    def _write(w: TraceWriter, run: list) -> None:
+        model, first, step = run[0][0], run[0][1], run[0][2]
+        w.engine_step(model, step, [str(r[1]) for r in run], [r[3:] for r in run], first_bucket=first)
+
+    def stop(self) -> None:
+        """Stops recording and writes what was recorded. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._C.set_ffi_step_timings(False)
+        self._stop.set()
+        self._thread.join()
+        self.drain()
+
+
+_follower: Optional[_FfiStepFollower] = None
+
+
+def follow_ffi_steps(settings: Optional[config.Settings] = None) -> Optional[TraceWriter]:
+    """With ``BAGUA_TRACE`` set: records the engine steps that jitted JAX
+    programs run (``bagua_jax.transform``) into this process's trace, from now
+    until :func:`close` or exit, and returns the writer. Off: does nothing,
+    returns None (the step calls then read no clock)."""
+    global _follower
+    s = settings or config.load()
+    w = writer(s)
+    if w is None:
+        return None
+    with _writer_lock:
+        if _follower is None:
+            _follower = _FfiStepFollower(s)
+            atexit.register(_follower.stop)  # registered after the writer's close: runs before it
+    return w
+
+
 def close() -> None:
     """Closes this process's trace file (also done at exit)."""
+    global _follower
+    with _writer_lock:
+        follower, _follower = _follower, None
+    if follower is not None:
+        follower.stop()
     with _writer_lock:
         if _writer is not None:
             _writer.close()

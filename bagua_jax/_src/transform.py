@@ -30,6 +30,7 @@ hence the same numbers, as the torch frontend.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 import optax
 
 from bagua_core import agreement, steps
+from bagua_core import trace as core_trace
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS
 from bagua_core.engine import default_bucket_bytes, plan_buckets
 
@@ -136,9 +138,9 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
             raise ValueError(f"{what}.update: the optimizer state and the updates have different tree structures")
         new_grads: List[Any] = [None] * len(grads)
         new_mu: List[Any] = [None] * len(grads)
-        for bucket in layout_of(grads).buckets:
+        for k, bucket in enumerate(layout_of(grads).buckets):
             g_out, m_out = algorithm_step([grads[i] for i in bucket], state.count, bound,
-                                          state=[mu[i] for i in bucket])
+                                          state=[mu[i] for i in bucket], bucket=k)
             for i, g, m in zip(bucket, g_out, m_out):
                 new_grads[i], new_mu[i] = g, m
         state = state._replace(mu=jax.tree_util.tree_unflatten(treedef, new_mu))
@@ -147,7 +149,11 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.GradientTransformationExtraArgs:
+_made = itertools.count()  # transforms made by this process: their default names
+
+
+def transform(algorithm: Any, *, process_group: Optional[Any] = None,
+              name: Optional[str] = None) -> optax.GradientTransformationExtraArgs:
     """Runs ``algorithm`` as an optax gradient transformation.
 
     Args:
@@ -155,6 +161,11 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
         a ``bagua_core.algorithms`` description or a registered name ("bytegrad", ...).
       process_group: a ``bagua_core`` process group; default: the one
         :func:`bagua_jax.init_process_group` made.
+      name: the transform's name in a ``BAGUA_TRACE`` trace (its rows); default
+        ``transform<k>_<algorithm>``, k counting this process's transforms.
+        With ``BAGUA_TRACE`` set, every bucket's step of every update is
+        traced (:mod:`bagua_core.trace`); AsyncModelAverage's background
+        averaging is not.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``. ``init(params)`` checks,
@@ -172,6 +183,7 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
         with an odd number of peers).
     """
     algo = algorithms.as_algorithm(algorithm)
+    name = name or f"transform{next(_made)}_{algo.name}"
     plan = algo.to_core().plan()
     if plan.communicates not in (GRADIENTS, WEIGHTS):
         raise NotImplementedError(f"bagua_jax.transform: {algo!r} communicates {plan.communicates}")
@@ -180,7 +192,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
     if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
         from bagua_jax._src.async_average import async_transform
 
-        warm = transform(algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group)
+        warm = transform(algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group,
+                         name=f"{name} warm-up")
         return async_transform(algo, group, what, warm, BaguaState)
 
     flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
@@ -189,7 +202,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
     group_info = groups.resolve(group)
     bound = BoundStep(plan.step, plan.params_text(), group_info,
                       -1 if intra is None else int(intra.handle),
-                      -1 if inter is None else int(inter.handle), info.has_result, info.num_state)
+                      -1 if inter is None else int(inter.handle), info.has_result, info.num_state, name)
+    core_trace.follow_ffi_steps()
     weights = plan.communicates == WEIGHTS
     after_step = plan.phase == AFTER_OPTIMIZER_STEP
     bucket_bytes = default_bucket_bytes()
@@ -225,7 +239,7 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None) -> optax.G
                     raise ValueError(f"{what}.update: the state does not fit these leaves (init it with "
                                      "params of the same structure)")
                 state = (step_state[k],)
-            results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state)
+            results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state, bucket=k)
             new_state.extend(state)
             for i, r in zip(bucket, results):
                 out[i] = r

@@ -3,9 +3,17 @@
 //   _C.has_xla_ffi        True when the module was built with the handlers
 //   _C.ffi_targets()      {platform: {target name: capsule}}, e.g.
 //                         {"cpu": {"bagua_allreduce": <capsule>, ...}}
+//   _C.set_ffi_step_timings(on), _C.ffi_step_timings_on()
+//                         record the times of every "bagua_step" call (BAGUA_TRACE)
+//   _C.drain_ffi_step_timings()
+//                         ([(model, bucket, step, ready, launch, start, end), ...], dropped)
+//                         since the last drain (ffi/step_timings.h); empty without handlers
+#include <vector>
+
 #include "bindings/bindings.h"
 
 #ifdef BAGUA_WITH_XLA_FFI
+#include "ffi/step_timings.h"
 #include "ffi/targets.h"
 #endif
 
@@ -31,10 +39,24 @@ void bind_ffi(py::module_& m) {
         return by_platform;
       },
       "{platform: {name: capsule}} of the XLA FFI handlers, for jax.ffi.register_ffi_target.");
+  m.def("set_ffi_step_timings", &ffi::set_step_timings_on, py::arg("on"));
+  m.def("ffi_step_timings_on", &ffi::step_timings_on);
+  m.def("drain_ffi_step_timings", [] {
+    int64_t dropped = 0;
+    const std::vector<ffi::StepTimingRecord> records = ffi::drain_step_timings(&dropped);
+    py::list out;
+    for (const auto& r : records)
+      out.append(py::make_tuple(r.model, r.bucket, r.step, r.timing.ready_ns, r.timing.launch_ns, r.timing.start_ns,
+                                r.timing.end_ns));
+    return py::make_tuple(out, dropped);
+  });
 #else
   m.attr("has_xla_ffi") = false;
   m.def("ffi_targets", [] { return py::dict(); },
         "Empty: this build has no XLA FFI handlers (jax was not found at build time).");
+  m.def("set_ffi_step_timings", [](bool) {}, py::arg("on"));
+  m.def("ffi_step_timings_on", [] { return false; });
+  m.def("drain_ffi_step_timings", [] { return py::make_tuple(py::list(), 0); });
 #endif
 }
 

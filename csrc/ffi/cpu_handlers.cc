@@ -6,6 +6,7 @@
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
 #include "ffi/step_thread.h"
+#include "ffi/step_timings.h"
 #include "ffi/steps.h"
 
 namespace bagua {
@@ -33,20 +34,37 @@ xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
 
 // Checks a step call at once (`prepare` returns its PreparedStep), then runs
 // it on the step thread (ffi/step_thread.h), completing the returned future,
-// so XLA goes on with independent work meanwhile.
+// so XLA goes on with independent work meanwhile. While BAGUA_TRACE records
+// (ffi/step_timings.h), the call's times are recorded under `model`/`bucket`.
 template <typename Prepare>
-xffi::Future run_async(std::string_view name, Prepare&& prepare) {
+xffi::Future run_async(std::string_view name, std::string_view model, int64_t bucket, Prepare&& prepare) {
   xffi::Promise promise;
   xffi::Future future(promise);
   const std::string what = "step " + std::string(name);
   std::shared_ptr<PreparedStep> call;
+  std::shared_ptr<StepTimingRecord> timing;
+  if (step_timings_on()) {
+    timing = std::make_shared<StepTimingRecord>();
+    timing->timing.ready_ns = monotonic_ns();
+    timing->model = std::string(model);
+    timing->bucket = bucket;
+  }
   xffi::Error checked = guarded(what.c_str(), [&] { call = std::make_shared<PreparedStep>(prepare()); });
   if (checked.failure()) {
     promise.SetError(std::move(checked));
     return future;
   }
-  run_on_step_thread([call, promise, what]() mutable {
+  if (timing) {
+    timing->step = call->number;
+    timing->timing.launch_ns = monotonic_ns();
+  }
+  run_on_step_thread([call, promise, what, timing]() mutable {
+    if (timing) timing->timing.start_ns = monotonic_ns();
     xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
+    if (timing) {
+      timing->timing.end_ns = monotonic_ns();
+      record_step_timing(std::move(*timing));
+    }
     if (done.failure()) {
       promise.SetError(std::move(done));
     } else {
@@ -60,8 +78,8 @@ xffi::Future run_async(std::string_view name, Prepare&& prepare) {
 // leaves (and state) as remaining operands and results.
 xffi::Future step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args, xffi::Result<xffi::Token>,
                       xffi::RemainingRets rets, std::string_view name, std::string_view params, int64_t comm,
-                      int64_t intra, int64_t inter, int64_t n_data) {
-  return run_async(name, [&] {
+                      int64_t intra, int64_t inter, int64_t n_data, std::string_view model, int64_t bucket) {
+  return run_async(name, model, bucket, [&] {
     return prepare_step(kCpu, name, params, comm, intra, inter, n_data, step, args, rets);
   });
 }
@@ -110,4 +128,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
                                   .Attr<int64_t>("comm")
                                   .Attr<int64_t>("intra")
                                   .Attr<int64_t>("inter")
-                                  .Attr<int64_t>("n_data"));
+                                  .Attr<int64_t>("n_data")
+                                  .Attr<std::string_view>("model")
+                                  .Attr<int64_t>("bucket"));

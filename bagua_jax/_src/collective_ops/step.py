@@ -30,26 +30,28 @@ class BoundStep(NamedTuple):
     inter: int
     has_result: bool  # result is separate from the data (weights -> peer average)
     num_state: int = 0  # state spans the step keeps (e.g. replicas); its state has num_state * data size elements
+    model: str = ""  # the transform's name: its row in a BAGUA_TRACE trace
 
 
 def algorithm_step(leaves: Sequence[Any], step_number, bound: BoundStep,
-                   state: Sequence[Any] = ()) -> Tuple[list, tuple]:
+                   state: Sequence[Any] = (), bucket: int = 0) -> Tuple[list, tuple]:
     """Runs ``bound`` at step ``step_number`` (an int32 scalar) on one bucket
     made of ``leaves`` (one dtype, in bucket order). Returns ``(leaves,
     state)``: the leaves after the step (in-place steps) or its result (weight
     steps; the weights themselves when it does not communicate), and the state
     after it. ``state`` (stateful steps only) is either one 1-D block of
     ``bound.num_state`` x the padded bucket size, or one leaf per data leaf of
-    the same shape (``num_state == 1``)."""
-    out = algorithm_step_p.bind(step_number, *leaves, *state, bound=bound, n_data=len(leaves))
+    the same shape (``num_state == 1``). ``bucket``: the bucket's index, for
+    BAGUA_TRACE."""
+    out = algorithm_step_p.bind(step_number, *leaves, *state, bound=bound, n_data=len(leaves), bucket=int(bucket))
     return list(out[:len(leaves)]), tuple(out[len(leaves):])
 
 
-def _abstract_eval(step_number, *buffers, bound: BoundStep, n_data: int):
+def _abstract_eval(step_number, *buffers, bound: BoundStep, n_data: int, bucket: int):
     return [_compat.ShapedArray(b.shape, b.dtype) for b in buffers]
 
 
-def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int):
+def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int, bucket: int):
     platforms = _compat.lowering_platforms(ctx)
     validation.check_platform(f"transform ({bound.name})", platforms, bound.group)
     ffi.check_lowerable(f"transform ({bound.name})", ffi.STEP, platforms)
@@ -58,7 +60,8 @@ def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int):
     return _compat.lower_ffi_with_token(
         ctx, ffi.STEP, step_number, *buffers, alias=False, aliases=aliases, token_first=True,
         step=bound.name, params=bound.params, comm=np.int64(bound.group.handle),
-        intra=np.int64(bound.intra), inter=np.int64(bound.inter), n_data=np.int64(n_data))
+        intra=np.int64(bound.intra), inter=np.int64(bound.inter), n_data=np.int64(n_data), model=bound.model,
+        bucket=np.int64(bucket))
 
 
 def _no_autodiff(*args, **kwargs):
