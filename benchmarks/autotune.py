@@ -163,9 +163,12 @@ def work(argv) -> int:
     verdict = None
     if rank == 0 and session.tuner is not None:
         for s in session.tuner.samples:
-            same = " (same buckets as an earlier sample: not measured again)" if s.plan_id < 0 else ""
-            say(f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
-                f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms{same}")
+            if s.plan_id >= 0:
+                say(f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
+                    f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms")
+        repeats = sum(1 for s in session.tuner.samples if s.plan_id < 0)
+        if repeats:
+            say(f"  ({repeats} more size(s) asked made the buckets of a measured sample: scored without measuring)")
         for label, s in session.tuner.confirmations:
             say(f"  confirmation, {label:9s}: buckets of {s.bucket_bytes} B: median step {s.median_step_s * 1e3:.1f} ms")
         verdict = session.tuner.verdict
