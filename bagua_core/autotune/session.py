@@ -22,7 +22,9 @@ than training with buckets that pair the wrong tensors. After the
 built with) sorted by when rank 0 saw them become ready in the last step;
 every rank then plans buckets of ``bucket_bytes`` over that order with
 :func:`bagua_core.engine.plan_buckets`, which gives the same buckets
-everywhere.
+everywhere. When the tuner goes back to the default plan (to measure it
+against its candidate, or to keep it), ``order`` is null: the default is
+exactly the plan training started with.
 """
 
 from __future__ import annotations
