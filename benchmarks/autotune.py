@@ -172,7 +172,9 @@ def work(argv) -> int:
         for label, s in session.tuner.confirmations:
             say(f"  confirmation, {label:9s}: buckets of {s.bucket_bytes} B: median step {s.median_step_s * 1e3:.1f} ms")
         verdict = session.tuner.verdict
-        if verdict is not None:
+        if verdict is not None and verdict.pairs == 0:
+            say(f"  verdict: keep the default: {verdict.reason}")
+        elif verdict is not None:
             say(f"  verdict: {'switch to' if verdict.switched else 'keep the default, not'} the candidate "
                 f"({verdict.candidate_bytes} B buckets): {verdict.reason}")
     same_plan = bucket_names(default) == bucket_names(tuned)
