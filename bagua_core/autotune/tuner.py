@@ -199,7 +199,7 @@ class Tuner:
         logs = []
         for (la, a), (_, b) in zip(self.confirmations[0::2], self.confirmations[1::2]):
             d, c = (a, b) if la == DEFAULT else (b, a)
-            logs.append(math.log(d.median_step_s / c.median_step_s))
+            logs.append(math.log(max(d.median_step_s, 1e-12) / max(c.median_step_s, 1e-12)))
         n = len(logs)
         mean = statistics.fmean(logs)
         half = one_sided_t95(n - 1) * statistics.stdev(logs) / math.sqrt(n)
@@ -224,7 +224,8 @@ class Tuner:
                 self._restart(now)
                 return None
             return self._apply(self.samples[0].bucket_bytes, now, default=True)
-        if not self.current_is_default and self.current_bytes == self._candidate.bucket_bytes:
+        if not self.current_is_default and self.partition(self.current_bytes) == self.partition(
+                self._candidate.bucket_bytes):
             self._restart(now)
             return None
         return self._apply(self._candidate.bucket_bytes, now)
