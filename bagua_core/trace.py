@@ -36,8 +36,9 @@ completed: the steps are chained), **launch** when it was queued on the step
 thread, **start**/**end** the step thread's work (gather, communicate,
 scatter). What the JAX trace lacks: no ``framework`` row (XLA runs forward
 and backward as one program and tells no one when backward ends, so there is
-no overlap share in :func:`summary`), and "waits for earlier buckets" is
-folded into ready (XLA only calls a step once the previous one completed).
+no overlap share in :func:`summary`), and no wait for earlier buckets: it is
+folded into ready (XLA only calls a step once the previous one completed), so
+"waits for earlier buckets" only spans checking the call.
 """
 
 from __future__ import annotations
