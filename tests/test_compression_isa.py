@@ -89,6 +89,25 @@ def test_compress_and_decompress_match_baseline_bitwise(isa, dtype, n_chunks):
             np.testing.assert_array_equal(got, want, err_msg=f"compress chunk {k}, chunk_len {chunk_len}")
 
 
+def test_long_float32_chunks_match_baseline_bitwise(isa):
+    """Long chunks run the 32-element loops of the float32 AVX2 encoder and statistics (and their
+    tails): edge values anywhere, the extremes in the last element, and halves that tie."""
+    rng = np.random.default_rng(7)
+    for chunk_len in (32, 64, 96, 4096 + 31, 65536 + 5):
+        for kind in range(3):
+            x = edge_values(chunk_len, kind)
+            if kind == 1:
+                x = rng.integers(-128, 128, chunk_len) + 0.5
+                x[-1] = 300.0  # the max only in the scalar tail (or the last vector)
+            elif kind == 2:
+                x = rng.standard_normal(chunk_len)
+                x[-1] = np.nan if chunk_len % 2 else -np.inf
+            x = x.astype(np.float32)
+            for n_chunks in (1, 2) if chunk_len % 2 == 0 else (1,):
+                got, want = both(isa, lambda: compression.compress(x, n_chunks).numpy())
+                np.testing.assert_array_equal(got, want, err_msg=f"chunk_len {chunk_len}, kind {kind}")
+
+
 def arbitrary_records(chunk_len, n_records, seed):
     """Records with random codes and headers, edge values included (NaN, Inf, min > max, min == max)."""
     rng = np.random.default_rng(seed)

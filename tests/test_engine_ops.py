@@ -44,6 +44,7 @@ COMMON = [
     "launch_order_and_rank_dependent_marking",
     "first_bucket_overlaps_backward",
     "never_ready_tensor_names_it",
+    "bucket_layouts_that_differ_are_a_mismatch",
 ]
 CONCURRENT = ["engines_on_one_group_communicate_concurrently"]  # flat2 and flat3
 EVEN_ONLY = ["decentralized_shift_one_interval_1", "decentralized_shift_one_interval_2"]
@@ -146,6 +147,38 @@ class Worker:
                 self.same_everywhere(got)
         assert eng.steps == 2
         eng.close()
+
+    def layouts_differ(self):
+        """The engine promises a step's allreduces to its communicator at the first bucket, which
+        then skips their agreements when every rank promised the same ones. Rank 1's last bucket
+        is longer: the promises differ, so every bucket is agreed on its own, the first two run
+        (correct sums) and the last one raises MismatchError on every rank, naming both calls."""
+        import bagua_core
+
+        np = self.np
+        for step in range(2):  # the second step: after a step whose promises were kept
+            eng = self.engine(timeout_s=20)
+            last = 4 if self.rank == 1 and step == 1 else 3
+            decls = [("a", (5,)), ("b", (6,)), ("c", (last,))]
+            buckets = eng.create_buckets([(n, s, "float32") for n, s in decls], bucket_bytes=16)
+            assert [b.tensor_names for b in buckets] == [["a"], ["b"], ["c"]]
+            for b in buckets:
+                b.append_op("centralized_allreduce", average=False)
+            for n, s in decls:
+                np.asarray(self.view(eng, n))[...] = self.rank + 1
+                eng.mark_ready(n)
+            if step == 0:
+                eng.wait()
+            else:
+                try:
+                    eng.wait()
+                except bagua_core.MismatchError as e:
+                    assert "allreduce(float32, count=4" in str(e) and "allreduce(float32, count=3" in str(e), e
+                else:
+                    raise AssertionError("no MismatchError")
+            total = self.world * (self.world + 1) / 2
+            assert (np.asarray(self.view(eng, "a")) == total).all() and (np.asarray(self.view(eng, "b")) == total).all()
+            eng.close()
 
     @staticmethod
     def view(eng, name):
@@ -268,6 +301,7 @@ class Worker:
         c["launch_order_and_rank_dependent_marking"] = self.launch_order
         c["first_bucket_overlaps_backward"] = self.overlap
         c["never_ready_tensor_names_it"] = self.never_ready
+        c["bucket_layouts_that_differ_are_a_mismatch"] = self.layouts_differ
         c["hierarchical_centralized_avg"] = lambda: self.run_centralized("hca", "float32", True, True)
         c["hierarchical_centralized_sum"] = lambda: self.run_centralized("hcs", "float32", False, True)
         c["hierarchical_bytegrad_avg"] = lambda: self.run_bytegrad("hbga", True, True)

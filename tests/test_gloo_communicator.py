@@ -64,6 +64,9 @@ def case_names(world: int):
             "debug_checks_p2p_mismatch",
             "debug_checks_alltoall_v_counts",
             "debug_checks_pass_through",
+            "promised_calls_run_without_their_agreements",
+            "promises_that_differ_fall_back_to_agreements",
+            "broken_promise_raises_and_peers_fail_fast",
         ]
     if world == 2:
         names += ["skipped_collective_times_out_then_broken"]
@@ -504,6 +507,65 @@ class Session:
             (c.send if r == 0 else c.recv)(ptr(b), 2, DTYPES["float64"], 1 - r)
             assert (b == 5.0).all()
         c.barrier()
+
+    # -- promises (Communicator::expect_calls) ----------------------------------
+
+    def promised_sums(self, c, counts):
+        """Allreduces (SUM) of `counts` elements, each checked against the reference."""
+        np = _np()
+        w = self.world
+        for n in counts:
+            a = np.arange(n, dtype=np.float32) + self.rank
+            c.allreduce(ptr(a), ptr(a), n, 0, OPS["SUM"])
+            np.testing.assert_array_equal(a, np.arange(n, dtype=np.float32) * w + w * (w - 1) / 2)
+
+    def promised_calls_run_without_their_agreements(self):
+        # Every rank promises the same three calls, twice in a row; a promise
+        # whose first call is not the one made is dropped (agreed call by call).
+        c = self.new_comm("promise_ok")
+        for _ in range(2):
+            c._expect_calls([(1, 0, 8, -1, 0), (1, 0, 9, -1, 0), (1, 0, 10, -1, 0)])
+            self.promised_sums(c, [8, 9, 10])
+        c._expect_calls([(1, 0, 5, -1, 0), (1, 0, 6, -1, 0)])
+        self.promised_sums(c, [7, 6])
+        c.close()
+
+    def promises_that_differ_fall_back_to_agreements(self):
+        # Rank 1 promises a different second call, and makes it: the ranks
+        # agree call by call, so that call is a MismatchError on every rank,
+        # and the communicator keeps working.
+        c = self.new_comm("promise_differ")
+        second = 9 if self.rank == 1 else 8
+        c._expect_calls([(1, 0, 8, -1, 0), (1, 0, second, -1, 0)])
+        self.promised_sums(c, [8])
+        try:
+            self.promised_sums(c, [second])
+        except self._C.MismatchError as e:
+            assert "allreduce(float32, count=9, SUM)" in str(e) and "count=8" in str(e), str(e)
+        else:
+            raise AssertionError("no MismatchError")
+        self.promised_sums(c, [4])
+        c.close()
+
+    def broken_promise_raises_and_peers_fail_fast(self):
+        # Every rank promised two allreduces of 8; rank 1 then calls one of 9:
+        # it raises without sending anything and closes its connections, so
+        # its peers, waiting for the promised call's data, fail at once
+        # rather than at their timeout.
+        _C = self._C
+        c = self.new_comm("promise_broken", timeout_s=30.0)
+        c._expect_calls([(1, 0, 8, -1, 0), (1, 0, 8, -1, 0)])
+        self.promised_sums(c, [8])
+        t0 = time.monotonic()
+        try:
+            self.promised_sums(c, [9 if self.rank == 1 else 8])
+        except _C.BaguaError as e:
+            if self.rank == 1:
+                assert "had promised allreduce(float32, count=8, SUM)" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        assert time.monotonic() - t0 < 10.0
+        c.close()
 
     def skipped_collective_times_out_then_broken(self):
         # Rank 1 skips an allreduce (it is late, then calls a barrier). Rank 0

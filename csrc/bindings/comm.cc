@@ -180,7 +180,21 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
           py::arg("stream") = 0, Release())
       .def(
           "barrier", [](Communicator& c, uintptr_t stream) { c.barrier(sptr(stream)); },
-          py::arg("stream") = 0, Release());
+          py::arg("stream") = 0, Release())
+      .def(
+          "_expect_calls",
+          [](Communicator& c, const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& calls) {
+            std::vector<OpDesc> descs;
+            for (const auto& [kind, dtype, count, root, op] : calls) {
+              if (kind < 1 || kind > static_cast<int>(OpKind::kBarrier))
+                throw InvalidArgument("_expect_calls: unknown operation kind " + std::to_string(kind));
+              descs.push_back(OpDesc{static_cast<OpKind>(kind), to_dtype(dtype), count, root, to_op(op)});
+            }
+            c.expect_calls(descs);
+          },
+          py::arg("calls"), Release(),
+          "Communicator::expect_calls for tests: (kind, dtype, count, root, op) codes per call "
+          "(kind as in comm/op_desc.h: allreduce 1, broadcast 3).");
 
   m.def(
       "create_gloo_communicator",

@@ -21,7 +21,7 @@ std::string rank_str(int r) { return "rank " + std::to_string(r); }
 }  // namespace
 
 DecodedCall decode_call(const int64_t* w) {
-  DecodedCall r{w[0] == kMagic, {}, w[2]};
+  DecodedCall r{w[0] == kMagic, {}, w[2], {w[7], w[8]}};
   r.desc.kind = static_cast<OpKind>(w[1]);
   r.desc.dtype = static_cast<DType>(w[3]);
   r.desc.count = w[4];
@@ -30,14 +30,39 @@ DecodedCall decode_call(const int64_t* w) {
   return r;
 }
 
-CallWire encode_call(const OpDesc& d, uint64_t seq) {
+CallWire encode_call(const OpDesc& d, uint64_t seq, Announcement next) {
   return {kMagic,
           static_cast<int64_t>(d.kind),
           static_cast<int64_t>(seq),
           static_cast<int64_t>(d.dtype),
           d.count,
           d.root,
-          static_cast<int64_t>(d.op)};
+          static_cast<int64_t>(d.op),
+          next.calls,
+          next.hash};
+}
+
+bool same_desc(const OpDesc& a, const OpDesc& b) { return encode_call(a, 0) == encode_call(b, 0); }
+
+Announcement announce(const std::vector<OpDesc>& calls) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the descriptors' words
+  for (const OpDesc& d : calls) {
+    const CallWire w = encode_call(d, 0);
+    for (size_t i = 1; i < 7; ++i) {
+      uint64_t v = static_cast<uint64_t>(w[i]);
+      for (int b = 0; b < 8; ++b, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    }
+  }
+  return {static_cast<int64_t>(calls.size()), static_cast<int64_t>(h)};
+}
+
+int64_t common_announcement(const int64_t* all, int size) {
+  const DecodedCall ref = decode_call(all);
+  for (int r = 1; r < size; ++r) {
+    const DecodedCall other = decode_call(all + kCallWords * r);
+    if (other.next.calls != ref.next.calls || other.next.hash != ref.next.hash) return 0;
+  }
+  return ref.next.calls > 0 ? ref.next.calls : 0;
 }
 
 std::string call_disagreement(const int64_t* all, int size, int my_rank) {

@@ -1,7 +1,8 @@
 // What ranks must agree on before a collective, in a fixed-size wire form.
 //
 // Every rank encodes its call (operation, sequence number, dtype, count, root,
-// reduce op) in kCallWords int64 words; after an allgather of these words
+// reduce op, and an announcement of the calls that follow it) in kCallWords
+// int64 words; after an allgather of these words
 // every rank runs the same comparison on the same data, so every rank reaches
 // the same verdict and raises together. The wire size never depends on the
 // call, so ranks that disagree still exchange the descriptors safely.
@@ -19,10 +20,22 @@
 
 namespace bagua {
 
-constexpr size_t kCallWords = 7;
+constexpr size_t kCallWords = 9;
 using CallWire = std::array<int64_t, kCallWords>;
 
-CallWire encode_call(const OpDesc& d, uint64_t seq);
+// The calls a rank says will follow the one it agrees on now: their number
+// and a hash of their descriptors (Communicator::expect_calls). When every
+// rank announces the same non-empty list, those calls need no agreement.
+struct Announcement {
+  int64_t calls = 0;
+  int64_t hash = 0;
+};
+Announcement announce(const std::vector<OpDesc>& calls);
+
+CallWire encode_call(const OpDesc& d, uint64_t seq, Announcement next = {});
+
+// Whether two descriptors are the same call, every field compared.
+bool same_desc(const OpDesc& a, const OpDesc& b);
 
 // One rank's words read back; `valid` is false when they are not a call
 // descriptor at all (ranks out of step).
@@ -30,6 +43,7 @@ struct DecodedCall {
   bool valid;
   OpDesc desc;
   int64_t seq;
+  Announcement next;
 };
 DecodedCall decode_call(const int64_t* words);
 
@@ -37,6 +51,10 @@ DecodedCall decode_call(const int64_t* words);
 // made the same call at the same sequence number, otherwise a message naming
 // the first rank that differs from rank 0 and both calls.
 std::string call_disagreement(const int64_t* all, int size, int my_rank);
+
+// The calls every rank announced alike in `all` (as call_disagreement reads
+// it); 0 when any two announcements differ.
+int64_t common_announcement(const int64_t* all, int size);
 
 // alltoall_v counts of this rank: send_counts then recv_counts (2 * size words).
 std::vector<int64_t> encode_alltoallv_counts(const std::vector<size_t>& send_counts,

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/op_desc.h"
 #include "common/dtype.h"
 
 namespace bagua {
@@ -76,6 +77,16 @@ class Communicator {
   // group (or the engine) owning the communicator is closed, so that threads
   // end even while other objects (ops, views) still hold a reference.
   virtual void close() {}
+
+  // A promise of the caller's thread: its next collectives on this
+  // communicator are exactly `calls`, in this order (send/recv aside). A
+  // communicator that agrees with its peers before every collective (Gloo)
+  // sends the promise with the first call's agreement; when every rank
+  // promised the same calls, the others run without one (one exchange
+  // instead of calls.size()). Ranks that promise differently, or nothing,
+  // just agree call by call. Breaking the promise is a bug of the caller: the
+  // call raises bagua::Error and the communicator breaks. Default: ignored.
+  virtual void expect_calls(const std::vector<OpDesc>& calls) { (void)calls; }
 };
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -475,7 +476,13 @@ class GlooCommunicator : public Communicator {
     std::lock_guard<std::mutex> g(mu_);
     check_not_broken(d);
     const uint64_t seq = seq_++;
-    if (size_ > 1) agree(d, seq, peer, counts);
+    if (size_ > 1) {
+      if (!agreed_.empty()) {
+        keep_promise(d, seq, peer);
+      } else {
+        agree(d, seq, peer, counts);
+      }
+    }
     if (d.has_dtype() && d.kind != OpKind::kAlltoallV && d.count == 0) return;
     guarded(d, seq, peer, [&] { body(static_cast<uint32_t>(seq)); });
   }
@@ -484,13 +491,22 @@ class GlooCommunicator : public Communicator {
   // process (std::terminate). A small fixed-size allgather of the call first
   // turns any disagreement into a MismatchError on every rank; the
   // communicator stays usable since every rank skips the call.
+  //
+  // The agreement also carries what expect_calls() promised after this call:
+  // when every rank promised the same calls, those skip their agreement.
   void agree(const OpDesc& d, uint64_t seq, int peer, const std::vector<int64_t>* counts) {
     // Its own tag range: never the tag of a collective's data.
     const uint32_t tag = static_cast<uint32_t>(seq) | 0x80000000u;
+    std::vector<OpDesc> promised;
+    promised.swap(promised_);
+    const bool promising = !promised.empty() && same_desc(promised[0], d) && counts == nullptr;
+    if (promising) promised.erase(promised.begin());
     std::vector<int64_t> all(kCallWords * size_);
-    CallWire mine = encode_call(d, seq);
+    CallWire mine = encode_call(d, seq, promising ? announce(promised) : Announcement{});
     guarded(d, seq, peer, [&] { allgather_words(mine.data(), kCallWords, all.data(), tag); });
     std::string why = call_disagreement(all.data(), size_, rank_);
+    if (why.empty() && promising && common_announcement(all.data(), size_) > 0)
+      agreed_.assign(promised.begin(), promised.end());
     if (why.empty() && counts != nullptr) {
       std::vector<int64_t> matrix(counts->size() * size_);
       guarded(d, seq, peer, [&] { allgather_words(counts->data(), counts->size(), matrix.data(), tag); });
@@ -499,6 +515,28 @@ class GlooCommunicator : public Communicator {
     if (!why.empty()) throw MismatchError(describe() + ": ranks disagree: " + why);
   }
 
+  // A call every rank promised: the peers run it without an agreement, so
+  // one that differs from the promise must not move any data.
+  void keep_promise(const OpDesc& d, uint64_t seq, int peer) {
+    const OpDesc expected = agreed_.front();
+    agreed_.pop_front();
+    if (same_desc(expected, d)) return;
+    agreed_.clear();
+    fail(d, seq, peer, "this rank called " + to_string(d) + " where it had promised " + to_string(expected) +
+         " (expect_calls) to its peers, who run the promised call without agreeing on it", kOther);
+  }
+
+ public:
+  void expect_calls(const std::vector<OpDesc>& calls) override {
+    for (const OpDesc& c : calls)
+      if (c.kind == OpKind::kAlltoallV || c.kind == OpKind::kSend || c.kind == OpKind::kRecv)
+        throw InvalidArgument(describe() + ": expect_calls: " + to_string(c) + " cannot be promised");
+    std::lock_guard<std::mutex> g(mu_);
+    if (size_ == 1 || !agreed_.empty()) return;  // nothing to save, or still keeping a promise
+    promised_ = calls;
+  }
+
+ private:
   void allgather_words(const int64_t* mine, size_t words, int64_t* all, uint32_t tag) {
     gloo::AllgatherOptions o(main());
     o.setInput(const_cast<int64_t*>(mine), words);
@@ -693,6 +731,8 @@ class GlooCommunicator : public Communicator {
 
   std::mutex mu_;  // one operation at a time
   uint64_t seq_ = 0;
+  std::vector<OpDesc> promised_;  // expect_calls(), sent with the next agreement
+  std::deque<OpDesc> agreed_;     // promised by every rank: they run without agreement
   std::vector<uint64_t> send_seq_;
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;

@@ -19,7 +19,8 @@
 #include "kernels/cpu_isa.h"
 #include "kernels/minmax_uint8.h"
 
-// AVX2 and AVX-512 copies of the loops (GCC/clang target attributes on x86-64).
+// AVX2 and AVX-512 copies of the loops (GCC/clang target attributes on x86-64); AVX2 also has
+// float32 statistics and encoding written with intrinsics (compress_cpu_avx2_f32.inc).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BAGUA_X86_ISAS 1
 #else
@@ -40,6 +41,7 @@ namespace {
 #define BAGUA_ISA_NS avx2
 #define BAGUA_ISA_TARGET __attribute__((target("avx2")))
 #include "kernels/compress_cpu_loops.inc"
+#include "kernels/compress_cpu_avx2_f32.inc"
 #undef BAGUA_ISA_NS
 #undef BAGUA_ISA_TARGET
 

@@ -19,6 +19,14 @@ std::string CentralizedAllreduceStep::describe() const {
          ", average=" + (average_ ? "true" : "false") + ")";
 }
 
+bool CentralizedAllreduceStep::predict_calls(const Communicator& comm, Span data, int64_t,
+                                             std::vector<OpDesc>* calls) const {
+  if (hierarchical_ || comms_.global.get() != &comm) return false;
+  const ReduceOp op = average_ ? ReduceOp::kAvg : ReduceOp::kSum;
+  calls->push_back(OpDesc{OpKind::kAllreduce, data.dtype, static_cast<int64_t>(data.count), -1, op});
+  return true;
+}
+
 bool CentralizedAllreduceStep::run(const ExecContext& ctx, Span data, Span, int64_t) const {
   const ReduceOp op = average_ ? ReduceOp::kAvg : ReduceOp::kSum;
   run_centralized(comms_, ctx, hierarchical_, data, op, [&](Communicator& c) {

@@ -15,6 +15,8 @@ class CentralizedAllreduceStep : public Step {
   CentralizedAllreduceStep(CommSet comms, const StepParams& params);
   std::string describe() const override;
   bool run(const ExecContext& ctx, Span data, Span result, int64_t step) const override;
+  // Flat: one allreduce on the global communicator.
+  bool predict_calls(const Communicator& comm, Span data, int64_t step, std::vector<OpDesc>* calls) const override;
 
  private:
   CommSet comms_;

@@ -109,6 +109,12 @@ class Step {
   virtual void check(DType dtype, size_t count) const;
   // Whether run(step) communicates (decentralized: every interval-th step).
   virtual bool communicates(int64_t step) const { return true; }
+  // The collectives run(step) will make on `data`, appended to `calls`, when
+  // all of them go to `comm`; false when unknown or some go elsewhere.
+  virtual bool predict_calls(const Communicator& comm, Span data, int64_t step, std::vector<OpDesc>* calls) const {
+    (void)comm, (void)data, (void)step, (void)calls;
+    return false;
+  }
   // Runs step number `step` (0-based) and returns whether it communicated.
   // In-place steps get result.data == data.data. Without communication the
   // result span is left untouched.

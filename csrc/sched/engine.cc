@@ -225,11 +225,21 @@ void Engine::comm_loop() {
     entries_[index].timing.start_ns = monotonic_ns();
     running_ = static_cast<int64_t>(index);
     const bool skip = !broken_.empty();
+    std::vector<OpDesc> promise;
+    if (index == 0 && !skip) promise = predict_step_locked();
     lk.unlock();
 
     std::exception_ptr error;
     std::string failed_op;
-    if (!skip) {
+    if (promise.size() > 1) {
+      try {
+        comms_.global->expect_calls(promise);
+      } catch (...) {
+        error = std::current_exception();
+        failed_op = "expect_calls";
+      }
+    }
+    if (!skip && !error) {
       for (auto& op : ops) {
         try {
           op->execute(*bucket);
@@ -251,6 +261,24 @@ void Engine::comm_loop() {
     }
     done_cv_.notify_all();
   }
+}
+
+// The collectives of the step's buckets, in order, as far as their ops know
+// them beforehand (up to the first bucket whose ops cannot say): promised to
+// the communicator, they need one agreement between the ranks instead of one
+// per bucket.
+std::vector<OpDesc> Engine::predict_step_locked() const {
+  std::vector<OpDesc> calls;
+  for (const Entry& e : entries_) {
+    const size_t before = calls.size();
+    for (const auto& op : e.ops) {
+      if (!op->predict_calls(*comms_.global, &calls)) {
+        calls.resize(before);
+        return calls;
+      }
+    }
+  }
+  return calls;
 }
 
 // ---- ending a step ----------------------------------------------------------------

@@ -124,6 +124,7 @@ class Engine {
   std::string unready_report_locked() const;
   std::string position(size_t index) const;  // "#i of n"
   void comm_loop();
+  std::vector<OpDesc> predict_step_locked() const;
 
   CommSet comms_;
   const std::chrono::milliseconds timeout_;

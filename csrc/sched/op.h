@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bucket/bucket.h"
+#include "comm/communicator.h"
 
 namespace bagua {
 
@@ -22,6 +23,14 @@ class Op {
   // Called once, when the op is appended to `bucket`'s chain.
   virtual void bind(const BucketPtr& bucket) = 0;
   virtual void execute(Bucket& bucket) = 0;
+  // The collectives the next execute() will make, appended to `calls`, when
+  // they are known beforehand and all go to `comm`; false otherwise. The
+  // engine promises them to its communicator (Communicator::expect_calls).
+  virtual bool predict_calls(const Communicator& comm, std::vector<OpDesc>* calls) const {
+    (void)comm;
+    (void)calls;
+    return false;
+  }
 };
 
 using OpPtr = std::shared_ptr<Op>;

@@ -61,6 +61,12 @@ void StepOp::execute(Bucket& bucket) {
   last_communicated_.store(step_->run_with_state(ctx, data, result, state, step));
 }
 
+bool StepOp::predict_calls(const Communicator& comm, std::vector<OpDesc>* calls) const {
+  if (!bucket_) return false;
+  const Span data{bucket_->data(), bucket_->numel(), bucket_->dtype()};
+  return step_->predict_calls(comm, data, counter_.load(), calls);
+}
+
 bool StepOp::copy_back() {
   if (!bucket_) throw InvalidArgument(describe() + " is not part of a bucket's chain");
   if (running_.load()) throw Error(describe() + ": copy_back() while the op runs; call the engine's wait() first");

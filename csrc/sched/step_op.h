@@ -25,6 +25,7 @@ class StepOp : public Op {
   // Checks dtype and size; allocates the result buffer (a copy of the bucket).
   void bind(const BucketPtr& bucket) override;
   void execute(Bucket& bucket) override;
+  bool predict_calls(const Communicator& comm, std::vector<OpDesc>* calls) const override;
 
   const StepPtr& step_impl() const { return step_; }
   // Executions so far (training steps seen); settable to restore a checkpoint.
