@@ -74,17 +74,6 @@ def test_mnist_example_under_run_trains(algorithm, world, tmp_path):
     assert len(losses) == 2 and losses[1] < 2.0, got.stderr[-3000:]  # chance level is ln(10) = 2.30
 
 
-@pytest.mark.timeout(120)
-def test_mnist_example_with_an_algorithm_not_built_says_so():
-    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, MNIST, "--algorithm", "qadam", timeout=100)
-    import bagua_torch.algorithms
-    if hasattr(bagua_torch.algorithms, "QAdamOptimizer"):
-        pytest.skip("QAdam is built now")
-    assert got.returncode != 0
-    assert "NotImplementedError: bagua.torch_api.algorithms.q_adam.QAdamOptimizer of Bagua 0.9 is not built" \
-        in got.stdout + got.stderr
-
-
 # ---------------------------------------------------------------- launcher flags
 
 SHOW = """
