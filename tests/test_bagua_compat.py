@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 
 import pytest
 
