@@ -1,6 +1,7 @@
 #include "ops/low_precision_decentralized.h"
 
 #include "kernels/minmax_uint8.h"
+#include "ops/alongside.h"
 #include "ops/elementwise.h"
 #include "ops/hierarchical.h"
 #include "ops/kernels.h"
@@ -45,6 +46,7 @@ void LowPrecisionDecentralizedStep::ring(Communicator& c, const ExecContext& ctx
   uint8_t* mine = static_cast<uint8_t*>(ctx.scratch->get(0, 2 * record));
   uint8_t* theirs = static_cast<uint8_t*>(ctx.scratch->get(1, 2 * record));
   void* decoded = ctx.scratch->get(2, data.nbytes());
+  void* decoded_mine = ctx.scratch->get(3, data.nbytes());
 
   // Two ranks: the one peer is both neighbours, so its single Q travels once
   // (half the bytes of sending it as record 0 and record 1) and is decoded once
@@ -74,16 +76,23 @@ void LowPrecisionDecentralizedStep::ring(Communicator& c, const ExecContext& ctx
     send_counts[right] = 2 * record;
     recv_counts[right] = 2 * record;
   }
-  c.alltoall_v(mine, send_counts, send_displs, theirs, recv_counts, recv_displs, DType::kUInt8, ctx.stream);
+  // My own update (5) needs nothing from the peers: it runs while the records travel.
+  run_alongside(
+      ctx, data.count,
+      [&] {
+        c.alltoall_v(mine, send_counts, send_displs, theirs, recv_counts, recv_displs, DType::kUInt8, ctx.stream);
+      },
+      [&] {
+        step_kernels::decompress(ctx, mine, data.count, data.dtype, 1, decoded_mine, -1);
+        step_kernels::copy(ctx, data.data, w.data, data.nbytes());
+        step_kernels::add_into(ctx, data.data, decoded_mine, data.count, data.dtype);
+        step_kernels::copy(ctx, w.data, data.data, data.nbytes());
+      });
 
   step_kernels::decompress(ctx, theirs, data.count, data.dtype, 1, decoded, -1);
   step_kernels::add_into(ctx, l.data, decoded, data.count, data.dtype);
   if (!one_peer) step_kernels::decompress(ctx, theirs + record, data.count, data.dtype, 1, decoded, -1);
   step_kernels::add_into(ctx, r.data, decoded, data.count, data.dtype);
-  step_kernels::decompress(ctx, mine, data.count, data.dtype, 1, decoded, -1);
-  step_kernels::copy(ctx, data.data, w.data, data.nbytes());
-  step_kernels::add_into(ctx, data.data, decoded, data.count, data.dtype);
-  step_kernels::copy(ctx, w.data, data.data, data.nbytes());
 }
 
 bool LowPrecisionDecentralizedStep::run_with_state(const ExecContext& ctx, Span data, Span,

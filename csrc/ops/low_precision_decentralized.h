@@ -17,7 +17,9 @@
 // W exactly. Hierarchical: the node leader reduces (AVG) the node's weights,
 // runs the above among leaders (n = number of nodes; non-leaders' state is
 // unused), and broadcasts the result to its node.
-// Scratch slots: 0 my Q (twice when n != 2), 1 the neighbours' Q, 2 a decoded difference.
+// Step 5 runs while Q travels (ops/alongside.h): it reads only my Q, W and data.
+// Scratch slots: 0 my Q (twice when n != 2), 1 the neighbours' Q, 2 a decoded
+// neighbour difference, 3 my decoded difference.
 //
 // Registered as "low_precision_decentralized"; parameters: hierarchical (bool,
 // false), communication_interval (int >= 1, 1).
