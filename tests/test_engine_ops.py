@@ -40,6 +40,7 @@ COMMON = [
     "centralized_avg_float16",
     "bytegrad_avg",
     "bytegrad_sum",
+    "bytegrad_multi_mib_bucket",
     "decentralized_all",
     "launch_order_and_rank_dependent_marking",
     "first_bucket_overlaps_backward",
@@ -211,17 +212,23 @@ class Worker:
         # Same formula, same float32 operations in the same order: bitwise equal.
         self.np.testing.assert_array_equal(got, ref)
 
-    def run_bytegrad(self, case, average, hierarchical=False):
+    # Records of about a MiB each, with an odd chunk length: the exchange moves them over the wire
+    # in many transport writes, and the result must still equal the numpy sequence bitwise.
+    BG_LARGE_DECLS = [("big", (1 << 20, 3)), ("odd", (4097,))]
+
+    def run_bytegrad(self, case, average, hierarchical=False, decls=None):
         np = self.np
+        decls = decls or self.BG_DECLS
         eng = self.engine(hierarchical)
-        [b] = eng.create_buckets([(n, s, "float32") for n, s in self.BG_DECLS], alignment=self.world)
+        [b] = eng.create_buckets([(n, s, "float32") for n, s in decls], alignment=self.world,
+                                 bucket_bytes=1 << 30)
         assert b.numel % self.world == 0 and b.numel > b.payload_numel
         b.append_op("bytegrad", hierarchical=hierarchical, average=average)
         padded = lambda r, step: np.concatenate(  # noqa: E731
-            [self.data(case, r, s, "float32", step).reshape(-1) for _, s in self.BG_DECLS]
+            [self.data(case, r, s, "float32", step).reshape(-1) for _, s in decls]
             + [np.zeros(b.numel - b.payload_numel, np.float32)])
         for step in range(2):
-            for n, s in self.BG_DECLS:
+            for n, s in decls:
                 np.asarray(b.view(n))[...] = self.data(case, self.rank, s, "float32", step)
             b.mark_all_ready()
             eng.wait()
@@ -294,6 +301,7 @@ class Worker:
         c["centralized_avg_float16"] = lambda: self.run_centralized("ca16", "float16", True)
         c["bytegrad_avg"] = lambda: self.run_bytegrad("bga", True)
         c["bytegrad_sum"] = lambda: self.run_bytegrad("bgs", False)
+        c["bytegrad_multi_mib_bucket"] = lambda: self.run_bytegrad("bgl", True, decls=self.BG_LARGE_DECLS)
         c["decentralized_all"] = lambda: self.run_decentralized("dall", "all", 1)
         c["decentralized_shift_one_interval_1"] = lambda: self.run_decentralized("ds1", "shift_one", 1)
         c["decentralized_shift_one_interval_2"] = lambda: self.run_decentralized("ds2", "shift_one", 2)

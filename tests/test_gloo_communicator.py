@@ -50,6 +50,9 @@ def case_names(world: int):
         "reduce_scatter_in_place",
         "reduce_scatter_count_1",
         "allgather_in_place",
+        "allgather_overlapping_source",
+        "alltoall_in_place",
+        "alltoall_allgather_multi_mib_bitwise",
         "alltoall_v_uneven",
         "count_zero_is_noop",
         "invalid_arguments",
@@ -315,6 +318,37 @@ class Session:
         buf[r * COUNT:(r + 1) * COUNT] = np.arange(COUNT) + 100 * r
         self.comm.allgather(ptr(buf) + r * COUNT * 4, ptr(buf), COUNT, DTYPES["int32"])
         np.testing.assert_array_equal(buf, np.concatenate([np.arange(COUNT) + 100 * k for k in range(w)]))
+
+    def allgather_overlapping_source(self):
+        """The source overlaps recv but is not my block: it is read before any block arrives."""
+        np = _np()
+        w, r = self.world, self.rank
+        buf = np.full(COUNT * w + 1, -1, np.int32)
+        src = 1  # starts inside block 0, ends inside block 1 (for w > 1)
+        buf[src:src + COUNT] = np.arange(COUNT) + 100 * r
+        self.comm.allgather(ptr(buf) + src * 4, ptr(buf), COUNT, DTYPES["int32"])
+        np.testing.assert_array_equal(buf[:COUNT * w], np.concatenate([np.arange(COUNT) + 100 * k for k in range(w)]))
+
+    def alltoall_in_place(self):
+        np = _np()
+        w, r = self.world, self.rank
+        buf = np.concatenate([np.arange(COUNT) + 1000 * r + 10 * j for j in range(w)]).astype(np.int64)
+        self.comm.alltoall(ptr(buf), ptr(buf), COUNT, DTYPES["int64"])
+        np.testing.assert_array_equal(buf, np.concatenate([np.arange(COUNT) + 1000 * k + 10 * r for k in range(w)]))
+
+    def alltoall_allgather_multi_mib_bitwise(self):
+        """Blocks of a few MiB (an odd number of bytes) arrive bitwise, as ByteGrad's records do."""
+        np = _np()
+        w, r = self.world, self.rank
+        block = (3 << 20) + 7
+        mine = [np.random.default_rng([r, j]).integers(0, 256, block, dtype=np.uint8) for j in range(w)]
+        out = np.empty(block * w, np.uint8)
+        self.comm.alltoall(ptr(np.concatenate(mine)), ptr(out), block, DTYPES["uint8"])
+        want = [np.random.default_rng([k, r]).integers(0, 256, block, dtype=np.uint8) for k in range(w)]
+        np.testing.assert_array_equal(out, np.concatenate(want))
+        self.comm.allgather(ptr(mine[0]), ptr(out), block, DTYPES["uint8"])
+        want = [np.random.default_rng([k, 0]).integers(0, 256, block, dtype=np.uint8) for k in range(w)]
+        np.testing.assert_array_equal(out, np.concatenate(want))
 
     def alltoall_v_uneven(self):
         # rank i sends (i + j) % 3 elements (maybe none) to rank j, from and to

@@ -33,6 +33,7 @@ SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 def case_names(session: str):
     world, local = SESSIONS[session]
     names = ["flat_interval_1_equals_reference", "flat_interval_2_equals_reference", "replicas_track_neighbours",
+             "wide_bucket_equals_reference_bitwise", "wide_bucket_replicas_track_neighbours",
              "state_dict_resumes_bitwise", "bad_input_refused", "loss_goes_down"]
     if local:
         names += ["hierarchical_equals_reference", "loss_goes_down_hierarchical"]
@@ -43,7 +44,9 @@ STEPS = 12
 
 
 class Worker(TorchWorker):
-    def model(self, seed):
+    def model(self, seed, wide=False):
+        if wide:  # 131 k parameters: above ops/alongside.h's threshold, so the update overlaps the exchange
+            return self.mlp(seed, hidden=16384)
         return self.mlp(seed, out_bias=False)  # 128 parameters
 
     def train_step(self, model, opt, step):
@@ -77,17 +80,17 @@ class Worker(TorchWorker):
         W[:] = new
         return new
 
-    def _vs_reference(self, interval, hierarchical):
+    def _vs_reference(self, interval, hierarchical, wide=False, atol=1e-5):
         import numpy as np
 
         torch = self.torch
-        model = self.model(100 + self.rank)
+        model = self.model(100 + self.rank, wide)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model.with_bagua([opt], self.algo(hierarchical=hierarchical, communication_interval=interval))
         layout = [list(b.tensor_names) for b in model.bagua_buckets]
         assert len(layout) == 1, layout
         names = layout[0]
-        ref = self.model(100)
+        ref = self.model(100, wide)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
         params = dict(ref.named_parameters())
 
@@ -120,14 +123,14 @@ class Worker(TorchWorker):
                     p.copy_(torch.from_numpy(x[off:off + p.numel()]).reshape(p.shape))
                     off += p.numel()
         got = torch.cat([dict(model.named_parameters())[n].detach().reshape(-1) for n in names])
-        self.close_to(got, torch.from_numpy(ref_flat()), rtol=0, atol=1e-5)
+        self.close_to(got, torch.from_numpy(ref_flat()), rtol=0, atol=atol)
         if hierarchical:
             # a node's processes hold the node's weights
             allv = self.gathered(got)
             assert torch.equal(allv[self.rank], allv[(self.rank // local) * local])
         else:
             W = model.bagua_ddp.state_dict()["state"]["step_state"][0][0]
-            self.close_to(W, torch.from_numpy(state[0]), rtol=0, atol=1e-5)
+            self.close_to(W, torch.from_numpy(state[0]), rtol=0, atol=atol)
         model.bagua_ddp.close()
 
     def flat_interval_1_equals_reference(self):
@@ -139,9 +142,15 @@ class Worker(TorchWorker):
     def hierarchical_equals_reference(self):
         self._vs_reference(1, hierarchical=True)
 
-    def replicas_track_neighbours(self):
+    def wide_bucket_equals_reference_bitwise(self):
+        self._vs_reference(1, hierarchical=False, wide=True, atol=0)
+
+    def wide_bucket_replicas_track_neighbours(self):
+        self.replicas_track_neighbours(wide=True)
+
+    def replicas_track_neighbours(self, wide=False):
         torch = self.torch
-        model = self.model(5)
+        model = self.model(5, wide)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model.with_bagua([opt], self.algo(hierarchical=False))
         for step in range(5):

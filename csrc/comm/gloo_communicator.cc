@@ -216,18 +216,15 @@ class GlooCommunicator : public Communicator {
     check.buffer(recv, count * size_, "recv");
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
-      void* mine = static_cast<uint8_t*>(recv) + rank_ * count * es;
       if (size_ == 1) return copy_bytes(recv, send, count * es);
-      with_element_type(es, [&](auto t) {
-        using T = decltype(t);
-        gloo::AllgatherOptions o(main());
-        // In place when our contribution already sits at its slot of recv.
-        if (send != mine) o.setInput(static_cast<T*>(const_cast<void*>(send)), count);
-        o.setOutput(static_cast<T*>(recv), count * size_);
-        o.setTag(tag);
-        o.setTimeout(options_.timeout);
-        gloo::allgather(o);
-      });
+      const size_t block = count * es;
+      const auto* s = static_cast<const uint8_t*>(send);
+      const auto* r = static_cast<const uint8_t*>(recv);
+      // In place when our block already sits at its slot of recv; any other overlap is copied first.
+      if (s != r + rank_ * block && s < r + block * size_ && r < s + block)
+        send = std::memcpy(scratch(block), send, block);
+      ga::allgather_bytes(main(), send, recv, block, ga::make_slot(ga::kAllgatherSlotPrefix, tag),
+                          options_.timeout);
     });
   }
 
@@ -314,15 +311,12 @@ class GlooCommunicator : public Communicator {
     const size_t es = dtype_size(dtype);
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) return copy_bytes(recv, send, count * es);
-      with_element_type(es, [&](auto t) {
-        using T = decltype(t);
-        gloo::AlltoallOptions o(main());
-        o.setInput(static_cast<T*>(const_cast<void*>(send)), count * size_);
-        o.setOutput(static_cast<T*>(recv), count * size_);
-        o.setTag(tag);
-        o.setTimeout(options_.timeout);
-        gloo::alltoall(o);
-      });
+      const size_t total = count * es * size_;
+      const auto* s = static_cast<const uint8_t*>(send);
+      const auto* r = static_cast<const uint8_t*>(recv);
+      if (s < r + total && r < s + total) send = std::memcpy(scratch(total), send, total);  // overlapping
+      ga::alltoall_bytes(main(), send, recv, count * es, ga::make_slot(ga::kAlltoallSlotPrefix, tag),
+                         options_.timeout);
     });
   }
 

@@ -1,6 +1,9 @@
 #include "ops/compressed_exchange.h"
 
+#include <vector>
+
 #include "kernels/minmax_uint8.h"
+#include "ops/alongside.h"
 #include "ops/kernels.h"
 
 namespace bagua {
@@ -19,12 +22,27 @@ void compressed_scatter_reduce_gather(Communicator& c, const ExecContext& ctx, S
   uint8_t* recv = static_cast<uint8_t*>(ctx.scratch->get(1, bytes));
   uint8_t* mine = static_cast<uint8_t*>(data.data) + r * chunk * dtype_size(data.dtype);
 
-  step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, -1);
-  c.alltoall(send, recv, record, DType::kUInt8, ctx.stream);
+  // 1-2. The peers' records are compressed first; my own one is compressed straight
+  // into its place in `recv` while theirs travel (records are per chunk, so the
+  // bytes are those of compressing all chunks at once).
+  std::vector<size_t> counts(n, record), displs(n);
+  for (size_t p = 0; p < n; ++p) displs[p] = p * record;
+  counts[r] = 0;
+  for (size_t p = 0; p < n; ++p)
+    if (p != r) step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, static_cast<int64_t>(p));
+  run_alongside(
+      ctx, chunk,
+      [&] { c.alltoall_v(send, counts, displs, recv, counts, displs, DType::kUInt8, ctx.stream); },
+      [&] { step_kernels::compress(ctx, data.data, data.count, data.dtype, n, recv, static_cast<int64_t>(r)); });
+  // 3-4.
   step_kernels::reduce_chunks(ctx, recv, chunk, n, data.dtype, average, mine);
   step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, static_cast<int64_t>(r));
-  c.allgather(send + r * record, send, record, DType::kUInt8, ctx.stream);
-  step_kernels::decompress(ctx, send, data.count, data.dtype, n, data.data, -1);
+  // 5-6. My record is decoded while it travels to the peers; theirs once they arrived.
+  run_alongside(
+      ctx, chunk, [&] { c.allgather(send + r * record, send, record, DType::kUInt8, ctx.stream); },
+      [&] { step_kernels::decompress(ctx, send, data.count, data.dtype, n, data.data, static_cast<int64_t>(r)); });
+  for (size_t p = 0; p < n; ++p)
+    if (p != r) step_kernels::decompress(ctx, send, data.count, data.dtype, n, data.data, static_cast<int64_t>(p));
 }
 
 }  // namespace bagua

@@ -10,6 +10,11 @@
 //   4. recompress chunk r;  5. allgather the records;  6. decode all chunks.
 // Every element is thus quantised twice. Scratch slots 0 and 1 hold the
 // compressed records.
+// Link use: every send and receive of an exchange is posted at once (both
+// directions busy), and the CPU work that does not wait for the wire overlaps
+// it (ops/alongside.h): my own record is compressed while the peers' records
+// travel (2), and decoded while it travels to them (6). Records are per chunk,
+// so the bytes and values are those of the sequence above.
 #pragma once
 
 #include "comm/communicator.h"

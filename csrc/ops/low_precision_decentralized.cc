@@ -1,6 +1,7 @@
 #include "ops/low_precision_decentralized.h"
 
 #include "kernels/minmax_uint8.h"
+#include "ops/alongside.h"
 #include "ops/elementwise.h"
 #include "ops/hierarchical.h"
 #include "ops/kernels.h"
@@ -45,18 +46,24 @@ void LowPrecisionDecentralizedStep::ring(Communicator& c, const ExecContext& ctx
   uint8_t* mine = static_cast<uint8_t*>(ctx.scratch->get(0, 2 * record));
   uint8_t* theirs = static_cast<uint8_t*>(ctx.scratch->get(1, 2 * record));
   void* decoded = ctx.scratch->get(2, data.nbytes());
+  void* decoded_mine = ctx.scratch->get(3, data.nbytes());
 
-  step_kernels::replica_diff(ctx, data.data, w.data, l.data, r.data, data.count, data.dtype);
-  step_kernels::compress(ctx, data.data, data.count, data.dtype, 1, mine, -1);
-  step_kernels::copy(ctx, mine + record, mine, record);
-
-  // One alltoall_v: record 0 of `mine` to the left peer, record 1 to the right
-  // one; from the left into record 0 of `theirs`, from the right into record 1.
-  // With two ranks both go to (and come from) the one peer; alone, to myself.
+  // Two ranks: the one peer is both neighbours, so its single Q travels once
+  // (half the bytes of sending it as record 0 and record 1) and is decoded once
+  // for L and R; the values are the same as with two records.
   const int n = c.size();
   const int me = c.rank();
   const int left = (me - 1 + n) % n;
   const int right = (me + 1) % n;
+  const bool one_peer = n == 2;
+
+  step_kernels::replica_diff(ctx, data.data, w.data, l.data, r.data, data.count, data.dtype);
+  step_kernels::compress(ctx, data.data, data.count, data.dtype, 1, mine, -1);
+  if (!one_peer) step_kernels::copy(ctx, mine + record, mine, record);
+
+  // One alltoall_v: record 0 of `mine` to the left peer, record 1 to the right
+  // one; from the left into record 0 of `theirs`, from the right into record 1.
+  // Alone, both records go to myself.
   std::vector<size_t> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
   send_counts[left] += record;
   recv_counts[left] += record;
@@ -65,20 +72,27 @@ void LowPrecisionDecentralizedStep::ring(Communicator& c, const ExecContext& ctx
     send_displs[right] = record;
     recv_counts[right] = record;
     recv_displs[right] = record;
-  } else {
+  } else if (!one_peer) {
     send_counts[right] = 2 * record;
     recv_counts[right] = 2 * record;
   }
-  c.alltoall_v(mine, send_counts, send_displs, theirs, recv_counts, recv_displs, DType::kUInt8, ctx.stream);
+  // My own update (5) needs nothing from the peers: it runs while the records travel.
+  run_alongside(
+      ctx, data.count,
+      [&] {
+        c.alltoall_v(mine, send_counts, send_displs, theirs, recv_counts, recv_displs, DType::kUInt8, ctx.stream);
+      },
+      [&] {
+        step_kernels::decompress(ctx, mine, data.count, data.dtype, 1, decoded_mine, -1);
+        step_kernels::copy(ctx, data.data, w.data, data.nbytes());
+        step_kernels::add_into(ctx, data.data, decoded_mine, data.count, data.dtype);
+        step_kernels::copy(ctx, w.data, data.data, data.nbytes());
+      });
 
   step_kernels::decompress(ctx, theirs, data.count, data.dtype, 1, decoded, -1);
   step_kernels::add_into(ctx, l.data, decoded, data.count, data.dtype);
-  step_kernels::decompress(ctx, theirs + record, data.count, data.dtype, 1, decoded, -1);
+  if (!one_peer) step_kernels::decompress(ctx, theirs + record, data.count, data.dtype, 1, decoded, -1);
   step_kernels::add_into(ctx, r.data, decoded, data.count, data.dtype);
-  step_kernels::decompress(ctx, mine, data.count, data.dtype, 1, decoded, -1);
-  step_kernels::copy(ctx, data.data, w.data, data.nbytes());
-  step_kernels::add_into(ctx, data.data, decoded, data.count, data.dtype);
-  step_kernels::copy(ctx, w.data, data.data, data.nbytes());
 }
 
 bool LowPrecisionDecentralizedStep::run_with_state(const ExecContext& ctx, Span data, Span,

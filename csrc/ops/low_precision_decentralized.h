@@ -9,15 +9,17 @@
 // communicator of n ranks, rank r, left = (r - 1 + n) mod n, right = (r + 1) mod n:
 //   1. data <- data + L/3 + R/3 - W*(5/3)        (ReplicaMath, ops/elementwise.h)
 //   2. Q <- compress(data) with one chunk (kernels/minmax_uint8.h)
-//   3. Q goes to left and right; Q_left, Q_right come back (n = 2: both from
-//      the one peer; n = 1: my own Q)
+//   3. Q goes to left and right; Q_left, Q_right come back (n = 2: Q travels
+//      once to the one peer, whose Q is both Q_left and Q_right; n = 1: my own Q)
 //   4. L <- L + decompress(Q_left); R <- R + decompress(Q_right)
 //   5. data <- W + decompress(Q); W <- data
 // Every rank adds the same decoded values, so L and R equal the neighbours'
 // W exactly. Hierarchical: the node leader reduces (AVG) the node's weights,
 // runs the above among leaders (n = number of nodes; non-leaders' state is
 // unused), and broadcasts the result to its node.
-// Scratch slots: 0 my Q twice, 1 the neighbours' Q, 2 a decoded difference.
+// Step 5 runs while Q travels (ops/alongside.h): it reads only my Q, W and data.
+// Scratch slots: 0 my Q (twice when n != 2), 1 the neighbours' Q, 2 a decoded
+// neighbour difference, 3 my decoded difference.
 //
 // Registered as "low_precision_decentralized"; parameters: hierarchical (bool,
 // false), communication_interval (int >= 1, 1).

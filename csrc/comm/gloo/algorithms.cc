@@ -117,5 +117,22 @@ void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send
   }
 }
 
+void alltoall_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
+                    size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout) {
+  const size_t size = static_cast<size_t>(ctx->size);
+  std::vector<size_t> offsets(size), lengths(size, block_bytes);
+  for (size_t i = 0; i < size; ++i) offsets[i] = i * block_bytes;
+  alltoallv_bytes(ctx, send, offsets.data(), lengths.data(), recv, offsets.data(), lengths.data(), slot, timeout);
+}
+
+void allgather_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
+                     size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout) {
+  const size_t size = static_cast<size_t>(ctx->size);
+  std::vector<size_t> send_offsets(size, 0), recv_offsets(size), lengths(size, block_bytes);
+  for (size_t i = 0; i < size; ++i) recv_offsets[i] = i * block_bytes;
+  alltoallv_bytes(ctx, send, send_offsets.data(), lengths.data(), recv, recv_offsets.data(), lengths.data(), slot,
+                  timeout);
+}
+
 }  // namespace gloo_algorithms
 }  // namespace bagua

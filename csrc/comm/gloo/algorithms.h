@@ -19,6 +19,8 @@ namespace gloo_algorithms {
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kSendRecvSlotPrefix = 0x41;
 constexpr uint8_t kAlltoallvSlotPrefix = 0x42;
+constexpr uint8_t kAlltoallSlotPrefix = 0x43;
+constexpr uint8_t kAllgatherSlotPrefix = 0x44;
 
 // Same layout as gloo::Slot::build: prefix in bits 56-63, tag in bits 24-55;
 // `low` (< 2^24) distinguishes sub-streams of one operation.
@@ -42,6 +44,18 @@ void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send
                      const size_t* send_offsets, const size_t* send_lengths, void* recv,
                      const size_t* recv_offsets, const size_t* recv_lengths,
                      uint64_t slot, std::chrono::milliseconds timeout);
+
+// All-to-all of equal blocks of `block_bytes` (send and recv must not overlap).
+// Like alltoallv_bytes, every receive and send is posted at once, so both
+// directions of each link carry data together (Gloo's own alltoall and
+// allgather reach about two thirds of a shaped link's rate each way).
+void alltoall_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
+                    size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout);
+
+// Allgather by direct exchange: my block goes to every peer while every peer's
+// block arrives (all posted at once). `send` may be my block of `recv`.
+void allgather_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
+                     size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout);
 
 }  // namespace gloo_algorithms
 }  // namespace bagua
