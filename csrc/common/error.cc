@@ -22,4 +22,11 @@ std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix) 
   }
 }
 
+std::string seconds(std::chrono::milliseconds ms) {
+  std::string s = std::to_string(ms.count() / 1000.0);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s + " s";
+}
+
 }  // namespace bagua

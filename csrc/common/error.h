@@ -2,6 +2,7 @@
 // (see bagua_core/errors.py), so callers can tell a timeout from a dead peer.
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -46,5 +47,8 @@ class InvalidArgument : public std::invalid_argument {
 // `prefix` in front of its message; a foreign exception becomes an Error.
 // For errors of a background thread re-raised in the caller with context.
 std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix);
+
+// A duration for a message: "1.5 s", "20 s".
+std::string seconds(std::chrono::milliseconds ms);
 
 }  // namespace bagua

@@ -9,13 +9,6 @@
 namespace bagua {
 namespace {
 
-std::string seconds(std::chrono::milliseconds ms) {
-  std::string s = std::to_string(ms.count() / 1000.0);
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s + " s";
-}
-
 struct Closing {};  // unwinds the loop when close() interrupts a wait (weight lock, test hold)
 
 }  // namespace

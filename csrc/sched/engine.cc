@@ -11,13 +11,6 @@ using Clock = std::chrono::steady_clock;
 
 Clock::time_point from_ns(int64_t ns) { return Clock::time_point(std::chrono::nanoseconds(ns)); }
 
-std::string seconds(std::chrono::milliseconds ms) {
-  std::string s = std::to_string(ms.count() / 1000.0);
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  return s + " s";
-}
-
 }  // namespace
 
 int64_t monotonic_ns() {

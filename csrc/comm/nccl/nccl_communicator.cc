@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 #include <utility>
 
 #include "comm/nccl/cuda_util.h"
@@ -28,12 +27,6 @@ nccl::ncclDataType_t to_nccl(DType t) {
     case DType::kUInt8: return nccl::ncclUint8;
   }
   throw InvalidArgument("unknown dtype code " + std::to_string(static_cast<int>(t)));
-}
-
-std::string seconds(std::chrono::milliseconds ms) {
-  std::ostringstream s;
-  s << static_cast<double>(ms.count()) / 1000.0 << " s";
-  return s.str();
 }
 
 // Spin briefly (most enqueues finish in microseconds), then sleep.
