@@ -13,6 +13,7 @@
 #include "bindings/bindings.h"
 #include "comm/checked_communicator.h"
 #include "comm/communicator.h"
+#include "comm/gloo/packed_allreduce.h"
 #include "comm/gloo_communicator.h"
 #include "comm/registry.h"
 #include "common/error.h"
@@ -33,6 +34,13 @@ Stream sptr(uintptr_t p) { return reinterpret_cast<Stream>(p); }
 DType to_dtype(int v) {
   if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
   return static_cast<DType>(v);
+}
+
+WirePacking to_wire_packing(const std::string& v) {
+  if (v == "auto") return WirePacking::kAuto;
+  if (v == "on") return WirePacking::kOn;
+  if (v == "off") return WirePacking::kOff;
+  throw InvalidArgument("wire_packing must be 'auto', 'on' or 'off', got '" + v + "'");
 }
 
 ReduceOp to_op(int v) {
@@ -199,37 +207,58 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
   m.def(
       "create_gloo_communicator",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, bool debug_checks) {
-        CommunicatorPtr comm =
-            create_gloo_communicator(std::move(store), prefix, rank, size,
-                                     to_timeout(timeout_s), hostname);
+         const std::string& hostname, bool debug_checks, const std::string& wire_packing) {
+        GlooCommunicatorOptions o;
+        o.timeout = to_timeout(timeout_s);
+        o.hostname = hostname;
+        if (!wire_packing.empty()) o.wire_packing = to_wire_packing(wire_packing);
+        CommunicatorPtr comm = create_gloo_communicator(std::move(store), prefix, rank, size, o);
         return debug_checks ? make_checked_communicator(comm) : comm;
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false, Release(),
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false,
+      py::arg("wire_packing") = "", Release(),
       R"doc(Connects this process to the other ranks of group ``prefix`` (a full mesh of
 TCP connections, rendezvoused through ``store``); every rank calls it with the
 same prefix and size. ``hostname`` is the address peers reach this process on.
 ``debug_checks`` wraps the communicator in cross-rank agreement checks
-(BAGUA_DEBUG_CHECKS).)doc");
+(BAGUA_DEBUG_CHECKS). ``wire_packing`` is 'auto', 'on' or 'off'
+(BAGUA_WIRE_PACKING; empty: the engine's default).)doc");
+
+  m.def(
+      "wire_packing_totals",
+      [] {
+        const auto t = gloo_algorithms::packed_allreduce_totals();
+        return py::dict(py::arg("packed_messages") = t.packed_messages, py::arg("raw_messages") = t.raw_messages,
+                        py::arg("wire_bytes") = t.wire_bytes, py::arg("raw_bytes") = t.raw_bytes,
+                        py::arg("received_bytes") = t.received_bytes);
+      },
+      "Totals over this process's packed-path allreduces (BAGUA_WIRE_PACKING): messages sent packed and "
+      "raw, bytes sent, bytes they would have been unpacked, bytes received.");
 
   // Tuning knobs, for benchmarks (see GlooCommunicatorOptions).
   m.def(
       "_create_gloo_communicator_tuned",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
          const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
-         int64_t segment_bytes) {
+         int64_t segment_bytes, const std::string& wire_packing, int64_t wire_packing_min_bytes,
+         int64_t wire_packing_segment_bytes) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
         o.lanes = lanes;
         o.lane_threshold_bytes = to_count(lane_threshold_bytes, "lane_threshold_bytes");
         o.segment_bytes = to_count(segment_bytes, "segment_bytes");
+        if (!wire_packing.empty()) o.wire_packing = to_wire_packing(wire_packing);
+        if (wire_packing_min_bytes >= 0) o.wire_packing_min_bytes = to_count(wire_packing_min_bytes, "wire_packing_min_bytes");
+        if (wire_packing_segment_bytes >= 0)
+          o.wire_packing_segment_bytes = to_count(wire_packing_segment_bytes, "wire_packing_segment_bytes");
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
       py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
-      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), Release());
+      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), py::arg("wire_packing") = "",
+      py::arg("wire_packing_min_bytes") = -1, py::arg("wire_packing_segment_bytes") = -1, Release());
 
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "kernels/half.h"
 #include "kernels/reduce.h"
+#include "kernels/top_byte_pack.h"
 
 namespace py = pybind11;
 
@@ -66,6 +67,28 @@ void bind_kernels_test(py::module_& m) {
       },
       py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"), py::arg("dtype"), py::arg("op"), release(),
       "Test only: out[i] = a[i] (op) b[i] with the communicators' CPU reduce loop.");
+  m.def(
+      "_top_byte_pack",
+      [](uintptr_t src, int64_t n, uintptr_t dst, int64_t limit) {
+        if (n < 0 || limit < 0) throw InvalidArgument("n and limit must not be negative");
+        return top_byte_pack(reinterpret_cast<const uint32_t*>(src), static_cast<size_t>(n),
+                             reinterpret_cast<uint8_t*>(dst), static_cast<size_t>(limit));
+      },
+      py::arg("src"), py::arg("n"), py::arg("dst"), py::arg("limit"), release(),
+      "Test only: packs n float32 bit patterns (kernels/top_byte_pack.h); returns its size, 0 when not < limit.");
+  m.def(
+      "_top_byte_unpack",
+      [](uintptr_t src, int64_t bytes, int64_t n, uintptr_t dst, bool add) {
+        if (n < 0 || bytes < 0) throw InvalidArgument("n and bytes must not be negative");
+        const auto* s = reinterpret_cast<const uint8_t*>(src);
+        if (add) {
+          top_byte_unpack_add(s, static_cast<size_t>(bytes), static_cast<size_t>(n), reinterpret_cast<float*>(dst));
+        } else {
+          top_byte_unpack(s, static_cast<size_t>(bytes), static_cast<size_t>(n), reinterpret_cast<uint32_t*>(dst));
+        }
+      },
+      py::arg("src"), py::arg("bytes"), py::arg("n"), py::arg("dst"), py::arg("add"), release(),
+      "Test only: unpacks a packed segment of n values into dst (add: dst[i] += value i as float32).");
 }
 
 }  // namespace bindings

@@ -27,6 +27,7 @@
 #include "comm/call_checks.h"
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/lane_worker.h"
+#include "comm/gloo/packed_allreduce.h"
 #include "comm/op_desc.h"
 #include "common/descriptors.h"
 #include "common/error.h"
@@ -128,6 +129,8 @@ class GlooCommunicator : public Communicator {
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) {
         copy_bytes(recv, send, count * es);
+      } else if (takes_packed_path(dtype, op, count * es)) {
+        packed_allreduce(send, recv, count, op == ReduceOp::kAvg, tag);
       } else {
         const size_t parts = lanes_for(count * es);
         on_lanes(parts, [&](size_t lane) {
@@ -425,6 +428,23 @@ class GlooCommunicator : public Communicator {
   }
 
   const std::shared_ptr<gloo::Context>& main() { return lanes_[0].context; }
+
+  // ---- packed allreduce (comm/gloo/packed_allreduce.h) ------------------------
+
+  // Depends only on what every rank agreed on (the call and the setting).
+  bool takes_packed_path(DType dtype, ReduceOp op, size_t bytes) const {
+    return options_.wire_packing != WirePacking::kOff && dtype == DType::kFloat32 &&
+           (op == ReduceOp::kSum || op == ReduceOp::kAvg) && bytes >= options_.wire_packing_min_bytes;
+  }
+
+  void packed_allreduce(const void* send, void* recv, size_t count, bool average, uint32_t tag) {
+    const bool pack = options_.wire_packing == WirePacking::kOn ||
+                      (last_receive_bits_per_s_ > 0 && last_receive_bits_per_s_ < options_.wire_packing_slow_bits_per_s);
+    const auto st = ga::packed_allreduce_f32(main(), static_cast<const float*>(send), static_cast<float*>(recv),
+                                             count, average, pack, ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag),
+                                             options_.timeout, options_.wire_packing_segment_bytes / 4, packed_scratch_);
+    if (st.receiving_seconds > 0) last_receive_bits_per_s_ = 8.0 * st.received_bytes / st.receiving_seconds;
+  }
 
   size_t lanes_for(size_t bytes) const {
     if (bytes < options_.lane_threshold_bytes) return 1;
@@ -730,6 +750,8 @@ class GlooCommunicator : public Communicator {
   std::vector<uint64_t> send_seq_;
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;
+  ga::PackedAllreduceScratch packed_scratch_;
+  double last_receive_bits_per_s_ = 0;  // of the last packed-path call; 0: none yet
   std::string broken_;
   bool closed_ = false;
 };

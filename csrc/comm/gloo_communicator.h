@@ -32,6 +32,9 @@ namespace bagua {
 // Returns the ranks known to have died (for error messages); may throw.
 using DeadRanksFn = std::function<std::vector<int>()>;
 
+// Whether float32 SUM/AVG allreduces may travel top-byte packed (BAGUA_WIRE_PACKING).
+enum class WirePacking { kOff, kAuto, kOn };
+
 struct GlooCommunicatorOptions {
   // Address peers reach this process on (an IP or a resolvable host name).
   std::string hostname = "127.0.0.1";
@@ -45,6 +48,15 @@ struct GlooCommunicatorOptions {
   size_t lane_threshold_bytes = 8u << 20;
   // Bytes per segment in Gloo's pipelined allreduce/reduce ring.
   size_t segment_bytes = 4u << 20;
+  // kOff: Gloo's ring. Otherwise float32 SUM/AVG allreduces of at least
+  // wire_packing_min_bytes run comm/gloo/packed_allreduce.h, whose senders
+  // pack every message that shrinks (kOn), or (kAuto) only while the last
+  // such call received at less than wire_packing_slow_bits_per_s: packing
+  // costs CPU time that only a slow link pays back.
+  WirePacking wire_packing = WirePacking::kAuto;
+  size_t wire_packing_min_bytes = 1u << 20;
+  double wire_packing_slow_bits_per_s = 2e9;
+  size_t wire_packing_segment_bytes = 1u << 20;
 };
 
 CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
