@@ -54,8 +54,8 @@ Settings (all optional):
 ``BAGUA_WIRE_PACKING``           ``auto``, ``on`` or ``off``: whether large float32
                                  SUM/AVG allreduces over Gloo may send their bytes
                                  top-byte packed (lossless, about 12% fewer bytes).
-                                 ``auto`` (default) packs while the last such call
-                                 received at under 2 Gbit/s; ``on`` always packs;
+                                 ``auto`` (default) packs once every rank has measured
+                                 the link under 2 Gbit/s; ``on`` always packs;
                                  ``off`` keeps Gloo's ring
 ``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
                                  online (see :mod:`bagua_core.autotune`); default 0

@@ -256,17 +256,28 @@ def make_trainer(name, args, batches):
 def throughput(args, batches, world, say):
     import torch.distributed as dist
 
+    from bagua_core import _C
+
     trainers = []
     try:
         for name in args.configs:
             trainers.append(make_trainer(name, args, batches))
             trainers[-1].steps(args.warmup)
         seconds = {name: [] for name in args.configs}
+        packing = {name: {} for name in args.configs}  # BAGUA_WIRE_PACKING: this rank's packed-path messages
         for r in range(args.steps):
             for t in (trainers if r % 2 == 0 else trainers[::-1]):
+                before = _C.wire_packing_totals()
                 seconds[t.name].append(_training.timed_steps(t, 1, dist.barrier))
+                for k, v in _C.wire_packing_totals().items():
+                    packing[t.name][k] = packing[t.name].get(k, 0) + v - before[k]
             say(f"[{args.link}] round {r + 1}/{args.steps}: ms/step "
                 + ", ".join(f"{n} {1e3 * s[-1]:.0f}" for n, s in seconds.items()) + f" (load {os.getloadavg()[0]:.2f})")
+        for name, p in packing.items():
+            if p.get("packed_messages") or p.get("raw_messages"):
+                say(f"[{args.link}] wire packing, {name}: {p['packed_messages']} messages packed, "
+                    f"{p['raw_messages']} raw; sent {p['wire_bytes'] / 2**20:.1f} MiB for "
+                    f"{p['raw_bytes'] / 2**20:.1f} MiB of float32 (rank 0, timed steps)")
     finally:
         for t in trainers:
             t.close()
@@ -275,7 +286,8 @@ def throughput(args, batches, world, say):
     return {t.name: {"ms_per_step": 1e3 * statistics.median(seconds[t.name]),
                      "samples_per_s": samples / statistics.median(seconds[t.name]),
                      "ratio_to_ddp": statistics.median(b / s for s, b in zip(seconds[t.name], base)),
-                     "step_seconds": seconds[t.name], "loss": t.loss} for t in trainers}
+                     "step_seconds": seconds[t.name], "loss": t.loss, "wire_packing": packing[t.name]}
+            for t in trainers}
 
 
 def time_to_loss(args, batches, say):

@@ -6,8 +6,8 @@
 * the packed allreduce (comm/gloo/packed_allreduce.h), forced on with tiny
   segments, over 2 and 3 real processes, SUM and AVG, in and out of place,
   equals numpy summing in rank order bitwise, and for 2 ranks equals the
-  unpacked path (Gloo's ring) bitwise; `auto` on loopback sends raw; `off`
-  never enters the packed path;
+  unpacked path (Gloo's ring) bitwise; `auto` keeps Gloo's ring on loopback
+  and switches when every rank finds the link slow; `off` never packs;
 * GradientAllReduce trained with packing on equals packing off bitwise (2 ranks);
 * a peer killed during packed allreduces makes the survivors raise within the timeout.
 
@@ -203,17 +203,35 @@ class Session:
         want = rank_order(xs, SUM, self.world)
         np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
-    def auto_sends_raw_on_loopback(self):
+    def auto_keeps_the_ring_on_loopback(self):
         before = self._C.wire_packing_totals()
-        n = 1 << 20  # 4 MiB: takes the packed path's exchange; loopback is fast, so raw
+        n = 1 << 20  # 4 MiB: packable, but loopback is fast
         xs = self.inputs(n, 11, "gradient")
         out = np.empty(n, np.float32)
-        for _ in range(3):
+        for _ in range(4):  # the ranks vote at the 2nd call
             self.auto.allreduce(ptr(xs[self.rank]), ptr(out), n, F32, SUM)
-        np.testing.assert_array_equal(out.view(np.uint32), rank_order(xs, SUM, self.world).view(np.uint32))
-        after = self._C.wire_packing_totals()
-        assert after["packed_messages"] == before["packed_messages"], (before, after)
-        assert after["raw_messages"] > before["raw_messages"], (before, after)
+        np.testing.assert_allclose(out, rank_order(xs, SUM, self.world), rtol=1e-6, atol=1e-9)  # ring order
+        assert self._C.wire_packing_totals() == before
+
+    def auto_switches_when_every_rank_finds_the_link_slow(self):
+        # A threshold above any loopback rate: every rank votes "slow" at the 2nd call.
+        c = self._C._create_gloo_communicator_tuned(
+            self.store, "auto_slow", self.rank, self.world, TIMEOUT_S, "127.0.0.1", 2, 8 << 20, 4 << 20,
+            wire_packing="auto", wire_packing_min_bytes=4096, wire_packing_slow_bits_per_s=1e18)
+        n = 30011
+        xs = self.inputs(n, 17, "gradient")
+        counts = []
+        want = rank_order(xs, AVG, self.world)
+        for call in range(3):
+            out = np.empty(n, np.float32)
+            before = self._C.wire_packing_totals()
+            c.allreduce(ptr(xs[self.rank]), ptr(out), n, F32, AVG)
+            counts.append(self._C.wire_packing_totals()["packed_messages"] - before["packed_messages"])
+            if call == 0:  # Gloo's ring: its own order of additions
+                np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-9)
+            else:
+                np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+        assert counts[0] == 0 and counts[1] > 0 and counts[2] > 0, counts
 
     def off_never_packs(self):
         before = self._C.wire_packing_totals()
@@ -232,8 +250,8 @@ class Session:
         return [(name, getattr(self, name)) for name in CASES]
 
 
-CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_through", "auto_sends_raw_on_loopback",
-         "off_never_packs", "bad_setting_raises"]
+CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_through", "auto_keeps_the_ring_on_loopback",
+         "auto_switches_when_every_rank_finds_the_link_slow", "off_never_packs", "bad_setting_raises"]
 
 
 def kill_session(victim: int):

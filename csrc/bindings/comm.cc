@@ -242,7 +242,7 @@ same prefix and size. ``hostname`` is the address peers reach this process on.
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
          const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
          int64_t segment_bytes, const std::string& wire_packing, int64_t wire_packing_min_bytes,
-         int64_t wire_packing_segment_bytes) {
+         int64_t wire_packing_segment_bytes, double wire_packing_slow_bits_per_s) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
@@ -253,12 +253,14 @@ same prefix and size. ``hostname`` is the address peers reach this process on.
         if (wire_packing_min_bytes >= 0) o.wire_packing_min_bytes = to_count(wire_packing_min_bytes, "wire_packing_min_bytes");
         if (wire_packing_segment_bytes >= 0)
           o.wire_packing_segment_bytes = to_count(wire_packing_segment_bytes, "wire_packing_segment_bytes");
+        if (wire_packing_slow_bits_per_s >= 0) o.wire_packing_slow_bits_per_s = wire_packing_slow_bits_per_s;
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
       py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
       py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), py::arg("wire_packing") = "",
-      py::arg("wire_packing_min_bytes") = -1, py::arg("wire_packing_segment_bytes") = -1, Release());
+      py::arg("wire_packing_min_bytes") = -1, py::arg("wire_packing_segment_bytes") = -1,
+      py::arg("wire_packing_slow_bits_per_s") = -1.0, Release());
 
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");

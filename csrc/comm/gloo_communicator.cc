@@ -129,9 +129,10 @@ class GlooCommunicator : public Communicator {
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) {
         copy_bytes(recv, send, count * es);
-      } else if (takes_packed_path(dtype, op, count * es)) {
+      } else if (takes_packed_path(dtype, op, count * es, tag)) {
         packed_allreduce(send, recv, count, op == ReduceOp::kAvg, tag);
       } else {
+        const auto started = std::chrono::steady_clock::now();
         const size_t parts = lanes_for(count * es);
         on_lanes(parts, [&](size_t lane) {
           const size_t b = count * lane / parts, e = count * (lane + 1) / parts;
@@ -152,6 +153,10 @@ class GlooCommunicator : public Communicator {
           if (op == ReduceOp::kAvg)
             cpu_average(static_cast<uint8_t*>(recv) + b * es, e - b, dtype, size_);
         });
+        // A ring sends and receives 2 (size - 1) / size of the buffer per rank.
+        if (packable(dtype, op, count * es))
+          note_link_rate(2.0 * (size_ - 1) / size_ * count * es,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       }
     });
   }
@@ -431,19 +436,45 @@ class GlooCommunicator : public Communicator {
 
   // ---- packed allreduce (comm/gloo/packed_allreduce.h) ------------------------
 
-  // Depends only on what every rank agreed on (the call and the setting).
-  bool takes_packed_path(DType dtype, ReduceOp op, size_t bytes) const {
-    return options_.wire_packing != WirePacking::kOff && dtype == DType::kFloat32 &&
-           (op == ReduceOp::kSum || op == ReduceOp::kAvg) && bytes >= options_.wire_packing_min_bytes;
+  bool packable(DType dtype, ReduceOp op, size_t bytes) const {
+    return dtype == DType::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kAvg) &&
+           bytes >= options_.wire_packing_min_bytes;
   }
 
+  bool link_seems_slow() const {
+    return link_bits_per_s_ > 0 && link_bits_per_s_ < options_.wire_packing_slow_bits_per_s;
+  }
+
+  void note_link_rate(double bytes, double seconds) {
+    if (seconds > 0) link_bits_per_s_ = 8.0 * bytes / seconds;
+  }
+
+  // Which algorithm a packable allreduce runs must be the same on every rank:
+  // kAuto switches only when every rank votes that the link is slow (or no
+  // longer is), in a one-word allgather at the 2nd packable call and every
+  // kVoteEvery-th after it. Each rank's vote is its rate of the last
+  // packable call, so one rank that waited for a late peer cannot decide.
+  static constexpr uint64_t kVoteEvery = 16;
+
+  bool takes_packed_path(DType dtype, ReduceOp op, size_t bytes, uint32_t tag) {
+    if (options_.wire_packing == WirePacking::kOff || !packable(dtype, op, bytes)) return false;
+    if (options_.wire_packing == WirePacking::kOn) return true;
+    if (packable_calls_++ % kVoteEvery == 1) {
+      const int64_t mine = link_seems_slow() ? 1 : 0;
+      std::vector<int64_t> all(size_);
+      allgather_words(&mine, 1, all.data(), tag | 0x40000000u);  // never a data or agreement tag
+      packed_path_ = std::all_of(all.begin(), all.end(), [](int64_t v) { return v == 1; });
+    }
+    return packed_path_;
+  }
+
+  // Senders pack while their own measure says the link is slow (kOn: always).
   void packed_allreduce(const void* send, void* recv, size_t count, bool average, uint32_t tag) {
-    const bool pack = options_.wire_packing == WirePacking::kOn ||
-                      (last_receive_bits_per_s_ > 0 && last_receive_bits_per_s_ < options_.wire_packing_slow_bits_per_s);
+    const bool pack = options_.wire_packing == WirePacking::kOn || link_seems_slow();
     const auto st = ga::packed_allreduce_f32(main(), static_cast<const float*>(send), static_cast<float*>(recv),
                                              count, average, pack, ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag),
                                              options_.timeout, options_.wire_packing_segment_bytes / 4, packed_scratch_);
-    if (st.receiving_seconds > 0) last_receive_bits_per_s_ = 8.0 * st.received_bytes / st.receiving_seconds;
+    note_link_rate(static_cast<double>(st.received_bytes), st.receiving_seconds);
   }
 
   size_t lanes_for(size_t bytes) const {
@@ -751,7 +782,9 @@ class GlooCommunicator : public Communicator {
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;
   ga::PackedAllreduceScratch packed_scratch_;
-  double last_receive_bits_per_s_ = 0;  // of the last packed-path call; 0: none yet
+  double link_bits_per_s_ = 0;  // measured by the last packable allreduce; 0: none yet
+  uint64_t packable_calls_ = 0;
+  bool packed_path_ = false;    // kAuto: what the ranks last voted
   std::string broken_;
   bool closed_ = false;
 };

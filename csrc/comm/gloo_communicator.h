@@ -48,11 +48,13 @@ struct GlooCommunicatorOptions {
   size_t lane_threshold_bytes = 8u << 20;
   // Bytes per segment in Gloo's pipelined allreduce/reduce ring.
   size_t segment_bytes = 4u << 20;
-  // kOff: Gloo's ring. Otherwise float32 SUM/AVG allreduces of at least
-  // wire_packing_min_bytes run comm/gloo/packed_allreduce.h, whose senders
-  // pack every message that shrinks (kOn), or (kAuto) only while the last
-  // such call received at less than wire_packing_slow_bits_per_s: packing
-  // costs CPU time that only a slow link pays back.
+  // Float32 SUM/AVG allreduces of at least wire_packing_min_bytes: kOff runs
+  // Gloo's ring; kOn runs comm/gloo/packed_allreduce.h and packs every
+  // message that shrinks; kAuto runs the ring until every rank has measured
+  // the link below wire_packing_slow_bits_per_s (a vote every few such calls,
+  // see takes_packed_path), then the packed allreduce, whose senders pack
+  // while their own measure stays below it: packing costs CPU time that only
+  // a slow link pays back.
   WirePacking wire_packing = WirePacking::kAuto;
   size_t wire_packing_min_bytes = 1u << 20;
   double wire_packing_slow_bits_per_s = 2e9;

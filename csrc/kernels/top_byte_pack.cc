@@ -11,32 +11,33 @@ namespace {
 
 constexpr uint8_t kEscape = 15;
 
-// The 15 most frequent top bytes (ties: the smaller byte), exact counts.
-// Four count tables let consecutive increments proceed independently.
-size_t choose_table(const uint32_t* in, size_t n, uint8_t table[kTopByteTableBytes]) {
-  size_t counts[4][256] = {};
+// The 15 most frequent top bytes (ties: the smaller byte) of a sample: every
+// value of short segments, every kSampleStride-th of long ones (the table only
+// decides the size, never the bits). Four count tables let consecutive
+// increments proceed independently.
+constexpr size_t kSampleStride = 8;
+constexpr size_t kSampleAllBelow = 4096;
+
+void choose_table(const uint32_t* in, size_t n, uint8_t table[kTopByteTableBytes]) {
+  const size_t stride = n < kSampleAllBelow ? 1 : kSampleStride;
+  uint32_t counts[4][256] = {};
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
+  for (; i + 3 * stride < n; i += 4 * stride) {
     ++counts[0][in[i] >> 24];
-    ++counts[1][in[i + 1] >> 24];
-    ++counts[2][in[i + 2] >> 24];
-    ++counts[3][in[i + 3] >> 24];
+    ++counts[1][in[i + stride] >> 24];
+    ++counts[2][in[i + 2 * stride] >> 24];
+    ++counts[3][in[i + 3 * stride] >> 24];
   }
-  for (; i < n; ++i) ++counts[0][in[i] >> 24];
-  size_t total[256];
+  for (; i < n; i += stride) ++counts[0][in[i] >> 24];
+  uint32_t total[256];
   for (int b = 0; b < 256; ++b) total[b] = counts[0][b] + counts[1][b] + counts[2][b] + counts[3][b];
   uint8_t order[256];
   for (int b = 0; b < 256; ++b) order[b] = static_cast<uint8_t>(b);
   std::partial_sort(order, order + kEscape, order + 256, [&](uint8_t a, uint8_t b) {
     return total[a] != total[b] ? total[a] > total[b] : a < b;
   });
-  size_t coded = 0;
-  for (int c = 0; c < kEscape; ++c) {
-    table[c] = order[c];
-    coded += total[order[c]];
-  }
+  for (int c = 0; c < kEscape; ++c) table[c] = order[c];
   table[kEscape] = 0;
-  return n - coded;
 }
 
 inline void put_low3(uint8_t* dst, uint32_t v) {
@@ -92,10 +93,13 @@ void unpack_each(const uint8_t* packed, size_t bytes, size_t n, Sink&& sink) {
 }  // namespace
 
 size_t top_byte_pack(const uint32_t* in, size_t n, uint8_t* out, size_t limit) {
+  const size_t fixed = top_byte_packed_size(n, 0);
+  if (n == 0 || fixed + 2 > limit) return 0;
+  // Escapes allowed: the result must stay under `limit` with one byte to
+  // spare, since an escape slot is stored before it is known to be needed.
+  const size_t budget = limit - 2 - fixed;
   uint8_t table[kTopByteTableBytes];
-  const size_t escapes = choose_table(in, n, table);
-  const size_t size = top_byte_packed_size(n, escapes);
-  if (size >= limit) return 0;
+  choose_table(in, n, table);
   uint8_t lut[256];
   std::memset(lut, kEscape, sizeof(lut));
   for (int c = kEscape - 1; c >= 0; --c) lut[table[c]] = static_cast<uint8_t>(c);
@@ -107,8 +111,8 @@ size_t top_byte_pack(const uint32_t* in, size_t n, uint8_t* out, size_t limit) {
   size_t i = 0;
   // Two values per code byte. Each value's 4-byte store spills its top byte
   // into the next value's slot, which that value then overwrites; every
-  // escape slot is stored unconditionally and kept only when used (slot e
-  // always lies inside the `size` < limit bytes).
+  // escape slot is stored unconditionally and kept only when used (e <= budget
+  // keeps slots e and e + 1 inside `limit`).
   for (; i + 2 < n; i += 2) {
     const uint32_t a = in[i], b = in[i + 1];
     const uint8_t ta = static_cast<uint8_t>(a >> 24), tb = static_cast<uint8_t>(b >> 24);
@@ -120,6 +124,7 @@ size_t top_byte_pack(const uint32_t* in, size_t n, uint8_t* out, size_t limit) {
     e += ca == kEscape;
     esc[e] = tb;
     e += cb == kEscape;
+    if (e > budget) return 0;
   }
   for (; i < n; ++i) {
     const uint8_t t = static_cast<uint8_t>(in[i] >> 24);
@@ -130,9 +135,12 @@ size_t top_byte_pack(const uint32_t* in, size_t n, uint8_t* out, size_t limit) {
       codes[i / 2] = static_cast<uint8_t>(codes[i / 2] | (c << 4));
     }
     put_low3(low + 3 * i, in[i]);
-    if (c == kEscape) esc[e++] = t;
+    if (c == kEscape) {
+      if (e + 1 > budget) return 0;
+      esc[e++] = t;
+    }
   }
-  return size;
+  return fixed + e;
 }
 
 void top_byte_unpack(const uint8_t* packed, size_t bytes, size_t n, uint32_t* out) {

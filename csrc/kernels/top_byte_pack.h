@@ -31,9 +31,11 @@ inline size_t top_byte_packed_size(size_t n, size_t escapes) {
   return kTopByteTableBytes + (n + 1) / 2 + 3 * n + escapes;
 }
 
-// Packs n values into `out` if the result is smaller than `limit` bytes and
-// returns its size; otherwise writes nothing and returns 0. `out` must hold
-// `limit` bytes (a limit of 4 n: "only when it is smaller than the raw bytes").
+// Packs n values into `out` if the result takes at most limit - 2 bytes and
+// returns its size; otherwise returns 0 (`out` may have been written). `out`
+// must hold `limit` bytes (a limit of 4 n: "only when it is smaller than the
+// raw bytes"). The table comes from a sample of the values (every 8th of
+// segments of 4096 values or more): it decides the size, never the bits.
 size_t top_byte_pack(const uint32_t* in, size_t n, uint8_t* out, size_t limit);
 
 // Unpacks a segment of n values written by top_byte_pack (`bytes` long, which
