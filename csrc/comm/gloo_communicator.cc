@@ -469,12 +469,26 @@ class GlooCommunicator : public Communicator {
   }
 
   // Senders pack while their own measure says the link is slow (kOn: always).
+  // Large buffers are split over the lanes like the ring's, each part its own
+  // exchange on its own connections and threads.
   void packed_allreduce(const void* send, void* recv, size_t count, bool average, uint32_t tag) {
     const bool pack = options_.wire_packing == WirePacking::kOn || link_seems_slow();
-    const auto st = ga::packed_allreduce_f32(main(), static_cast<const float*>(send), static_cast<float*>(recv),
-                                             count, average, pack, ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag),
-                                             options_.timeout, options_.wire_packing_segment_bytes / 4, packed_scratch_);
-    note_link_rate(static_cast<double>(st.received_bytes), st.receiving_seconds);
+    const size_t parts = lanes_for(count * 4);
+    if (packed_scratch_.size() < parts) packed_scratch_.resize(parts);
+    std::vector<ga::PackedAllreduceStats> st(parts);
+    on_lanes(parts, [&](size_t lane) {
+      const size_t b = count * lane / parts, e = count * (lane + 1) / parts;
+      st[lane] = ga::packed_allreduce_f32(lanes_[lane].context, static_cast<const float*>(send) + b,
+                                          static_cast<float*>(recv) + b, e - b, average, pack,
+                                          ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag), options_.timeout,
+                                          options_.wire_packing_segment_bytes / 4, packed_scratch_[lane]);
+    });
+    double bytes = 0, seconds = 0;
+    for (const auto& s : st) {
+      bytes += static_cast<double>(s.received_bytes);
+      seconds = std::max(seconds, s.receiving_seconds);
+    }
+    note_link_rate(bytes, seconds);
   }
 
   size_t lanes_for(size_t bytes) const {
@@ -781,7 +795,7 @@ class GlooCommunicator : public Communicator {
   std::vector<uint64_t> send_seq_;
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;
-  ga::PackedAllreduceScratch packed_scratch_;
+  std::vector<ga::PackedAllreduceScratch> packed_scratch_;  // one per lane
   double link_bits_per_s_ = 0;  // measured by the last packable allreduce; 0: none yet
   uint64_t packable_calls_ = 0;
   bool packed_path_ = false;    // kAuto: what the ranks last voted
