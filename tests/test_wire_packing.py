@@ -75,21 +75,68 @@ def unpack(packed, n):
     return out
 
 
-SIZES = [1, 2, 3, 4, 5, 15, 16, 17, 31, 1001, 65537]
+SIZES = [1, 2, 3, 4, 5, 15, 16, 17, 18, 19, 25, 26, 31, 1001, 4095, 4096, 65537]
+
+
+def isas():
+    from bagua_core import compression
+
+    return compression.supported_cpu_isas()
+
+
+@pytest.fixture(params=["baseline", "avx2", "avx512"])
+def isa(request):
+    """Runs the test with the kernels of one instruction set (skipped where unsupported)."""
+    from bagua_core import compression
+
+    if request.param not in isas():
+        pytest.skip(f"{request.param} is not supported here")
+    before = compression.cpu_isa()
+    compression.set_cpu_isa(request.param)
+    yield request.param
+    compression.set_cpu_isa(before)
+
+
+def sparse_escapes(n, seed):
+    """Gradient-like values with a rare odd top byte: escapes in some 8-value groups only."""
+    bits = gradient_like(n, seed)
+    rng = np.random.default_rng(seed)
+    k = rng.choice(n, size=max(1, n // 50), replace=False)
+    bits[k] = (bits[k] & 0x00FFFFFF) | (rng.integers(0, 256, k.size).astype(np.uint32) << 24)
+    return bits
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("kind", ["random", "gradient", "adversarial"])
-def test_kernel_round_trip_bitwise(kind, n):
+@pytest.mark.parametrize("kind", ["random", "gradient", "adversarial", "sparse_escapes"])
+def test_kernel_round_trip_bitwise(isa, kind, n):
     rng = np.random.default_rng(n)
     bits = {"random": lambda: rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32),
             "gradient": lambda: gradient_like(n, n),
-            "adversarial": lambda: adversarial(n, n)}[kind]()
+            "adversarial": lambda: adversarial(n, n),
+            "sparse_escapes": lambda: sparse_escapes(n, n)}[kind]()
     packed = pack(bits, 5 * n + 64)  # a limit it always fits in
     assert packed is not None
     escapes = packed.size - (16 + (n + 1) // 2 + 3 * n)
     assert 0 <= escapes <= n
     np.testing.assert_array_equal(unpack(packed, n), bits)
+
+
+@pytest.mark.parametrize("kind", ["gradient", "sparse_escapes", "adversarial"])
+def test_kernel_every_isa_writes_the_same_bytes(kind):
+    from bagua_core import compression
+
+    before = compression.cpu_isa()
+    try:
+        for n in (17, 1001, 65537):
+            bits = {"gradient": gradient_like, "sparse_escapes": sparse_escapes, "adversarial": adversarial}[kind](n, 3)
+            outs = {}
+            for name in isas():
+                compression.set_cpu_isa(name)
+                p = pack(bits, 5 * n + 64)
+                outs[name] = (p.tobytes(), pack(bits, 4 * n) is None)
+            assert len(set(outs.values())) == 1, {k: (len(v[0]), v[1]) for k, v in outs.items()}
+    finally:
+        compression.set_cpu_isa(before)
 
 
 def test_kernel_packs_gradients_smaller_and_refuses_what_would_not_shrink():
@@ -101,11 +148,12 @@ def test_kernel_packs_gradients_smaller_and_refuses_what_would_not_shrink():
     assert pack(r, 4 * n) is None  # random top bytes: packing would not shrink it
 
 
-def test_kernel_unpack_add_is_float32_sum():
+def test_kernel_unpack_add_is_float32_sum(isa):
     from bagua_core import _C
 
     n = 4099
-    x = gradient_like(n, 3)
+    x = sparse_escapes(n, 3)
+    x[np.isnan(x.view(np.float32))] = 0
     acc = np.random.default_rng(4).standard_normal(n).astype(np.float32)
     want = acc + x.view(np.float32)
     packed = pack(x, 4 * n)
