@@ -194,6 +194,11 @@ def work(argv) -> int:
         if async_window_steps:
             say(f"Bagua Async: {statistics.mean(async_window_steps):.1f} steps per timed window, each holding one "
                 f"averaging round or more")
+        from bagua_core import _C
+
+        packing = _C.wire_packing_totals()  # BAGUA_WIRE_PACKING: allreduces that left Gloo's ring
+        say(f"wire packing (rank 0, whole run): {packing['packed_messages']} messages packed, "
+            f"{packing['raw_messages']} raw")
     finally:
         for t in trainers:
             t.close()

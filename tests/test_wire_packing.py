@@ -256,7 +256,7 @@ class Session:
         n = 1 << 20  # 4 MiB: packable, but loopback is fast
         xs = self.inputs(n, 11, "gradient")
         out = np.empty(n, np.float32)
-        for _ in range(4):  # the ranks vote at the 2nd call
+        for _ in range(6):  # the ranks vote at the 4th call
             self.auto.allreduce(ptr(xs[self.rank]), ptr(out), n, F32, SUM)
         np.testing.assert_allclose(out, rank_order(xs, SUM, self.world), rtol=1e-6, atol=1e-9)  # ring order
         assert self._C.wire_packing_totals() == before
@@ -270,16 +270,16 @@ class Session:
         xs = self.inputs(n, 17, "gradient")
         counts = []
         want = rank_order(xs, AVG, self.world)
-        for call in range(3):
+        for call in range(6):  # the ranks vote at the 4th call
             out = np.empty(n, np.float32)
             before = self._C.wire_packing_totals()
             c.allreduce(ptr(xs[self.rank]), ptr(out), n, F32, AVG)
             counts.append(self._C.wire_packing_totals()["packed_messages"] - before["packed_messages"])
-            if call == 0:  # Gloo's ring: its own order of additions
+            if call < 3:  # Gloo's ring: its own order of additions
                 np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-9)
             else:
                 np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
-        assert counts[0] == 0 and counts[1] > 0 and counts[2] > 0, counts
+        assert counts[:3] == [0, 0, 0] and min(counts[3:]) > 0, counts
 
     def off_never_packs(self):
         before = self._C.wire_packing_totals()

@@ -446,24 +446,30 @@ class GlooCommunicator : public Communicator {
   }
 
   void note_link_rate(double bytes, double seconds) {
-    if (seconds > 0) link_bits_per_s_ = 8.0 * bytes / seconds;
+    if (seconds <= 0) return;
+    link_bits_per_s_ = 8.0 * bytes / seconds;
+    best_bits_per_s_ = std::max(best_bits_per_s_, link_bits_per_s_);
   }
 
   // Which algorithm a packable allreduce runs must be the same on every rank:
   // kAuto switches only when every rank votes that the link is slow (or no
-  // longer is), in a one-word allgather at the 2nd packable call and every
-  // kVoteEvery-th after it. Each rank's vote is its rate of the last
-  // packable call, so one rank that waited for a late peer cannot decide.
+  // longer is), in a one-word allgather at the kFirstVote-th packable call and
+  // every kVoteEvery-th after it. A rank votes "slow" when even its fastest
+  // packable call since the last vote stayed below the threshold: a call that
+  // waited for a late peer, or for a CPU, looks slow, but not all of them.
+  static constexpr uint64_t kFirstVote = 3;
   static constexpr uint64_t kVoteEvery = 16;
 
   bool takes_packed_path(DType dtype, ReduceOp op, size_t bytes, uint32_t tag) {
     if (options_.wire_packing == WirePacking::kOff || !packable(dtype, op, bytes)) return false;
     if (options_.wire_packing == WirePacking::kOn) return true;
-    if (packable_calls_++ % kVoteEvery == 1) {
-      const int64_t mine = link_seems_slow() ? 1 : 0;
+    const uint64_t call = packable_calls_++;
+    if (call == kFirstVote || (call > kFirstVote && (call - kFirstVote) % kVoteEvery == 0)) {
+      const int64_t mine = best_bits_per_s_ > 0 && best_bits_per_s_ < options_.wire_packing_slow_bits_per_s;
       std::vector<int64_t> all(size_);
       allgather_words(&mine, 1, all.data(), tag | 0x40000000u);  // never a data or agreement tag
       packed_path_ = std::all_of(all.begin(), all.end(), [](int64_t v) { return v == 1; });
+      best_bits_per_s_ = 0;
     }
     return packed_path_;
   }
@@ -797,6 +803,7 @@ class GlooCommunicator : public Communicator {
   std::vector<uint8_t> scratch_;
   std::vector<ga::PackedAllreduceScratch> packed_scratch_;  // one per lane
   double link_bits_per_s_ = 0;  // measured by the last packable allreduce; 0: none yet
+  double best_bits_per_s_ = 0;  // the fastest packable allreduce since the last vote
   uint64_t packable_calls_ = 0;
   bool packed_path_ = false;    // kAuto: what the ranks last voted
   std::string broken_;
