@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,37 +200,47 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
   m.def(
       "create_gloo_communicator",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, bool debug_checks) {
-        CommunicatorPtr comm =
-            create_gloo_communicator(std::move(store), prefix, rank, size,
-                                     to_timeout(timeout_s), hostname);
+         const std::string& hostname, bool debug_checks, std::optional<bool> shm) {
+        GlooCommunicatorOptions o;
+        o.timeout = to_timeout(timeout_s);
+        o.hostname = hostname;
+        if (shm) o.shm = *shm;
+        CommunicatorPtr comm = create_gloo_communicator(std::move(store), prefix, rank, size, o);
         return debug_checks ? make_checked_communicator(comm) : comm;
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false, Release(),
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false,
+      py::arg("shm") = py::none(), Release(),
       R"doc(Connects this process to the other ranks of group ``prefix`` (a full mesh of
 TCP connections, rendezvoused through ``store``); every rank calls it with the
 same prefix and size. ``hostname`` is the address peers reach this process on.
 ``debug_checks`` wraps the communicator in cross-rank agreement checks
-(BAGUA_DEBUG_CHECKS).)doc");
+(BAGUA_DEBUG_CHECKS). ``shm`` False keeps allreduce on TCP even when the whole
+group is on one host (BAGUA_SHM); None: the communicator's default.)doc");
 
-  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions).
+  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions); None: the default.
   m.def(
       "_create_gloo_communicator_tuned",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
-         int64_t segment_bytes) {
+         const std::string& hostname, std::optional<int> lanes, std::optional<int64_t> lane_threshold_bytes,
+         std::optional<int64_t> segment_bytes, std::optional<bool> shm,
+         std::optional<int64_t> shm_threshold_bytes, std::optional<int64_t> shm_window_bytes) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
-        o.lanes = lanes;
-        o.lane_threshold_bytes = to_count(lane_threshold_bytes, "lane_threshold_bytes");
-        o.segment_bytes = to_count(segment_bytes, "segment_bytes");
+        if (lanes) o.lanes = *lanes;
+        if (lane_threshold_bytes) o.lane_threshold_bytes = to_count(*lane_threshold_bytes, "lane_threshold_bytes");
+        if (segment_bytes) o.segment_bytes = to_count(*segment_bytes, "segment_bytes");
+        if (shm) o.shm = *shm;
+        if (shm_threshold_bytes) o.shm_threshold_bytes = to_count(*shm_threshold_bytes, "shm_threshold_bytes");
+        if (shm_window_bytes) o.shm_window_bytes = to_count(*shm_window_bytes, "shm_window_bytes");
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
-      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), Release());
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes") = py::none(),
+      py::arg("lane_threshold_bytes") = py::none(), py::arg("segment_bytes") = py::none(),
+      py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
+      py::arg("shm_window_bytes") = py::none(), Release());
 
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");

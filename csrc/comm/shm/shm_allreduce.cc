@@ -1,0 +1,222 @@
+#include "comm/shm/shm_allreduce.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "comm/shm/futex_word.h"
+#include "comm/shm/host_identity.h"
+#include "common/error.h"
+
+namespace bagua {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+// Segment layout: the abort word, then one cache line of counters per rank
+// (written by that rank only), then per buffer the n slots and the result.
+constexpr size_t kLine = 64;
+constexpr size_t kAbortOffset = kLine;
+constexpr size_t kCountersOffset = 2 * kLine;
+constexpr size_t kPage = 4096;
+
+// A waiter wakes this often to look at the abort word, its deadline and
+// (after kDeadCheckAfter) at the ranks the store reports dead.
+constexpr auto kSlice = milliseconds(100);
+constexpr auto kDeadCheckAfter = milliseconds(200);
+constexpr auto kDeadCheckEvery = milliseconds(250);
+
+size_t data_offset(int size) { return (kCountersOffset + kLine * size + kPage - 1) / kPage * kPage; }
+
+std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string segment_name() {
+  std::random_device rd;
+  char tail[17];
+  std::snprintf(tail, sizeof(tail), "%08x%08x", rd(), rd());
+  return "/bagua-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-" + tail;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const StorePtr& store, const std::string& prefix, int rank,
+                                                 int size, bool enabled, ShmAllreduceOptions options) {
+  if (options.window_bytes == 0 || options.window_bytes % kLine != 0)
+    throw InvalidArgument("shared-memory window must be a positive multiple of 64 bytes, got " +
+                          std::to_string(options.window_bytes));
+  const std::string identity = enabled ? shm_host_identity() : "";
+  const std::string mine = identity.empty() ? "off"
+                                            : identity + " window " + std::to_string(options.window_bytes) +
+                                                  " threshold " + std::to_string(options.threshold_bytes);
+  store->set(prefix + "/shm/host/" + std::to_string(rank), bytes(mine));
+  bool same = !identity.empty();
+  for (int q = 0; q < size; ++q)
+    if (q != rank && text(store->get(prefix + "/shm/host/" + std::to_string(q), options.timeout)) != mine)
+      same = false;
+  if (!same) return nullptr;
+  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(store, prefix, rank, size, std::move(options)));
+}
+
+ShmAllreduce::ShmAllreduce(StorePtr store, std::string prefix, int rank, int size, ShmAllreduceOptions options)
+    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size), options_(std::move(options)) {}
+
+ShmAllreduce::~ShmAllreduce() = default;
+
+bool ShmAllreduce::map() {
+  if (mapped_) return true;
+  if (!unavailable_.empty()) return false;
+  try {
+    unavailable_ = setup_segment();
+  } catch (...) {
+    segment_.reset();  // unlinks rank 0's name
+    throw;
+  }
+  if (!unavailable_.empty()) {
+    segment_.reset();
+    std::fprintf(stderr, "bagua: group '%s' rank %d: shared-memory allreduce unavailable, using TCP: %s\n",
+                 prefix_.c_str(), rank_, unavailable_.c_str());
+    return false;
+  }
+  mapped_ = true;
+  return true;
+}
+
+// Returns "" once every rank has mapped the segment, else the first reason one could not.
+std::string ShmAllreduce::setup_segment() {
+  const size_t total = data_offset(size_) + 2 * (size_ + 1) * options_.window_bytes;
+  const std::string name_key = prefix_ + "/shm/name";
+  std::string reason;
+  if (rank_ == 0) {
+    const std::string name = segment_name();
+    try {
+      segment_.emplace(ShmSegment::create(name, total));
+    } catch (const Error& e) {
+      reason = e.what();
+    }
+    store_->set(name_key, bytes(reason.empty() ? name : "!" + reason));
+  } else {
+    const std::string name = text(store_->get(name_key, options_.timeout));
+    if (!name.empty() && name[0] == '!') {
+      reason = "rank 0 could not create it: " + name.substr(1);
+    } else {
+      try {
+        segment_.emplace(ShmSegment::open(name, total));
+      } catch (const Error& e) {
+        reason = e.what();
+      }
+    }
+  }
+  store_->set(prefix_ + "/shm/mapped/" + std::to_string(rank_), bytes(reason.empty() ? "ok" : reason));
+  std::string first;
+  for (int q = 0; q < size_; ++q) {
+    const std::string v = text(store_->get(prefix_ + "/shm/mapped/" + std::to_string(q), options_.timeout));
+    if (v != "ok" && first.empty()) first = "rank " + std::to_string(q) + ": " + v;
+  }
+  if (segment_) segment_->unlink();  // every rank has it mapped (or gave up): the name can go
+  return first;
+}
+
+uint32_t* ShmAllreduce::counter(int rank, Counter c) const {
+  auto* base = static_cast<uint8_t*>(segment_->data());
+  return reinterpret_cast<uint32_t*>(base + kCountersOffset + kLine * rank) + c;
+}
+
+uint32_t* ShmAllreduce::abort_word() const {
+  return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(segment_->data()) + kAbortOffset);
+}
+
+uint8_t* ShmAllreduce::slot(int buffer, int rank) const {
+  return static_cast<uint8_t*>(segment_->data()) + data_offset(size_) +
+         (static_cast<size_t>(buffer) * (size_ + 1) + rank) * options_.window_bytes;
+}
+
+uint8_t* ShmAllreduce::result(int buffer) const { return slot(buffer, size_); }
+
+void ShmAllreduce::abort() {
+  if (!mapped_) return;
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(abort_word(), &expected, static_cast<uint32_t>(rank_ + 1), false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
+  for (int q = 0; q < size_; ++q)
+    for (Counter c : {kArrived, kReduced, kCopied}) futex_word::wake_all(counter(q, c));
+}
+
+void ShmAllreduce::wait_all(Counter c, uint32_t target, const char* step) {
+  const auto start = steady_clock::now();
+  const auto deadline = start + options_.timeout;
+  auto next_dead_check = start + kDeadCheckAfter;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    uint32_t* w = counter(q, c);
+    while (!futex_word::reached(futex_word::load(w), target)) {
+      if (const uint32_t a = futex_word::load(abort_word()))
+        throw ShmPeerLost("shared memory: rank " + std::to_string(a - 1) +
+                              " gave up on this allreduce (its communicator failed or was closed)",
+                          static_cast<int>(a - 1));
+      const auto now = steady_clock::now();
+      if (now >= next_dead_check && options_.dead_ranks) {
+        next_dead_check = now + kDeadCheckEvery;
+        std::vector<int> dead;
+        try {
+          dead = options_.dead_ranks();
+        } catch (const std::exception&) {  // the store is gone too: the deadline decides
+        }
+        if (!dead.empty())
+          throw ShmPeerLost("shared memory: " + ranks_text(dead) + (dead.size() == 1 ? " has" : " have") +
+                                " died while this rank waited for it to " + step,
+                            dead[0]);
+      }
+      if (now >= deadline) {
+        std::vector<int> missing;
+        for (int r = 0; r < size_; ++r)
+          if (r != rank_ && !futex_word::reached(futex_word::load(counter(r, c)), target)) missing.push_back(r);
+        throw ShmTimeout("shared memory: timed out after " + seconds(options_.timeout) + " waiting for " +
+                         ranks_text(missing) + " to " + step);
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      futex_word::wait_for(w, target, std::min<std::chrono::microseconds>(left, kSlice));
+    }
+  }
+}
+
+void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, ReduceFn fn) {
+  const size_t es = dtype_size(dtype);
+  const size_t per_chunk = options_.window_bytes / es;
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  for (size_t off = 0; off < count; off += per_chunk) {
+    const size_t m = std::min(per_chunk, count - off);
+    const uint64_t g64 = ++generation_;
+    const auto g = static_cast<uint32_t>(g64);
+    const int b = static_cast<int>(g64 & 1);
+    // This buffer last carried chunk g-2: every rank must have copied that out.
+    if (g64 > 2) wait_all(kCopied, g - 2, "copy out an earlier chunk");
+    std::memcpy(slot(b, rank_), in + off * es, m * es);
+    futex_word::publish(counter(rank_, kArrived), g);
+    wait_all(kArrived, g, "copy its input in");
+    const size_t lo = m * rank_ / size_, hi = m * (rank_ + 1) / size_;
+    if (hi > lo) {
+      uint8_t* dst = result(b) + lo * es;
+      fn(dst, slot(b, 0) + lo * es, slot(b, 1) + lo * es, hi - lo);
+      for (int q = 2; q < size_; ++q) fn(dst, dst, slot(b, q) + lo * es, hi - lo);
+      if (op == ReduceOp::kAvg) cpu_average(dst, hi - lo, dtype, size_);
+    }
+    futex_word::publish(counter(rank_, kReduced), g);
+    wait_all(kReduced, g, "reduce its part");
+    std::memcpy(out + off * es, result(b), m * es);
+    futex_word::publish(counter(rank_, kCopied), g);
+  }
+}
+
+}  // namespace bagua
