@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "comm/gloo_communicator.h"
 #include "comm/registry.h"
+#include "comm/shm/host_identity.h"
 #include "common/error.h"
 #include "store/store.h"
 
@@ -242,6 +243,8 @@ group is on one host (BAGUA_SHM); None: the communicator's default.)doc");
       py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
       py::arg("shm_window_bytes") = py::none(), Release());
 
+  m.def("_shm_host_identity", &shm_host_identity,
+        "For tests: the key two processes must share for a shared-memory allreduce (comm/shm/host_identity.h).");
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
   m.def("register_communicator", &register_communicator, py::arg("comm"),

@@ -190,21 +190,32 @@ void ShmAllreduce::wait_all(Counter c, uint32_t target, const char* step) {
   }
 }
 
+// Chunk k goes in (copy to this rank's slot), is reduced (each rank its
+// sub-range) and comes out (copy of the whole result). The next chunk goes in
+// before this one comes out, so a rank waiting for its peers' reductions has
+// already done the next copy in.
 void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, ReduceFn fn) {
+  if (count == 0) return;
   const size_t es = dtype_size(dtype);
   const size_t per_chunk = options_.window_bytes / es;
+  const size_t chunks = (count + per_chunk - 1) / per_chunk;
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  for (size_t off = 0; off < count; off += per_chunk) {
-    const size_t m = std::min(per_chunk, count - off);
-    const uint64_t g64 = ++generation_;
-    const auto g = static_cast<uint32_t>(g64);
-    const int b = static_cast<int>(g64 & 1);
-    // This buffer last carried chunk g-2: every rank must have copied that out.
-    if (g64 > 2) wait_all(kCopied, g - 2, "copy out an earlier chunk");
-    std::memcpy(slot(b, rank_), in + off * es, m * es);
-    futex_word::publish(counter(rank_, kArrived), g);
-    wait_all(kArrived, g, "copy its input in");
+  const uint64_t first = generation_ + 1;  // generation of chunk 0
+  auto elems = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
+  auto go_in = [&](size_t k) {
+    const uint64_t g = first + k;
+    // This buffer last carried generation g-2: every rank must have copied that out.
+    if (g > 2) wait_all(kCopied, static_cast<uint32_t>(g - 2), "copy out an earlier chunk");
+    std::memcpy(slot(g & 1, rank_), in + k * per_chunk * es, elems(k) * es);
+    futex_word::publish(counter(rank_, kArrived), static_cast<uint32_t>(g));
+  };
+  go_in(0);
+  for (size_t k = 0; k < chunks; ++k) {
+    const uint64_t g = first + k;
+    const int b = static_cast<int>(g & 1);
+    const size_t m = elems(k);
+    wait_all(kArrived, static_cast<uint32_t>(g), "copy its input in");
     const size_t lo = m * rank_ / size_, hi = m * (rank_ + 1) / size_;
     if (hi > lo) {
       uint8_t* dst = result(b) + lo * es;
@@ -212,10 +223,12 @@ void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType d
       for (int q = 2; q < size_; ++q) fn(dst, dst, slot(b, q) + lo * es, hi - lo);
       if (op == ReduceOp::kAvg) cpu_average(dst, hi - lo, dtype, size_);
     }
-    futex_word::publish(counter(rank_, kReduced), g);
-    wait_all(kReduced, g, "reduce its part");
-    std::memcpy(out + off * es, result(b), m * es);
-    futex_word::publish(counter(rank_, kCopied), g);
+    futex_word::publish(counter(rank_, kReduced), static_cast<uint32_t>(g));
+    if (k + 1 < chunks) go_in(k + 1);
+    wait_all(kReduced, static_cast<uint32_t>(g), "reduce its part");
+    std::memcpy(out + k * per_chunk * es, result(b), m * es);
+    futex_word::publish(counter(rank_, kCopied), static_cast<uint32_t>(g));
+    generation_ = g;
   }
 }
 
