@@ -190,8 +190,10 @@ void ShmAllreduce::wait_all(Counter c, uint32_t target, const char* step) {
   }
 }
 
-// Chunk k goes in (copy to this rank's slot), is reduced (each rank its
-// sub-range) and comes out (copy of the whole result). The next chunk goes in
+// Chunk k goes in (this rank copies to its slot the parts the other ranks
+// reduce; its own part it reads from `send` directly), is reduced (each rank
+// its sub-range, into the shared result and its own output) and comes out
+// (copy of the other ranks' parts of the result). The next chunk goes in
 // before this one comes out, so a rank waiting for its peers' reductions has
 // already done the next copy in.
 void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, ReduceFn fn) {
@@ -203,30 +205,41 @@ void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType d
   auto* out = static_cast<uint8_t*>(recv);
   const uint64_t first = generation_ + 1;  // generation of chunk 0
   auto elems = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
+  // Sub-range of rank r in a chunk of m elements.
+  auto part_begin = [&](size_t m, int r) { return m * r / size_; };
   auto go_in = [&](size_t k) {
     const uint64_t g = first + k;
     // This buffer last carried generation g-2: every rank must have copied that out.
     if (g > 2) wait_all(kCopied, static_cast<uint32_t>(g - 2), "copy out an earlier chunk");
-    std::memcpy(slot(g & 1, rank_), in + k * per_chunk * es, elems(k) * es);
+    const size_t m = elems(k), lo = part_begin(m, rank_), hi = part_begin(m, rank_ + 1);
+    const uint8_t* src = in + k * per_chunk * es;
+    uint8_t* dst = slot(g & 1, rank_);
+    std::memcpy(dst, src, lo * es);
+    std::memcpy(dst + hi * es, src + hi * es, (m - hi) * es);
     futex_word::publish(counter(rank_, kArrived), static_cast<uint32_t>(g));
   };
   go_in(0);
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t g = first + k;
     const int b = static_cast<int>(g & 1);
-    const size_t m = elems(k);
+    const size_t m = elems(k), lo = part_begin(m, rank_), hi = part_begin(m, rank_ + 1);
+    const size_t base = k * per_chunk;
     wait_all(kArrived, static_cast<uint32_t>(g), "copy its input in");
-    const size_t lo = m * rank_ / size_, hi = m * (rank_ + 1) / size_;
     if (hi > lo) {
+      auto part_of = [&](int q) -> const uint8_t* {
+        return q == rank_ ? in + (base + lo) * es : slot(b, q) + lo * es;
+      };
       uint8_t* dst = result(b) + lo * es;
-      fn(dst, slot(b, 0) + lo * es, slot(b, 1) + lo * es, hi - lo);
-      for (int q = 2; q < size_; ++q) fn(dst, dst, slot(b, q) + lo * es, hi - lo);
+      fn(dst, part_of(0), part_of(1), hi - lo);
+      for (int q = 2; q < size_; ++q) fn(dst, dst, part_of(q), hi - lo);
       if (op == ReduceOp::kAvg) cpu_average(dst, hi - lo, dtype, size_);
+      std::memcpy(out + (base + lo) * es, dst, (hi - lo) * es);  // `send` is read: in place is fine
     }
     futex_word::publish(counter(rank_, kReduced), static_cast<uint32_t>(g));
     if (k + 1 < chunks) go_in(k + 1);
     wait_all(kReduced, static_cast<uint32_t>(g), "reduce its part");
-    std::memcpy(out + k * per_chunk * es, result(b), m * es);
+    std::memcpy(out + base * es, result(b), lo * es);
+    std::memcpy(out + (base + hi) * es, result(b) + hi * es, (m - hi) * es);
     futex_word::publish(counter(rank_, kCopied), static_cast<uint32_t>(g));
     generation_ = g;
   }

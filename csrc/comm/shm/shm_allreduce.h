@@ -12,11 +12,12 @@
 //
 // Data path: each rank owns one slot of `window_bytes` per buffer, and there
 // are two buffers, so an allreduce of any size is pipelined in chunks of one
-// window. For a chunk, every rank copies its input into its slot; rank r
-// reduces sub-range r of the chunk over all slots in rank order 0..n-1 (the
-// same bits on every rank; with 2 ranks the bits of Gloo's ring, as the
-// kernels give a op b == b op a), divides it for AVG, and every rank copies
-// the reduced chunk out. Generation counters in the segment order the steps;
+// window. For a chunk, every rank copies its input into its slot (all but its
+// own sub-range); rank r reduces sub-range r of the chunk over all ranks'
+// inputs in rank order 0..n-1 (the same bits on every rank; with 2 ranks the
+// bits of Gloo's ring, as the kernels give a op b == b op a), divides it for
+// AVG, and every rank copies the other sub-ranges of the result out. The next
+// chunk goes in while the peers still reduce this one. Generation counters in the segment order the steps;
 // a buffer is reused two chunks later, once every rank has copied it out.
 //
 // Failures: every wait is bounded by the timeout. A timeout throws ShmTimeout
