@@ -13,6 +13,9 @@ real processes of one host:
   within the timeout, and nothing is left in /dev/shm; a stopped peer: the
   survivor raises TimeoutError naming it, and the peer, continued, fails at
   once instead of waiting (the survivor gave up);
+* a /dev/shm too small for the segment (a 64 KiB tmpfs in a private mount
+  namespace, root only): every rank says why and stays on TCP, with correct
+  results;
 * processes in different network namespaces (emulated hosts, root only) do not
   use shared memory: their host identities differ, and a two-host group keeps
   to TCP.
@@ -272,8 +275,47 @@ def netns_worker():
         server.close()
 
 
+def full_dev_shm_worker():
+    """One rank of a group whose /dev/shm cannot hold the segment."""
+    import numpy as np
+
+    from bagua_core import _C
+    from tests.worker import report
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    server, store = open_store(_C, rank)
+    c = _C.create_gloo_communicator(store, "world", rank, world, TIMEOUT_S, "127.0.0.1")
+    a = np.full(1 << 16, rank + 1.0, np.float32)
+    c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
+    c.allreduce(ptr(a), ptr(a), a.size, 0, 0)  # stays on TCP without trying again
+    report("full_dev_shm_falls_back_to_tcp", bool(np.all(a == 6.0)) and not shm_mappings(),
+           f"maps: {shm_mappings()}, values: {a[:3]}")
+    c.barrier()
+    store.close()
+    if server is not None:
+        server.close()
+
+
+def full_dev_shm_parent():
+    """In a private mount namespace: a 64 KiB /dev/shm, then a 2-rank session; prints its result."""
+    import json
+
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm"], check=True, timeout=30)
+    run = launch(os.path.abspath(__file__), 2, timeout=60, args=["full"])
+    print(json.dumps({"ok": run.ok(), "summary": run.summary(),
+                      "cases": {c: {str(r): v for r, v in recs.items()} for c, recs in run.cases().items()},
+                      "stderr": [w.stderr for w in run.workers]}))
+
+
 def worker_main():
     from tests.worker import run_cases
+
+    if sys.argv[1] == "full":
+        full_dev_shm_worker()
+        return
+    if sys.argv[1] == "full-parent":
+        full_dev_shm_parent()
+        return
 
     if sys.argv[1] in ("kill", "stop"):
         failure_session(sys.argv[1], int(sys.argv[2]))
@@ -354,6 +396,27 @@ def test_host_identity_distinguishes_network_namespaces():
         pytest.skip(reason)
     other = _identity_in("unshare", "-n")
     assert other and other != mine, (mine, other)
+
+
+@pytest.mark.timeout(120)
+def test_full_dev_shm_falls_back_to_tcp():
+    import json
+
+    reason = os.geteuid() != 0 and "mounting a small /dev/shm needs root: run as root (e.g. sudo)"
+    if not reason and subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode != 0:
+        reason = "unshare -m fails here (no CAP_SYS_ADMIN?)"
+    if reason:
+        pytest.skip(reason)
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, os.path.abspath(__file__),
+                        "full-parent"], capture_output=True, text=True, timeout=100,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["ok"], out["summary"]
+    recs = out["cases"]["full_dev_shm_falls_back_to_tcp"]
+    assert len(recs) == 2 and all(r["ok"] for r in recs.values()), out["summary"]
+    for err in out["stderr"]:
+        assert "shared-memory allreduce unavailable, using TCP" in err and "/dev/shm full" in err, err
 
 
 @pytest.mark.timeout(120)
