@@ -52,7 +52,8 @@ struct GlooCommunicatorOptions {
   // IPC and mount namespaces, same user), allreduces of at least
   // shm_threshold_bytes go through POSIX shared memory instead of TCP, in
   // chunks of shm_window_bytes (comm/shm/shm_allreduce.h). Every rank must
-  // pass the same values, or the group stays on TCP.
+  // pass the same values, or the group stays on TCP. Threshold 0: shared
+  // memory was faster than loopback TCP down to 16 KiB (benchmarks/gloo_tuning.py).
   bool shm = true;
   size_t shm_threshold_bytes = 0;
   size_t shm_window_bytes = 1u << 20;
