@@ -23,6 +23,12 @@ Settings (all optional):
                                  always check that collectives agree on op, dtype,
                                  count and root; costs one small allgather per
                                  collective and a round trip per send/recv)
+``BAGUA_SHM``                    when every rank of a group runs on this host (same
+                                 kernel, network/IPC/mount namespaces and user),
+                                 CPU allreduces go through POSIX shared memory
+                                 instead of TCP (default on); 0 keeps them on TCP.
+                                 Every rank must set the same value, or the group
+                                 stays on TCP
 ``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (default: the
                                  ``nvidia-nccl`` wheel, else the copy torch loaded)
 ``BAGUA_LOG_LEVEL``              level of the ``bagua`` logger: DEBUG, INFO, WARNING,
@@ -204,6 +210,7 @@ class Settings:
     hostname: Optional[str]
     debug_checks: bool
     nccl_library: Optional[str]
+    shm: bool = True
     bucket_size: int = DEFAULT_BUCKET_SIZE
     store_secret: str = ""
     store_max_value_bytes: Optional[int] = None  # None: the store's own default
@@ -289,6 +296,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         hostname=g("BAGUA_HOSTNAME") or None,
         debug_checks=parse_bool("BAGUA_DEBUG_CHECKS", g("BAGUA_DEBUG_CHECKS"), False),
         nccl_library=g("BAGUA_NCCL_LIBRARY") or None,
+        shm=parse_bool("BAGUA_SHM", g("BAGUA_SHM"), True),
         bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
         store_secret=g(STORE_SECRET_ENV) or "",
         store_max_value_bytes=parse_int("BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None,

@@ -332,7 +332,7 @@ class _Context:
         if g.is_member:
             g._comm = _C.create_gloo_communicator(
                 self.store, name, g.rank, g.size, self.settings.timeout_s, self.hostname,
-                self.settings.debug_checks, self.settings.wire_packing or "",
+                self.settings.debug_checks, shm=self.settings.shm, wire_packing=self.settings.wire_packing or "",
             )
         return g
 

@@ -1,11 +1,12 @@
-"""Allreduce bandwidth of Bagua's Gloo communicator per lanes / segment setting, against torch's gloo.
+"""Allreduce bandwidth of Bagua's Gloo communicator per transport setting, against torch's gloo.
 
 For choosing the defaults of ``GlooCommunicatorOptions`` (lanes,
-lane_threshold_bytes, segment_bytes); ``benchmarks/collectives.py`` measures the
-defaults across operations and sizes.
+lane_threshold_bytes, segment_bytes over TCP; shm_window_bytes and
+shm_threshold_bytes of the shared-memory allreduce); ``benchmarks/collectives.py``
+measures the defaults across operations and sizes.
 
     PYTHONPATH=$PWD python benchmarks/gloo_tuning.py [--mib 64] [--iters 10] [--nproc 2]
-    BENCH_CONFIGS="1:1,2:4,4:4" ...     # lanes:segment_MiB,... replaces the list below
+    BENCH_CONFIGS="1:1,2:4,shm:256" ... # TCP lanes:segment_MiB or shm:window_KiB,... replaces the list below
 
 One communicator per setting, all in the same processes (launched by
 ``bagua-run``), taking turns per sample in a rotating order so that machine
@@ -25,14 +26,21 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# name, lanes, lane_threshold_bytes, segment_bytes (None: the communicator's defaults)
-CONFIGS_DEFAULT = [
-    ("1 lane, 1 MiB segments", 1, 1 << 62, 1 << 20),
-    ("1 lane, 4 MiB segments", 1, 1 << 62, 4 << 20),
-    ("2 lanes, 1 MiB segments", 2, 0, 1 << 20),
-    ("2 lanes, 4 MiB segments", 2, 0, 4 << 20),
-    ("default", None, None, None),
-]
+
+def tcp(lanes, segment_mib):
+    thr = 1 << 62 if lanes == 1 else 0
+    return (f"TCP {lanes} lane(s), {segment_mib:g} MiB segments",
+            dict(shm=False, lanes=lanes, lane_threshold_bytes=thr, segment_bytes=int(segment_mib * (1 << 20))))
+
+
+def shm(window_kib):
+    return f"shm, {window_kib:g} KiB window", dict(shm=True, shm_threshold_bytes=0,
+                                                    shm_window_bytes=int(window_kib * 1024))
+
+
+# name, options of _create_gloo_communicator_tuned (None: create_gloo_communicator's defaults)
+CONFIGS_DEFAULT = [tcp(1, 1), tcp(1, 4), tcp(2, 1), tcp(2, 4), ("TCP default", dict(shm=False)),
+                   shm(256), shm(1024), shm(4096), ("default", None)]
 
 
 def configs():
@@ -41,8 +49,8 @@ def configs():
         return CONFIGS_DEFAULT
     out = []
     for item in spec.split(","):
-        lanes, seg_mib = item.split(":")
-        out.append((f"{lanes} lane(s), {seg_mib} MiB segments", int(lanes), 0, int(float(seg_mib) * (1 << 20))))
+        a, b = item.split(":")
+        out.append(shm(float(b)) if a == "shm" else tcp(int(a), float(b)))
     return out
 
 
@@ -59,14 +67,13 @@ def worker(args) -> None:
     server = _C.TcpStoreServer("127.0.0.1", port) if rank == 0 else None
     store = _C.TcpStore("127.0.0.1", port, rank, 60.0)
     ops = {}
-    for i, (name, lanes, thr, seg) in enumerate(configs()):
-        if lanes is None:
+    for i, (name, options) in enumerate(configs()):
+        if options is None:
             c = _C.create_gloo_communicator(store, f"tuning{i}", rank, world, 60.0, "127.0.0.1")
         else:
-            c = _C._create_gloo_communicator_tuned(store, f"tuning{i}", rank, world, 60.0,
-                                                   "127.0.0.1", lanes, thr, seg)
+            c = _C._create_gloo_communicator_tuned(store, f"tuning{i}", rank, world, 60.0, "127.0.0.1", **options)
         ops[f"bagua {name}"] = c
-    n = args.mib * (1 << 20) // 4
+    n = int(args.mib * (1 << 20)) // 4
     a = np.zeros(n, np.float32)
     t = torch.zeros(n)
     runs = {"torch.distributed gloo": lambda: dist.all_reduce(t)}
@@ -87,10 +94,10 @@ def worker(args) -> None:
     dist.all_gather(every, torch.from_numpy(times))
     slowest = torch.stack(every).amax(dim=0).numpy()
     if rank == 0:
-        print(f"allreduce float32 {args.mib} MiB, {world} processes, median of {args.iters}:")
+        print(f"allreduce float32 {args.mib:g} MiB, {world} processes, median of {args.iters}:")
         for j, name in enumerate(names):
             med = statistics.median(slowest[j])
-            print(f"  {name:34s} {med * 1e3:8.1f} ms  {n * 4 / med / 1e9:6.2f} GB/s", flush=True)
+            print(f"  {name:40s} {med * 1e3:8.2f} ms  {n * 4 / med / 1e9:6.2f} GB/s", flush=True)
     dist.barrier()
     store.close()
     if server is not None:
@@ -100,7 +107,7 @@ def worker(args) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mib", type=int, default=64)
+    p.add_argument("--mib", type=float, default=64)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600)

@@ -195,14 +195,15 @@ class Session:
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.server, self.store = open_store(_C, self.rank)
-        tuned = dict(lanes=2, lane_threshold_bytes=0, segment_bytes=64)
+        # shm=False: these processes share a host, where allreduces would take shared memory.
+        tuned = dict(lanes=2, lane_threshold_bytes=0, segment_bytes=64, shm=False)
         self.on = _C._create_gloo_communicator_tuned(self.store, "on", self.rank, self.world, TIMEOUT_S,
                                                      "127.0.0.1", **tuned, wire_packing="on",
                                                      wire_packing_min_bytes=0, wire_packing_segment_bytes=4096)
         self.off = _C._create_gloo_communicator_tuned(self.store, "off", self.rank, self.world, TIMEOUT_S,
                                                       "127.0.0.1", **tuned, wire_packing="off")
         self.auto = _C.create_gloo_communicator(self.store, "auto", self.rank, self.world, TIMEOUT_S,
-                                                "127.0.0.1", wire_packing="auto")
+                                                "127.0.0.1", shm=False, wire_packing="auto")
 
     def inputs(self, n, seed, kind):
         make = gradient_like if kind == "gradient" else adversarial
@@ -265,7 +266,7 @@ class Session:
         # A threshold above any loopback rate: every rank votes "slow" at the 2nd call.
         c = self._C._create_gloo_communicator_tuned(
             self.store, "auto_slow", self.rank, self.world, TIMEOUT_S, "127.0.0.1", 2, 8 << 20, 4 << 20,
-            wire_packing="auto", wire_packing_min_bytes=4096, wire_packing_slow_bits_per_s=1e18)
+            shm=False, wire_packing="auto", wire_packing_min_bytes=4096, wire_packing_slow_bits_per_s=1e18)
         n = 30011
         xs = self.inputs(n, 17, "gradient")
         counts = []
@@ -311,7 +312,7 @@ def kill_session(victim: int):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)
     timeout_s = 5.0
-    c = _C.create_gloo_communicator(store, "world", rank, world, timeout_s, "127.0.0.1", wire_packing="on")
+    c = _C.create_gloo_communicator(store, "world", rank, world, timeout_s, "127.0.0.1", shm=False, wire_packing="on")
     a = gradient_like(4 << 20, rank).view(np.float32).copy()  # 16 MiB
     c.allreduce(ptr(a), ptr(a), a.size, F32, SUM)  # warm up, packed
     assert _C.wire_packing_totals()["packed_messages"] > 0
@@ -430,7 +431,7 @@ def test_gradient_allreduce_packing_on_equals_off_bitwise(tmp_path):
     for mode in ("on", "off"):
         out = str(tmp_path / f"{mode}.npy")
         run = launch(os.path.abspath(__file__), 2, timeout=120, args=["train", out],
-                     env={"BAGUA_WIRE_PACKING": mode})
+                     env={"BAGUA_WIRE_PACKING": mode, "BAGUA_SHM": "0"})  # one host: no shared memory
         assert run.ok(), run.summary()
         weights[mode] = np.load(out)
         totals = json.load(open(out + ".json"))

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "comm/gloo/packed_allreduce.h"
 #include "comm/gloo_communicator.h"
 #include "comm/registry.h"
+#include "comm/shm/host_identity.h"
 #include "common/error.h"
 #include "store/store.h"
 
@@ -207,23 +209,26 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
   m.def(
       "create_gloo_communicator",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, bool debug_checks, const std::string& wire_packing) {
+         const std::string& hostname, bool debug_checks, std::optional<bool> shm,
+         const std::string& wire_packing) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
+        if (shm) o.shm = *shm;
         if (!wire_packing.empty()) o.wire_packing = to_wire_packing(wire_packing);
         CommunicatorPtr comm = create_gloo_communicator(std::move(store), prefix, rank, size, o);
         return debug_checks ? make_checked_communicator(comm) : comm;
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
       py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false,
-      py::arg("wire_packing") = "", Release(),
+      py::arg("shm") = py::none(), py::arg("wire_packing") = "", Release(),
       R"doc(Connects this process to the other ranks of group ``prefix`` (a full mesh of
 TCP connections, rendezvoused through ``store``); every rank calls it with the
 same prefix and size. ``hostname`` is the address peers reach this process on.
 ``debug_checks`` wraps the communicator in cross-rank agreement checks
-(BAGUA_DEBUG_CHECKS). ``wire_packing`` is 'auto', 'on' or 'off'
-(BAGUA_WIRE_PACKING; empty: the engine's default).)doc");
+(BAGUA_DEBUG_CHECKS). ``shm`` False keeps allreduce on TCP even when the whole
+group is on one host (BAGUA_SHM); None: the communicator's default. ``wire_packing``
+is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc");
 
   m.def(
       "wire_packing_totals",
@@ -236,32 +241,42 @@ same prefix and size. ``hostname`` is the address peers reach this process on.
       "Totals over this process's packed-path allreduces (BAGUA_WIRE_PACKING): messages sent packed and "
       "raw, bytes sent, bytes they would have been unpacked, bytes received.");
 
-  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions).
+  // Tuning knobs, for benchmarks (see GlooCommunicatorOptions); None: the default.
   m.def(
       "_create_gloo_communicator_tuned",
       [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, int lanes, int64_t lane_threshold_bytes,
-         int64_t segment_bytes, const std::string& wire_packing, int64_t wire_packing_min_bytes,
-         int64_t wire_packing_segment_bytes, double wire_packing_slow_bits_per_s) {
+         const std::string& hostname, std::optional<int> lanes, std::optional<int64_t> lane_threshold_bytes,
+         std::optional<int64_t> segment_bytes, std::optional<bool> shm,
+         std::optional<int64_t> shm_threshold_bytes, std::optional<int64_t> shm_window_bytes,
+         std::optional<std::string> wire_packing, std::optional<int64_t> wire_packing_min_bytes,
+         std::optional<int64_t> wire_packing_segment_bytes, std::optional<double> wire_packing_slow_bits_per_s) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
-        o.lanes = lanes;
-        o.lane_threshold_bytes = to_count(lane_threshold_bytes, "lane_threshold_bytes");
-        o.segment_bytes = to_count(segment_bytes, "segment_bytes");
-        if (!wire_packing.empty()) o.wire_packing = to_wire_packing(wire_packing);
-        if (wire_packing_min_bytes >= 0) o.wire_packing_min_bytes = to_count(wire_packing_min_bytes, "wire_packing_min_bytes");
-        if (wire_packing_segment_bytes >= 0)
-          o.wire_packing_segment_bytes = to_count(wire_packing_segment_bytes, "wire_packing_segment_bytes");
-        if (wire_packing_slow_bits_per_s >= 0) o.wire_packing_slow_bits_per_s = wire_packing_slow_bits_per_s;
+        if (lanes) o.lanes = *lanes;
+        if (lane_threshold_bytes) o.lane_threshold_bytes = to_count(*lane_threshold_bytes, "lane_threshold_bytes");
+        if (segment_bytes) o.segment_bytes = to_count(*segment_bytes, "segment_bytes");
+        if (shm) o.shm = *shm;
+        if (shm_threshold_bytes) o.shm_threshold_bytes = to_count(*shm_threshold_bytes, "shm_threshold_bytes");
+        if (shm_window_bytes) o.shm_window_bytes = to_count(*shm_window_bytes, "shm_window_bytes");
+        if (wire_packing) o.wire_packing = to_wire_packing(*wire_packing);
+        if (wire_packing_min_bytes)
+          o.wire_packing_min_bytes = to_count(*wire_packing_min_bytes, "wire_packing_min_bytes");
+        if (wire_packing_segment_bytes)
+          o.wire_packing_segment_bytes = to_count(*wire_packing_segment_bytes, "wire_packing_segment_bytes");
+        if (wire_packing_slow_bits_per_s) o.wire_packing_slow_bits_per_s = *wire_packing_slow_bits_per_s;
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes"),
-      py::arg("lane_threshold_bytes"), py::arg("segment_bytes"), py::arg("wire_packing") = "",
-      py::arg("wire_packing_min_bytes") = -1, py::arg("wire_packing_segment_bytes") = -1,
-      py::arg("wire_packing_slow_bits_per_s") = -1.0, Release());
+      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes") = py::none(),
+      py::arg("lane_threshold_bytes") = py::none(), py::arg("segment_bytes") = py::none(),
+      py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
+      py::arg("shm_window_bytes") = py::none(), py::arg("wire_packing") = py::none(),
+      py::arg("wire_packing_min_bytes") = py::none(), py::arg("wire_packing_segment_bytes") = py::none(),
+      py::arg("wire_packing_slow_bits_per_s") = py::none(), Release());
 
+  m.def("_shm_host_identity", &shm_host_identity,
+        "For tests: the key two processes must share for a shared-memory allreduce (comm/shm/host_identity.h).");
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
   m.def("register_communicator", &register_communicator, py::arg("comm"),

@@ -29,6 +29,7 @@
 #include "comm/gloo/lane_worker.h"
 #include "comm/gloo/packed_allreduce.h"
 #include "comm/op_desc.h"
+#include "comm/shm/shm_allreduce.h"
 #include "common/descriptors.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
@@ -94,11 +95,14 @@ class GlooCommunicator : public Communicator {
       options_.dead_ranks = [s] { return s->dead_ranks(); };
     }
     if (size_ > 1) connect();
+    if (size_ > 1) join_shm();
   }
 
   void close() override {
     std::lock_guard<std::mutex> g(mu_);
     closed_ = true;
+    if (shm_) shm_->abort();  // a peer still waiting on us fails now
+    shm_.reset();
     workers_.clear();  // joins the lane threads before their contexts go away
     lanes_.clear();    // ends the transport threads
   }
@@ -129,6 +133,8 @@ class GlooCommunicator : public Communicator {
     run(d, -1, [&](uint32_t tag) {
       if (size_ == 1) {
         copy_bytes(recv, send, count * es);
+      } else if (shm_ && shm_->covers(count * es) && shm_->map()) {
+        shm_->allreduce(send, recv, count, dtype, op, fn);  // averages too
       } else if (takes_packed_path(dtype, op, count * es, tag)) {
         packed_allreduce(send, recv, count, op == ReduceOp::kAvg, tag);
       } else {
@@ -432,6 +438,20 @@ class GlooCommunicator : public Communicator {
     for (int i = 1; i < lanes; ++i) workers_.push_back(std::make_unique<LaneWorker>());
   }
 
+  void join_shm() {
+    ShmAllreduceOptions o{options_.shm_window_bytes, options_.shm_threshold_bytes, options_.timeout,
+                          options_.dead_ranks};
+    try {
+      shm_ = ShmAllreduce::join(store_, prefix_, rank_, size_, options_.shm, std::move(o));
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
+    } catch (const PeerError& e) {
+      throw PeerError(describe() + ": " + e.what(), e.peer());
+    } catch (const Error& e) {
+      throw Error(describe() + ": rendezvous failed: " + e.what());
+    }
+  }
+
   const std::shared_ptr<gloo::Context>& main() { return lanes_[0].context; }
 
   // ---- packed allreduce (comm/gloo/packed_allreduce.h) ------------------------
@@ -625,6 +645,8 @@ class GlooCommunicator : public Communicator {
       body();
     } catch (const InvalidArgument&) {
       throw;
+    } catch (const ShmPeerLost& e) {
+      fail(d, seq, e.peer(), e.what(), kLostPeer);
     } catch (const gloo::IoException& e) {
       fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kLostPeer);
     } catch (const gloo::EnforceNotMet& e) {
@@ -776,6 +798,7 @@ class GlooCommunicator : public Communicator {
   // that peers blocked on us fail now instead of at their timeout.
   void break_connections(const std::string& why) {
     broken_ = why;
+    if (shm_) shm_->abort();
     for (auto& lane : lanes_) {
       try {
         if (lane.context) lane.context->closeConnections();
@@ -793,6 +816,7 @@ class GlooCommunicator : public Communicator {
 
   std::vector<Lane> lanes_;
   std::vector<std::unique_ptr<LaneWorker>> workers_;
+  std::unique_ptr<ShmAllreduce> shm_;  // null: the group is not on one host, or shm is off
 
   std::mutex mu_;  // one operation at a time
   uint64_t seq_ = 0;

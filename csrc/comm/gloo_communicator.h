@@ -17,6 +17,9 @@
 // After such a failure the communicator is broken: it closes its connections
 // (so peers blocked on it fail fast) and every later call raises at once.
 // Timeouts apply to each blocking step of an operation.
+//
+// Allreduce goes through shared memory when the whole group is on one host
+// (see GlooCommunicatorOptions::shm); everything else stays on TCP.
 #pragma once
 
 #include <chrono>
@@ -48,6 +51,15 @@ struct GlooCommunicatorOptions {
   size_t lane_threshold_bytes = 8u << 20;
   // Bytes per segment in Gloo's pipelined allreduce/reduce ring.
   size_t segment_bytes = 4u << 20;
+  // When every rank of the group is on this host (same kernel and network,
+  // IPC and mount namespaces, same user), allreduces of at least
+  // shm_threshold_bytes go through POSIX shared memory instead of TCP, in
+  // chunks of shm_window_bytes (comm/shm/shm_allreduce.h). Every rank must
+  // pass the same values, or the group stays on TCP. Threshold 0: shared
+  // memory was faster than loopback TCP down to 16 KiB (benchmarks/gloo_tuning.py).
+  bool shm = true;
+  size_t shm_threshold_bytes = 0;
+  size_t shm_window_bytes = 1u << 20;
   // Float32 SUM/AVG allreduces of at least wire_packing_min_bytes: kOff runs
   // Gloo's ring; kOn runs comm/gloo/packed_allreduce.h and packs every
   // message that shrinks; kAuto runs the ring until every rank has measured
