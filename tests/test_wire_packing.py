@@ -295,12 +295,19 @@ class Session:
             self._C.create_gloo_communicator(self.store, "bad", self.rank, self.world, TIMEOUT_S, "127.0.0.1",
                                              wire_packing="sometimes")
 
+    def different_settings_raise_on_every_rank(self):
+        mode = ("on", "off", "auto")[self.rank % 3]
+        with pytest.raises(self._C.MismatchError, match="BAGUA_WIRE_PACKING differs .*rank 0 'on', rank 1 'off'"):
+            self._C.create_gloo_communicator(self.store, "differ", self.rank, self.world, TIMEOUT_S, "127.0.0.1",
+                                             shm=False, wire_packing=mode)
+
     def cases(self):
         return [(name, getattr(self, name)) for name in CASES]
 
 
 CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_through", "auto_keeps_the_ring_on_loopback",
-         "auto_switches_when_every_rank_finds_the_link_slow", "off_never_packs", "bad_setting_raises"]
+         "auto_switches_when_every_rank_finds_the_link_slow", "off_never_packs", "bad_setting_raises",
+         "different_settings_raise_on_every_rank"]
 
 
 def kill_session(victim: int):

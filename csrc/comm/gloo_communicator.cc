@@ -96,6 +96,7 @@ class GlooCommunicator : public Communicator {
     }
     if (size_ > 1) connect();
     if (size_ > 1) join_shm();
+    if (size_ > 1) agree_on_wire_packing();
   }
 
   void close() override {
@@ -450,6 +451,27 @@ class GlooCommunicator : public Communicator {
     } catch (const Error& e) {
       throw Error(describe() + ": rendezvous failed: " + e.what());
     }
+  }
+
+  // Every rank must run the same allreduce algorithm: BAGUA_WIRE_PACKING set
+  // differently on different hosts would pair the packed exchange with Gloo's
+  // ring, which only the timeout would end. Compared once, at creation.
+  void agree_on_wire_packing() {
+    static const char* const kNames[] = {"off", "auto", "on"};
+    const std::string mine = kNames[static_cast<int>(options_.wire_packing)];
+    const std::string key = prefix_ + "/wire_packing/";
+    store_->set(key + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::string all;
+    bool differ = false;
+    for (int q = 0; q < size_; ++q) {
+      const std::vector<uint8_t> v = store_->get(key + std::to_string(q), options_.timeout);
+      const std::string theirs(v.begin(), v.end());
+      differ |= theirs != mine;
+      all += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " '" + theirs + "'";
+    }
+    if (differ)
+      throw MismatchError(describe() + ": BAGUA_WIRE_PACKING differs across the group (" + all +
+                          "); set the same value on every rank");
   }
 
   const std::shared_ptr<gloo::Context>& main() { return lanes_[0].context; }
