@@ -23,6 +23,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.worker import StoreSession, open_store, wait_for_survivors  # noqa: E402
 
 # bagua DType / ReduceOp codes (csrc/common/dtype.h)
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5, "uint8": 6}
@@ -162,23 +163,11 @@ def ptr(a):
     return a.ctypes.data
 
 
-def open_store(_C, rank):
-    """The rendezvous store: server on rank 0 at MASTER_PORT + 1, a client per rank."""
-    port = int(os.environ["MASTER_PORT"]) + 1
-    server = _C.TcpStoreServer("127.0.0.1", port) if rank == 0 else None
-    return server, _C.TcpStore("127.0.0.1", port, rank, 30.0)
-
-
-class Session:
+class Session(StoreSession):
     def __init__(self):
-        from bagua_core import _C
-
-        self._C = _C
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        self.server, self.store = open_store(_C, self.rank)
-        self.comm = _C.create_gloo_communicator(self.store, "world", self.rank, self.world,
-                                                TIMEOUT_S, "127.0.0.1")
+        super().__init__()
+        self.comm = self._C.create_gloo_communicator(self.store, "world", self.rank, self.world,
+                                                     TIMEOUT_S, "127.0.0.1")
 
     def new_comm(self, prefix, timeout_s=TIMEOUT_S, **kw):
         return self._C.create_gloo_communicator(self.store, prefix, self.rank, self.world,
@@ -691,26 +680,15 @@ def kill_session(victim: int):
     except _C.BaguaError as e:
         report("broken_afterwards", "communicator broken by an earlier failure" in str(e)
                and time.monotonic() - t0 < 0.5, str(e))
-    if victim != 0:  # rank 0 serves the store: it stays until the other survivors are done
-        store.add("survivors_done", 1)
-        deadline = time.monotonic() + 10
-        while rank == 0 and store.add("survivors_done", 0) < world - 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+    wait_for_survivors(store, rank, world, victim)
 
 
 def worker_main():
-    from tests.worker import run_cases
-
     if sys.argv[1] == "kill":
         kill_session(int(sys.argv[2]))
         return
     s = Session()
-    failures = run_cases(s.cases())
-    s.comm.barrier()  # nobody needs the store (served by rank 0) any more
-    s.store.close()
-    if s.server is not None:
-        s.server.close()
-    sys.exit(1 if failures else 0)
+    s.run_and_exit(s.comm)
 
 
 # ---------------------------------------------------------------- pytest side

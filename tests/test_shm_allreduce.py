@@ -40,7 +40,8 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 
 from tests.mp import REPO, launch, session_tests  # noqa: E402
 from tests.test_gloo_communicator import (  # noqa: E402
-    DTYPES, OPS, assert_close, make_input, open_store, ptr, reference, storage)
+    DTYPES, OPS, assert_close, make_input, ptr, reference, storage)
+from tests.worker import StoreSession, open_store  # noqa: E402
 
 WINDOW = 4096  # bytes per rank and buffer: many chunks even for small buffers
 TIMEOUT_S = 10.0
@@ -69,14 +70,9 @@ def segment_path(mapping: str) -> str:
     return mapping.split(" (deleted)")[0]
 
 
-class Session:
+class Session(StoreSession):
     def __init__(self):
-        from bagua_core import _C
-
-        self._C = _C
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        self.server, self.store = open_store(_C, self.rank)
+        super().__init__()
         self.shm = self.tuned("shm", shm=True)
         self.tcp = self.tuned("tcp", shm=False)
 
@@ -308,8 +304,6 @@ def full_dev_shm_parent():
 
 
 def worker_main():
-    from tests.worker import run_cases
-
     if sys.argv[1] == "full":
         full_dev_shm_worker()
         return
@@ -324,14 +318,7 @@ def worker_main():
         netns_worker()
         return
     s = Session()
-    failures = run_cases(s.cases())
-    s.tcp.barrier()
-    s.shm.close()
-    s.tcp.close()
-    s.store.close()
-    if s.server is not None:
-        s.server.close()
-    sys.exit(1 if failures else 0)
+    s.run_and_exit(s.tcp, s.shm, s.tcp)
 
 
 # ---------------------------------------------------------------- pytest side

@@ -29,6 +29,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.mp import launch  # noqa: E402
+from tests.worker import StoreSession, open_store, wait_for_survivors  # noqa: E402
 
 SUM, AVG = 0, 10
 F32 = 0
@@ -186,15 +187,10 @@ def rank_order(inputs, op, world):
     return acc.astype(np.float32)
 
 
-class Session:
+class Session(StoreSession):
     def __init__(self):
-        from bagua_core import _C
-        from tests.test_gloo_communicator import open_store
-
-        self._C = _C
-        self.rank = int(os.environ["RANK"])
-        self.world = int(os.environ["WORLD_SIZE"])
-        self.server, self.store = open_store(_C, self.rank)
+        super().__init__()
+        _C = self._C
         # shm=False: these processes share a host, where allreduces would take shared memory.
         tuned = dict(lanes=2, lane_threshold_bytes=0, segment_bytes=64, shm=False)
         self.on = _C._create_gloo_communicator_tuned(self.store, "on", self.rank, self.world, TIMEOUT_S,
@@ -313,7 +309,6 @@ CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_throu
 def kill_session(victim: int):
     """Rank `victim` is SIGKILLed while packed allreduces are in flight."""
     from bagua_core import _C
-    from tests.test_gloo_communicator import open_store
     from tests.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -338,11 +333,7 @@ def kill_session(victim: int):
         report("survivor_raises", ok, "" if ok else f"took {elapsed:.1f}s", elapsed=elapsed, message=str(e))
     else:
         report("survivor_raises", False, "allreduce kept succeeding with a dead peer")
-    if victim != 0:  # rank 0 serves the store
-        store.add("survivors_done", 1)
-        deadline = time.monotonic() + 10
-        while rank == 0 and store.add("survivors_done", 0) < world - 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+    wait_for_survivors(store, rank, world, victim)
 
 
 def train_session(out_path: str):
@@ -376,19 +367,12 @@ def train_session(out_path: str):
 
 
 def worker_main():
-    from tests.worker import run_cases
-
     if sys.argv[1] == "kill":
         return kill_session(int(sys.argv[2]))
     if sys.argv[1] == "train":
         return train_session(sys.argv[2])
     s = Session()
-    failures = run_cases(s.cases())
-    s.auto.barrier()
-    s.store.close()
-    if s.server is not None:
-        s.server.close()
-    sys.exit(1 if failures else 0)
+    s.run_and_exit(s.auto)
 
 
 # ---------------------------------------------------------------- pytest side

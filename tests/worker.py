@@ -35,6 +35,51 @@ def run_cases(cases: Iterable[Tuple[str, Callable[[], None]]]) -> int:
     return failures
 
 
+def open_store(_C, rank):
+    """The rendezvous store: server on rank 0 at MASTER_PORT + 1, a client per rank."""
+    port = int(os.environ["MASTER_PORT"]) + 1
+    server = _C.TcpStoreServer("127.0.0.1", port) if rank == 0 else None
+    return server, _C.TcpStore("127.0.0.1", port, rank, 30.0)
+
+
+class StoreSession:
+    """One rank of a communicator test session: ``rank``, ``world``, the store
+    (``server`` on rank 0) and ``_C``. Subclasses give ``cases()`` and call
+    :meth:`run_and_exit`."""
+
+    def __init__(self):
+        from bagua_core import _C
+
+        self._C = _C
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.server, self.store = open_store(_C, self.rank)
+
+    def run_and_exit(self, last_comm, *close) -> None:
+        """Runs the cases, then a barrier on ``last_comm`` so that nobody needs
+        the store (served by rank 0) any more, closes the communicators in
+        ``close`` and the store, and exits 1 on failure."""
+        failures = run_cases(self.cases())
+        last_comm.barrier()
+        for comm in close:
+            comm.close()
+        self.store.close()
+        if self.server is not None:
+            self.server.close()
+        sys.exit(1 if failures else 0)
+
+
+def wait_for_survivors(store, rank: int, world: int, victim: int, timeout_s: float = 10.0) -> None:
+    """After a peer was killed: rank 0 serves the store, so it stays until the
+    other survivors are done with it."""
+    if victim == 0:
+        return
+    store.add("survivors_done", 1)
+    deadline = time.monotonic() + timeout_s
+    while rank == 0 and store.add("survivors_done", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def threads() -> int:
     """Threads of this process."""
     return len(os.listdir("/proc/self/task"))

@@ -417,12 +417,8 @@ class GlooCommunicator : public Communicator {
         ctx->connectFullMesh(adapter, lane.device);
         ctx->setTimeout(options_.timeout);
         lane.context = ctx;
-      } catch (const TimeoutError& e) {
-        throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
-      } catch (const PeerError& e) {
-        throw PeerError(describe() + ": " + e.what(), e.peer());
-      } catch (const Error& e) {
-        throw Error(describe() + ": rendezvous failed: " + e.what());
+      } catch (const Error&) {
+        rethrow_rendezvous_failure();
       } catch (const std::exception& e) {
         std::string what = e.what();
         // Gloo says "Unable to find address for: <host>" when socket() fails.
@@ -444,6 +440,15 @@ class GlooCommunicator : public Communicator {
                           options_.dead_ranks};
     try {
       shm_ = ShmAllreduce::join(store_, prefix_, rank_, size_, options_.shm, std::move(o));
+    } catch (const Error&) {
+      rethrow_rendezvous_failure();
+    }
+  }
+
+  // Inside a catch of bagua::Error during set-up: the same error, named after this group.
+  [[noreturn]] void rethrow_rendezvous_failure() {
+    try {
+      throw;
     } catch (const TimeoutError& e) {
       throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
     } catch (const PeerError& e) {

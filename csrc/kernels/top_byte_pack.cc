@@ -97,6 +97,18 @@ void unpack_range(Reader& r, size_t i, size_t end, size_t n, Sink&& sink) {
   for (; i < end; ++i) sink(i, get_low3(r.low + 3 * i) | (top(code_of(r.codes, i)) << 24));
 }
 
+// Value k of an unpacked segment: its bits into dst, or (kAdd) added to the float32 there.
+template <bool kAdd>
+inline void put_bits(void* dst, size_t k, uint32_t bits) {
+  if (kAdd) {
+    float v;
+    std::memcpy(&v, &bits, 4);
+    static_cast<float*>(dst)[k] += v;
+  } else {
+    static_cast<uint32_t*>(dst)[k] = bits;
+  }
+}
+
 #if defined(__x86_64__)
 // Whether any of the 8 nibbles of w is 15 (an escape).
 inline bool has_escape(uint32_t w) { return (w & (w >> 1) & (w >> 2) & (w >> 3) & 0x11111111u) != 0; }
@@ -117,15 +129,7 @@ __attribute__((target("avx2"))) size_t unpack_avx2(Reader& r, size_t n, void* ds
     uint32_t w;
     std::memcpy(&w, r.codes + i / 2, 4);
     if (has_escape(w)) {
-      unpack_range(r, i, i + 8, n, [&](size_t k, uint32_t bits) {
-        if (kAdd) {
-          float v;
-          std::memcpy(&v, &bits, 4);
-          acc[k] = acc[k] + v;
-        } else {
-          out[k] = bits;
-        }
-      });
+      unpack_range(r, i, i + 8, n, [&](size_t k, uint32_t bits) { put_bits<kAdd>(dst, k, bits); });
       continue;
     }
     const __m128i c = _mm_cvtsi32_si128(static_cast<int>(w));
@@ -155,17 +159,7 @@ void unpack_segment(const uint8_t* packed, size_t bytes, size_t n, void* dst) {
 #if defined(__x86_64__)
   if (cpu_isa() != CpuIsa::kBaseline) i = unpack_avx2<kAdd>(r, n, dst);
 #endif
-  auto* out = static_cast<uint32_t*>(dst);
-  auto* acc = static_cast<float*>(dst);
-  unpack_range(r, i, n, n, [&](size_t k, uint32_t bits) {
-    if (kAdd) {
-      float v;
-      std::memcpy(&v, &bits, 4);
-      acc[k] = acc[k] + v;
-    } else {
-      out[k] = bits;
-    }
-  });
+  unpack_range(r, i, n, n, [&](size_t k, uint32_t bits) { put_bits<kAdd>(dst, k, bits); });
 }
 
 }  // namespace
