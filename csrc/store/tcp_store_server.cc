@@ -218,7 +218,7 @@ void TcpStoreServer::close() {
   ssize_t n = write(impl_->wake_fd, &one, sizeof(one));
   (void)n;
   if (impl_->thread.joinable()) impl_->thread.join();
-  for (auto& kv : impl_->conns) ::close(kv.second->fd);
+  for (auto& kv : impl_->conns) if (kv.second->fd >= 0) ::close(kv.second->fd);
   impl_->conns.clear();
   ::close(impl_->listen_fd);
   ::close(impl_->wake_fd);
@@ -263,7 +263,7 @@ void TcpStoreServer::Impl::run() {
       process_ready();
       for (auto it = conns.begin(); it != conns.end();) {
         if (it->second->closed) {
-          ::close(it->second->fd);
+          if (it->second->fd >= 0) ::close(it->second->fd);
           it = conns.erase(it);
         } else {
           ++it;
@@ -312,7 +312,13 @@ void TcpStoreServer::Impl::accept_all() {
       ++handshakes;
       if (!oldest || o.accepted < oldest->accepted) oldest = &o;
     }
-    if (oldest && handshakes >= options.max_handshakes) drop(*oldest);
+    if (oldest && handshakes >= options.max_handshakes) {
+      // Its descriptor goes now, not at the end of the loop iteration: a burst
+      // of strangers must not hold a descriptor each until the burst ends.
+      drop(*oldest);
+      ::close(oldest->fd);
+      oldest->fd = -1;
+    }
     if (conns.size() >= max_connections) {
       ::close(fd);
       continue;
