@@ -8,18 +8,10 @@ gradient-like data (normal, scale 1e-3), and the packed size.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
-
-def best_seconds(fn, repeat):
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from compression_throughput import best_seconds  # benchmarks/compression_throughput.py: CPU time, best of n
 
 
 def main():

@@ -39,9 +39,8 @@ DType to_dtype(int v) {
 }
 
 WirePacking to_wire_packing(const std::string& v) {
-  if (v == "auto") return WirePacking::kAuto;
-  if (v == "on") return WirePacking::kOn;
-  if (v == "off") return WirePacking::kOff;
+  for (WirePacking w : {WirePacking::kOff, WirePacking::kAuto, WirePacking::kOn})
+    if (v == wire_packing_name(w)) return w;
   throw InvalidArgument("wire_packing must be 'auto', 'on' or 'off', got '" + v + "'");
 }
 

@@ -67,12 +67,6 @@ bool mentions_timeout(const std::string& what) {
          what.find("timed out") != std::string::npos;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 // One full mesh of connections with its own transport thread.
 struct Lane {
   std::shared_ptr<gloo::transport::Device> device;
@@ -462,8 +456,7 @@ class GlooCommunicator : public Communicator {
   // differently on different hosts would pair the packed exchange with Gloo's
   // ring, which only the timeout would end. Compared once, at creation.
   void agree_on_wire_packing() {
-    static const char* const kNames[] = {"off", "auto", "on"};
-    const std::string mine = kNames[static_cast<int>(options_.wire_packing)];
+    const std::string mine = wire_packing_name(options_.wire_packing);
     const std::string key = prefix_ + "/wire_packing/";
     store_->set(key + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
     std::string all;
@@ -726,7 +719,7 @@ class GlooCommunicator : public Communicator {
     }
     if (dead.empty()) return "";
     *first_dead = dead[0];
-    return (dead.size() == 1 ? "; rank " : "; ranks ") + join_ranks(dead) +
+    return "; " + ranks_text(dead) +
            (dead.size() == 1 ? " has died" : " have died");
   }
 
@@ -775,7 +768,7 @@ class GlooCommunicator : public Communicator {
     }
     std::string note;
     if (!absent.empty())
-      note += (absent.size() == 1 ? "; rank " : "; ranks ") + join_ranks(absent) + " did not reach op #" +
+      note += "; " + ranks_text(absent) + " did not reach op #" +
               std::to_string(seq) + " (stuck or busy elsewhere)";
     for (size_t i = 0; i < elsewhere.size(); ++i)
       note += "; rank " + std::to_string(elsewhere[i]) + " failed at op #" + std::to_string(their_ops[i]);

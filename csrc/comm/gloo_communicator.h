@@ -37,6 +37,10 @@ using DeadRanksFn = std::function<std::vector<int>()>;
 
 // Whether float32 SUM/AVG allreduces may travel top-byte packed (BAGUA_WIRE_PACKING).
 enum class WirePacking { kOff, kAuto, kOn };
+// "off", "auto", "on": the setting's values.
+inline const char* wire_packing_name(WirePacking w) {
+  return w == WirePacking::kOff ? "off" : w == WirePacking::kAuto ? "auto" : "on";
+}
 
 struct GlooCommunicatorOptions {
   // Address peers reach this process on (an IP or a resolvable host name).

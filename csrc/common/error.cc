@@ -29,4 +29,10 @@ std::string seconds(std::chrono::milliseconds ms) {
   return s + " s";
 }
 
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
 }  // namespace bagua

@@ -6,6 +6,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace bagua {
 
@@ -50,5 +51,8 @@ std::exception_ptr with_prefix(std::exception_ptr e, const std::string& prefix);
 
 // A duration for a message: "1.5 s", "20 s".
 std::string seconds(std::chrono::milliseconds ms);
+
+// Ranks for a message: "rank 2", "ranks 1, 3".
+std::string ranks_text(const std::vector<int>& ranks);
 
 }  // namespace bagua

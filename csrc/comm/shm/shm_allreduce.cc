@@ -35,12 +35,6 @@ size_t data_offset(int size) { return (kCountersOffset + kLine * size + kPage - 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 std::string segment_name() {
   std::random_device rd;
   char tail[17];
