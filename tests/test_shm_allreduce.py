@@ -11,7 +11,7 @@ real processes of one host:
   stays on TCP;
 * a peer killed mid-allreduce: the survivors raise PeerError naming it, well
   within the timeout, and nothing is left in /dev/shm; a stopped peer: the
-  survivor raises TimeoutError naming it, and the peer, continued, fails at
+  survivors raise TimeoutError naming it, and the peer, continued, fails at
   once instead of waiting (the survivor gave up);
 * a /dev/shm too small for the segment (a 64 KiB tmpfs in a private mount
   namespace, root only): every rank says why and stays on TCP, with correct
@@ -220,8 +220,8 @@ def failure_session(kind: str, victim: int):
             c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
     except _C.BaguaError as e:
         elapsed = time.monotonic() - t0
-        # A survivor that gives up first makes the others fail at once (PeerError naming it and the victim).
-        want = _C.PeerError if kind == "kill" else (_C.CommTimeoutError, _C.PeerError)
+        # The first survivor to time out makes the others fail at once, with a timeout naming the victim too.
+        want = _C.PeerError if kind == "kill" else _C.CommTimeoutError
         ok = isinstance(e, want) and elapsed < timeout_s + 3.0 and f"rank {victim}" in str(e)
         report("survivor_raises", ok, "" if ok else f"{type(e).__name__} after {elapsed:.1f}s: {e}",
                kind=type(e).__name__, elapsed=elapsed, message=str(e))
@@ -355,7 +355,6 @@ def test_peer_stopped_mid_allreduce_times_out_naming_it():
     for r in (0, 1):
         for case in ("survivor_raises", "nothing_left_in_dev_shm", "broken_afterwards"):
             assert cases[case][r]["ok"], f"rank {r} {case}: {cases[case][r]}"
-    assert any(cases["survivor_raises"][r]["kind"] == "CommTimeoutError" for r in (0, 1)), run.summary()
     assert cases["continued_peer_fails_fast"][2]["ok"], run.summary()
 
 

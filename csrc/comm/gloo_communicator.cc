@@ -667,6 +667,8 @@ class GlooCommunicator : public Communicator {
       throw;
     } catch (const ShmPeerLost& e) {
       fail(d, seq, e.peer(), e.what(), kLostPeer);
+    } catch (const ShmTimeout& e) {
+      fail(d, seq, peer, e.what(), kTimedOut);
     } catch (const gloo::IoException& e) {
       fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kLostPeer);
     } catch (const gloo::EnforceNotMet& e) {
@@ -792,7 +794,7 @@ class GlooCommunicator : public Communicator {
         break;
     }
     // Close first: peers blocked on us should not wait for the store query.
-    break_connections(msg + " [gloo: " + what + "]");
+    break_connections(msg + " [gloo: " + what + "]", kind == kTimedOut);
     const bool collective = !d.has_peer() && kind != kOther;
     if (collective) say_failed(seq);
     int dead = -1;
@@ -816,9 +818,9 @@ class GlooCommunicator : public Communicator {
 
   // After a failure the transport state is unknown: close every connection so
   // that peers blocked on us fail now instead of at their timeout.
-  void break_connections(const std::string& why) {
+  void break_connections(const std::string& why, bool timed_out) {
     broken_ = why;
-    if (shm_) shm_->abort();
+    if (shm_) shm_->abort(timed_out);
     for (auto& lane : lanes_) {
       try {
         if (lane.context) lane.context->closeConnections();

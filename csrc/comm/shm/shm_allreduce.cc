@@ -23,6 +23,8 @@ constexpr size_t kLine = 64;
 constexpr size_t kAbortOffset = kLine;
 constexpr size_t kCountersOffset = 2 * kLine;
 constexpr size_t kPage = 4096;
+// The abort word holds the aborting rank + 1, with this bit when it timed out.
+constexpr uint32_t kAbortTimedOut = 1u << 31;
 
 // A waiter wakes this often to look at the abort word, its deadline and
 // (after kDeadCheckAfter) at the ranks the store reports dead.
@@ -137,11 +139,11 @@ uint8_t* ShmAllreduce::slot(int buffer, int rank) const {
 
 uint8_t* ShmAllreduce::result(int buffer) const { return slot(buffer, size_); }
 
-void ShmAllreduce::abort() {
+void ShmAllreduce::abort(bool timed_out) {
   if (!mapped_) return;
   uint32_t expected = 0;
-  __atomic_compare_exchange_n(abort_word(), &expected, static_cast<uint32_t>(rank_ + 1), false, __ATOMIC_ACQ_REL,
-                              __ATOMIC_ACQUIRE);
+  const uint32_t word = static_cast<uint32_t>(rank_ + 1) | (timed_out ? kAbortTimedOut : 0);
+  __atomic_compare_exchange_n(abort_word(), &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
   for (int q = 0; q < size_; ++q)
     for (Counter c : {kArrived, kReduced, kCopied}) futex_word::wake_all(counter(q, c));
 }
@@ -150,14 +152,26 @@ void ShmAllreduce::wait_all(Counter c, uint32_t target, const char* step) {
   const auto start = steady_clock::now();
   const auto deadline = start + options_.timeout;
   auto next_dead_check = start + kDeadCheckAfter;
+  auto missing = [&] {
+    std::vector<int> ranks;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && !futex_word::reached(futex_word::load(counter(r, c)), target)) ranks.push_back(r);
+    return ranks;
+  };
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     uint32_t* w = counter(q, c);
     while (!futex_word::reached(futex_word::load(w), target)) {
-      if (const uint32_t a = futex_word::load(abort_word()))
-        throw ShmPeerLost("shared memory: rank " + std::to_string(a - 1) +
+      if (const uint32_t a = futex_word::load(abort_word())) {
+        const int by = static_cast<int>((a & ~kAbortTimedOut) - 1);
+        if (a & kAbortTimedOut)
+          throw ShmTimeout("shared memory: rank " + std::to_string(by) + " timed out after " +
+                           seconds(options_.timeout) + " waiting for its peers; this rank was waiting for " +
+                           ranks_text(missing()) + " to " + step);
+        throw ShmPeerLost("shared memory: rank " + std::to_string(by) +
                               " gave up on this allreduce (its communicator failed or was closed)",
-                          static_cast<int>(a - 1));
+                          by);
+      }
       const auto now = steady_clock::now();
       if (now >= next_dead_check && options_.dead_ranks) {
         next_dead_check = now + kDeadCheckEvery;
@@ -171,13 +185,9 @@ void ShmAllreduce::wait_all(Counter c, uint32_t target, const char* step) {
                                 " died while this rank waited for it to " + step,
                             dead[0]);
       }
-      if (now >= deadline) {
-        std::vector<int> missing;
-        for (int r = 0; r < size_; ++r)
-          if (r != rank_ && !futex_word::reached(futex_word::load(counter(r, c)), target)) missing.push_back(r);
+      if (now >= deadline)
         throw ShmTimeout("shared memory: timed out after " + seconds(options_.timeout) + " waiting for " +
-                         ranks_text(missing) + " to " + step);
-      }
+                         ranks_text(missing()) + " to " + step);
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
       futex_word::wait_for(w, target, std::min<std::chrono::microseconds>(left, kSlice));
     }

@@ -81,7 +81,9 @@ class ShmAllreduce {
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, ReduceFn fn);
 
   // Tells peers waiting on this rank that it will not come (after a failure, on close).
-  void abort();
+  // `timed_out`: this rank gave up at its own deadline (a peer is stuck), so the
+  // waiters fail with ShmTimeout like it did, not with ShmPeerLost naming it.
+  void abort(bool timed_out = false);
 
  private:
   ShmAllreduce(StorePtr store, std::string prefix, int rank, int size, ShmAllreduceOptions options);
