@@ -63,6 +63,10 @@ Settings (all optional):
                                  ``auto`` (default) packs once every rank has measured
                                  the link under 2 Gbit/s; ``on`` always packs;
                                  ``off`` keeps Gloo's ring
+``BAGUA_ENGINE_LANES``           comm threads of each wrapped model's engine, each on its
+                                 own clone of the group; consecutive buckets alternate
+                                 between them, so one computes while the other's bytes
+                                 travel (default: 2 on CPU groups, 1 on CUDA groups)
 ``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
                                  online (see :mod:`bagua_core.autotune`); default 0
 ``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans measured before the best one is kept (default 60)
@@ -227,6 +231,7 @@ class Settings:
     autotune_confirm_pairs: int = 5
     autotune_log: bool = False
     wire_packing: Optional[str] = None  # None: the engine's default (auto)
+    engine_lanes: Optional[int] = None  # None: by device (Engine.for_group)
 
     @property
     def store_limits(self) -> dict:
@@ -318,6 +323,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
                                          minimum=2),
         autotune_log=parse_bool("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", g("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"), False),
         wire_packing=_wire_packing(g("BAGUA_WIRE_PACKING")),
+        engine_lanes=parse_int("BAGUA_ENGINE_LANES", g("BAGUA_ENGINE_LANES"), None, minimum=1),
     )
 
 

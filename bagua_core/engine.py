@@ -11,9 +11,13 @@ A frontend uses it in three moves:
    ``csrc/ops/registry.h``: "centralized_allreduce", "bytegrad",
    "decentralized"; see :mod:`bagua_core.algorithms` for the plans).
 2. **Readiness.** ``engine.mark_ready(name)`` from a gradient hook (any
-   thread). A bucket launches on the engine's comm thread once all its tensors
-   are ready and every earlier bucket has launched, so all ranks issue the same
-   collectives in the same order while backward still runs.
+   thread). A bucket launches once all its tensors are ready and every earlier
+   bucket has launched, and runs on the comm thread of its lane (bucket i on
+   lane i % lanes, each lane with its own communicators), so all ranks issue
+   the same collectives in the same order on each communicator while backward
+   still runs. With two lanes (the default on CPU, ``BAGUA_ENGINE_LANES``)
+   consecutive buckets pipeline: one computes (compresses, packs, reduces)
+   while the other's bytes are on the wire.
 3. **wait()** before ``optimizer.step()``: blocks (without the GIL) until every
    bucket has finished, resets readiness for the next step, and raises the
    first failure, naming the bucket and its tensors (``CommTimeoutError`` for a
@@ -29,16 +33,16 @@ weights while the comm thread averages them into the op's own peer buffer.
 
 Threads and communicators: a communicator serves one thread at a time, and
 every rank must issue its collectives in the same order. An engine's comm
-thread runs whenever buckets become ready, independently of the caller's
-thread and of other engines, so it must be the only user of its
-communicators. :meth:`Engine.for_group` therefore builds each engine over a
-private clone of the group (``group.clone()``: same ranks, new communicators,
+threads run whenever buckets become ready, independently of the caller's
+thread and of other engines, so each must be the only user of its
+communicators. :meth:`Engine.for_group` therefore builds each lane of an engine
+over a private clone of the group (``group.clone()``: same ranks, new communicators,
 created collectively when the engine is built, in the same order on every
 rank), owned and freed by the engine: two wrapped models on one group may then
 communicate at the same time (e.g. a GAN, whose generator's loss flows through
 the discriminator) while the caller's thread keeps using the group itself (buffer
 broadcasts, primitives). The rule is one comm thread per communicator: one
-engine per clone. An engine built directly from communicators
+engine lane per clone. An engine built directly from communicators
 (``Engine(comm, ...)``) must get ones nobody else uses while it runs.
 
 Example (numpy)::
@@ -185,64 +189,95 @@ class Bucket:
         return f"<Bucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} tensors={len(self.tensor_names)}>"
 
 
-def _release(core, group) -> None:
-    """Stops an engine's comm thread, then frees the clone it ran on."""
+def _release(core, groups) -> None:
+    """Stops an engine's comm threads, then frees the clones they ran on."""
     try:
         core.close()
     finally:
-        group.close()
+        for group in groups:
+            group.close()
+
+
+def default_lanes(group) -> int:
+    """``BAGUA_ENGINE_LANES``, else 2 on CPU groups and 1 on CUDA groups (NCCL
+    kernels of two communicators launched concurrently may wait for each
+    other on the device)."""
+    configured = config.load().engine_lanes
+    if configured is not None:
+        return configured
+    return 1 if group.device_type == "cuda" else 2
 
 
 class Engine:
-    """The overlap engine over one set of communicators (one comm thread).
+    """The overlap engine over one or more lanes of communicators (one comm
+    thread each; bucket i runs on lane i % lanes).
 
     ``comm`` is a ``_C.Communicator`` no other thread uses while the engine
     runs (see the module docstring; :meth:`for_group` makes one); hierarchical
     ops also need ``intra`` (this node's processes) and, on node leaders
-    (intra rank 0), ``inter`` (one process per node). ``timeout_s`` bounds
-    ``wait()`` (default: the communicator's timeout, ``BAGUA_TIMEOUT``).
+    (intra rank 0), ``inter`` (one process per node). ``more_lanes``: the
+    ``(comm, intra, inter)`` of each further lane, communicators of their own
+    over the same ranks. ``timeout_s`` bounds ``wait()`` (default: the
+    communicator's timeout, ``BAGUA_TIMEOUT``).
     """
 
-    def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None):
-        self._core = _C.Engine(comm, intra, inter, timeout_s)
+    def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None,
+                 more_lanes: Sequence[tuple] = ()):
+        self._core = _C.Engine(comm, intra, inter, timeout_s, [tuple(lane) for lane in more_lanes])
         self._comms = (comm, intra, inter)
         self._buckets: List[Bucket] = []
-        self._group = None  # the private clone it owns (for_group)
+        self._groups = []  # the private clones it owns (for_group)
         self._release = None
 
     @classmethod
-    def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None) -> "Engine":
-        """An engine over a private clone of a ``bagua_core`` process group (and,
-        with ``hierarchical``, of its intra- and inter-node groups). Collective:
-        every member of the group calls it, in the same order. The engine owns
-        the clone: :meth:`close`, garbage collection of the engine, closing the
-        clone or ``destroy_process_group()`` stop its comm thread and free the
-        clone's connections and threads."""
+    def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None,
+                  lanes: Optional[int] = None) -> "Engine":
+        """An engine over private clones of a ``bagua_core`` process group (and,
+        with ``hierarchical``, of their intra- and inter-node groups), one per
+        lane (default :func:`default_lanes`). Collective: every member of the
+        group calls it, in the same order, with the same number of lanes. The
+        engine owns the clones: :meth:`close`, garbage collection of the engine,
+        closing a clone or ``destroy_process_group()`` stop its comm threads and
+        free the clones' connections and threads."""
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
-        own = group.clone()
+        lanes = default_lanes(group) if lanes is None else int(lanes)
+        if lanes < 1:
+            raise ValueError(f"an engine needs at least one lane, got {lanes}")
+        owned = []
         try:
-            intra = inter = None
-            if hierarchical:
-                intra = own.intra_node_group().comm
-                inter = own.inter_node_group().comm
-            engine = cls(own.comm, intra, inter, timeout_s)
+            comms = []
+            for _ in range(lanes):
+                owned.append(group.clone())
+                own = owned[-1]
+                intra = inter = None
+                if hierarchical:
+                    intra = own.intra_node_group().comm
+                    inter = own.inter_node_group().comm
+                comms.append((own.comm, intra, inter))
+            engine = cls(*comms[0], timeout_s=timeout_s, more_lanes=comms[1:])
         except BaseException:
-            own.close()
+            for own in owned:
+                own.close()
             raise
-        engine._group = own
-        log.logger.info("engine on %r: %s", group.name, "hierarchical (within each node, then between node "
-                        "leaders)" if hierarchical else "flat (every rank together)")
-        own._on_close.append(engine._core.close)  # destroy_process_group() stops the thread first
+        engine._groups = owned
+        log.logger.info("engine on %r: %s, %d lane(s)", group.name, "hierarchical (within each node, then between "
+                        "node leaders)" if hierarchical else "flat (every rank together)", lanes)
+        for own in owned:
+            own._on_close.append(engine._core.close)  # destroy_process_group() stops the threads first
         # No reference to the engine itself: it may still be collected.
-        engine._release = weakref.finalize(engine, _release, engine._core, own)
+        engine._release = weakref.finalize(engine, _release, engine._core, owned)
         return engine
 
     @property
+    def num_lanes(self) -> int:
+        return self._core.num_lanes
+
+    @property
     def group(self):
-        """The private process group (clone) the engine communicates on, if it
+        """The private process group (clone) of the engine's first lane, if it
         was built by :meth:`for_group`."""
-        return self._group
+        return self._groups[0] if self._groups else None
 
     def check_step(self, plan):
         """Makes ``plan``'s step (:mod:`bagua_core.algorithms`) over this
@@ -358,8 +393,8 @@ class Engine:
         return [n for _, _, n in sorted(marked)] + [n for _, _, n in unmarked]
 
     def close(self) -> None:
-        """Stops and joins the comm thread (after the bucket it runs) and frees
-        the clone it owns (its connections and threads). Idempotent."""
+        """Stops and joins the comm threads (after the buckets they run) and
+        frees the clones it owns (their connections and threads). Idempotent."""
         if self._release is not None:
             self._release()
         else:

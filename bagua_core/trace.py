@@ -13,10 +13,11 @@ that ran before backward ended (the overlap the engine buys).
 
 Per wrapped model, step and bucket the engine records (``Engine.timings()``,
 monotonic clock, ns) when the bucket's last tensor became **ready**, when it
-**launched** (ready and every earlier bucket launched), when the comm thread
+**launched** (ready and every earlier bucket launched), when its lane's comm thread
 **started** its ops and when they **ended**. Rows of a rank:
 
-* ``<model> comm thread``: one slice per bucket, start -> end;
+* ``<model> comm thread`` (``<model> comm lane <l>`` for an engine with
+  several lanes, bucket i on lane i % lanes): one slice per bucket, start -> end;
 * ``<model> bucket <i>``: "waits for earlier buckets" (ready -> launch) and
   "queued" (launch -> start);
 * ``<model> framework``: spans the frontend adds (torch: forward start ->
@@ -97,13 +98,13 @@ class TraceWriter:
 
     # The step path only appends raw numbers; events are formatted when written.
     def engine_step(self, model: str, step: int, bucket_names: Sequence[str], timings: Sequence[tuple],
-                    first_bucket: int = 0) -> None:
+                    first_bucket: int = 0, lanes: int = 1) -> None:
         """One engine step: ``timings[i]`` = (ready, launch, start, end) ns of
-        bucket ``first_bucket + i``."""
+        bucket ``first_bucket + i``, run on lane ``(first_bucket + i) % lanes``."""
         with self._lock:
             if not self._closed:
                 self._records.append((model, int(step), tuple(bucket_names), [tuple(t) for t in timings],
-                                      int(first_bucket)))
+                                      int(first_bucket), max(1, int(lanes))))
                 self._maybe_flush()
 
     def span(self, model: str, name: str, start_ns: int, end_ns: int, **args) -> None:
@@ -124,11 +125,12 @@ class TraceWriter:
             self._emit({"name": name, "cat": "bagua", "ph": "X", "pid": pid, "tid": self._tid(model, "framework"),
                         "ts": start / 1000.0, "dur": (end - start) / 1000.0, "args": {"model": model, **args}})
             return
-        model, step, names, timings, first = record
+        model, step, names, timings, first, lanes = record
         quoted = json.dumps(model)
-        comm_tid = self._tid(model, "comm thread")
+        comm_tids = [self._tid(model, "comm thread" if lanes == 1 else f"comm lane {lane}") for lane in range(lanes)]
         out = self._pending
         for i, (name, (ready, launch, start, end)) in enumerate(zip(names, timings), start=first):
+            comm_tid = comm_tids[i % lanes]
             args = (f'{{"model":{quoted},"step":{step},"bucket":{i},"bucket_name":{json.dumps(name)},'
                     f'"ready_ns":{ready},"launch_ns":{launch},"start_ns":{start},"end_ns":{end}}}')
             tid = self._tid(model, f"bucket {i}")
@@ -288,10 +290,22 @@ def merge(out: str, inputs: Sequence[str]) -> int:
     return len(events)
 
 
+def _union(spans: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Disjoint spans covering the same time as ``spans``, in order."""
+    out: List[Tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def summary(events: Sequence[dict]) -> Dict[Tuple[int, str], dict]:
     """Per (rank, model): steps, buckets, and the medians over steps of the
-    communication time (ms, sum over buckets of start -> end), of its share
-    that ran before backward ended, and of forward start -> backward end (ms)."""
+    communication time (ms during which some bucket ran, start -> end; buckets
+    on different lanes overlap), of its share that ran before backward ended,
+    and of forward start -> backward end (ms)."""
     import statistics
 
     comm: Dict[tuple, List[Tuple[int, int]]] = {}
@@ -310,6 +324,7 @@ def summary(events: Sequence[dict]) -> Dict[Tuple[int, str], dict]:
             backward_end[key] = (start, start + int(round(e["dur"] * 1000)))
     per: Dict[Tuple[int, str], dict] = {}
     for key, spans in comm.items():
+        spans = _union(spans)
         total = sum(end - start for start, end in spans)
         row = per.setdefault(key[:2], {"comm_ms": [], "overlap": [], "step_ms": []})
         row["comm_ms"].append(total / 1e6)

@@ -197,7 +197,8 @@ class BaguaDistributedDataParallel:
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         try:
-            self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)))
+            self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)),
+                                           lanes=self._settings.engine_lanes)
             self.step_info = self.engine.check_step(self.plan)
             if self.background_plan is not None:
                 steps.check_plan(self.background_plan, group)
@@ -293,7 +294,8 @@ class BaguaDistributedDataParallel:
     def _signature(self) -> List[tuple]:
         sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
                ("setting", "BAGUA_AUTOTUNE", self._settings.autotune_level > 0, "BAGUA_AUTOTUNE_INTERVAL_STEPS",
-                self._settings.autotune_interval_steps)]
+                self._settings.autotune_interval_steps),
+               ("setting", "BAGUA_ENGINE_LANES", self._settings.engine_lanes)]
         for n, p in self.module.named_parameters():
             if n not in self.ignored:
                 sig.append(("parameter", n, tuple(p.shape), str(p.dtype), "requires_grad" if p.requires_grad else ""))
@@ -435,7 +437,8 @@ class BaguaDistributedDataParallel:
 
     def _trace_step(self) -> None:
         step = self.engine.steps - 1
-        self._tracer.engine_step(self.module_name, step, [b.name for b in self.buckets], self.engine.timings())
+        self._tracer.engine_step(self.module_name, step, [b.name for b in self.buckets], self.engine.timings(),
+                                 lanes=self.engine.num_lanes)
         if self._t_backward_end >= 0:
             self._tracer.span(self.module_name, "forward start -> backward end", self._t_forward,
                               self._t_backward_end, step=step)

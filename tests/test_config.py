@@ -56,6 +56,8 @@ def test_booleans(value, expected):
     ({"BAGUA_TIMEOUT": "1e300"}, "BAGUA_TIMEOUT=1e300 must be at most"),
     ({"BAGUA_TIMEOUT": "nan"}, "BAGUA_TIMEOUT"),
     ({"BAGUA_STORE_MAX_BYTES": "0"}, "BAGUA_STORE_MAX_BYTES=0 must be >= 1"),
+    ({"BAGUA_ENGINE_LANES": "0"}, "BAGUA_ENGINE_LANES=0 must be >= 1"),
+    ({"BAGUA_ENGINE_LANES": "two"}, "BAGUA_ENGINE_LANES"),
     ({"BAGUA_STORE_IDLE_TIMEOUT": "0"}, "BAGUA_STORE_IDLE_TIMEOUT=0.0 must be >"),
     ({"BAGUA_STORE_IDLE_TIMEOUT": "inf"}, "BAGUA_STORE_IDLE_TIMEOUT=inf must be at most"),
     ({"RANK": "0"}, "WORLD_SIZE"),
@@ -67,6 +69,11 @@ def test_booleans(value, expected):
 def test_bad_values_raise_clear_errors(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)
+
+
+def test_engine_lanes():
+    assert config.load({}).engine_lanes is None  # chosen by device when the engine is built
+    assert config.load({"BAGUA_ENGINE_LANES": "3"}).engine_lanes == 3
 
 
 def test_store_settings():

@@ -437,3 +437,23 @@ def test_shift_one_peer_formula():
             for r, p in enumerate(peers):
                 expect = h + (step + r) % h if r < h else (r - h - step) % h
                 assert p == expect and peers[p] == r and p != r
+
+
+def test_lanes_each_need_their_own_communicator(comm):
+    others = [_C.create_gloo_communicator(None, f"lane{i}", 0, 1, 10.0, "127.0.0.1") for i in range(2)]
+    with E.Engine(comm, timeout_s=1.0, more_lanes=[(c, None, None) for c in others]) as e:
+        assert e.num_lanes == 3
+        buckets = [e.add_bucket(f"b{i}", [(f"t{i}", (5,))], "float32") for i in range(5)]
+        for b in buckets:
+            b.append_op("centralized_allreduce", average=True)
+        for step in range(2):
+            for i, b in enumerate(buckets):
+                np.asarray(b.view(f"t{i}"))[...] = i + step
+            e.mark_all_ready()
+            e.wait()
+            for i, b in enumerate(buckets):
+                np.testing.assert_array_equal(np.asarray(b.view(f"t{i}")), i + step)
+    with pytest.raises(ValueError, match="own communicator"):
+        E.Engine(comm, timeout_s=1.0, more_lanes=[(others[0], None, None), (others[0], None, None)])
+    with pytest.raises(ValueError, match="own communicator"):
+        E.Engine(comm, timeout_s=1.0, more_lanes=[(comm, None, None)])

@@ -2,8 +2,9 @@
 references: centralized allreduce (flat and hierarchical), ByteGrad (the whole
 compress / alltoall / reduce / recompress / allgather sequence simulated in
 numpy), decentralized averaging (all, shift_one with intervals 1 and 2,
-hierarchical), launch order and overlap, and failures (a tensor never marked
-ready, a stuck peer, a dead peer).
+hierarchical), launch order and overlap, lanes (1, 2 and 3: consecutive
+buckets pipeline across lanes), and failures (a tensor never marked ready, a
+stuck peer, a dead peer).
 
 One multi-process session per configuration runs every case (this file is also
 the worker script); pytest reports each case on its own.
@@ -23,11 +24,11 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 from tests.mp import Session, session_tests  # noqa: E402
 from tests.worker import threads, wait_for_threads  # noqa: E402
 
-# session -> (world size, local world size, env)
+# session -> (world size, local world size, env); engines have 2 lanes by default on CPU
 SESSIONS = {
     "flat2": (2, None, {}),
-    "flat3": (3, None, {}),
-    "flat4": (4, None, {}),
+    "flat3": (3, None, {"BAGUA_ENGINE_LANES": "3"}),
+    "flat4": (4, None, {"BAGUA_ENGINE_LANES": "1"}),
     "hier4": (4, 2, {}),
     "fail3": (3, None, {"BAGUA_TIMEOUT": "4"}),
 }
@@ -43,6 +44,7 @@ COMMON = [
     "bytegrad_multi_mib_bucket",
     "decentralized_all",
     "launch_order_and_rank_dependent_marking",
+    "lanes_pipeline_consecutive_buckets",
     "first_bucket_overlaps_backward",
     "never_ready_tensor_names_it",
     "bucket_layouts_that_differ_are_a_mismatch",
@@ -307,6 +309,7 @@ class Worker:
         c["decentralized_shift_one_interval_2"] = lambda: self.run_decentralized("ds2", "shift_one", 2)
         c["shift_one_odd_peers_refused"] = self.shift_one_odd
         c["launch_order_and_rank_dependent_marking"] = self.launch_order
+        c["lanes_pipeline_consecutive_buckets"] = self.lanes_pipeline
         c["first_bucket_overlaps_backward"] = self.overlap
         c["never_ready_tensor_names_it"] = self.never_ready
         c["bucket_layouts_that_differ_are_a_mismatch"] = self.layouts_differ
@@ -402,10 +405,33 @@ class Worker:
         t = eng.timings()
         launches = [x.launch_ns for x in t]
         assert launches == sorted(launches) and min(launches) > 0
-        assert all(t[i].end_ns <= t[i + 1].start_ns for i in range(3))
+        lanes = eng.num_lanes  # each lane runs its buckets one after the other
+        assert all(t[i].end_ns <= t[i + lanes].start_ns for i in range(4 - lanes))
         total = self.world * (self.world + 1) / 2
         for n in names:
             np.testing.assert_array_equal(np.asarray(self.view(eng, n)), total)
+        eng.close()
+
+    def lanes_pipeline(self):
+        """With two or more lanes a small bucket runs while the large one
+        before it is still communicating; with one lane it waits for it."""
+        np = self.np
+        eng = self.engine()
+        big, small = eng.add_bucket("big", [("big", (8 << 20,))], "float32"), eng.add_bucket("small", [("s", (64,))], "float32")
+        for b in (big, small):
+            b.append_op("centralized_allreduce", average=False)
+        np.asarray(self.view(eng, "big"))[...] = self.rank + 1
+        np.asarray(self.view(eng, "s"))[...] = self.rank + 1
+        eng.mark_all_ready()
+        eng.wait()
+        t = eng.timings()
+        if eng.num_lanes >= 2:
+            assert t[1].start_ns < t[0].end_ns, "the small bucket waited for the large one on another lane"
+        else:
+            assert t[1].start_ns >= t[0].end_ns
+        total = self.world * (self.world + 1) / 2
+        for name in ("big", "s"):
+            np.testing.assert_array_equal(np.asarray(self.view(eng, name)), total)
         eng.close()
 
     def overlap(self):

@@ -42,11 +42,27 @@ STEPS = 45
 def case_names(session):
     if session.startswith("trace"):
         return ["trace_has_every_bucket_and_step"]
-    return ["autotune_switches_at_the_same_steps", "autotune_peer_disagrees", "autotune_setting_differs"]
+    return ["autotune_switches_at_the_same_steps", "autotune_peer_disagrees", "autotune_setting_differs",
+            "engine_lanes_setting_differs"]
 
 
 test_case, test_session_exits_cleanly = session_tests(__file__, SESSIONS, case_names, timeout=150,
                                                       test_timeout=240, requires=["torch", "optuna"])
+
+
+def test_summary_counts_overlapping_lanes_once():
+    from bagua_core import trace
+
+    def bucket(i, start, end):
+        return {"ph": "X", "pid": 0, "name": f"bucket {i}", "ts": start / 1000,
+                "args": {"model": "m", "step": 0, "bucket": i, "start_ns": start, "end_ns": end}}
+
+    span = {"ph": "X", "pid": 0, "name": "forward start -> backward end", "ts": 0.0, "dur": 25.0,
+            "args": {"model": "m", "step": 0}}
+    # lanes 0 and 1 overlap from 20 to 30 us; communication covers 10-40 us, 15 us of it before backward ended
+    [(key, row)] = trace.summary([bucket(0, 10_000, 30_000), bucket(1, 20_000, 40_000), span]).items()
+    assert key == (0, "m") and row["buckets"] == 2
+    assert abs(row["comm_ms"] - 0.030) < 1e-12 and abs(row["overlap"] - 0.5) < 1e-12, row
 
 
 # ---------------------------------------------------------------- the worker
@@ -118,6 +134,12 @@ if __name__ == "__main__":
                 for e in backward:  # the last bucket is ready within backward
                     last = max(c["args"]["ready_ns"] for c in comm if c["args"]["step"] == e["args"]["step"])
                     assert e["ts"] * 1000 - 1000 <= last <= (e["ts"] + e["dur"]) * 1000 + 1000
+                lanes = model.bagua_ddp.engine.num_lanes
+                assert lanes == 2  # the default on CPU: one row per lane, bucket i on lane i % 2
+                rows = {e["args"]["name"]: e["tid"] for e in events if e.get("name") == "thread_name"}
+                module = model.bagua_ddp.module_name
+                for e in comm:
+                    assert e["tid"] == rows[f"{module} comm lane {e['args']['bucket'] % lanes}"], e
                 [(key, summary)] = trace.summary(events).items()
                 assert key == (self.rank, model.bagua_ddp.module_name) and summary["steps"] == steps, summary
                 assert summary["buckets"] == len(names) and 0 <= summary["overlap"] <= 1, summary
@@ -200,16 +222,26 @@ if __name__ == "__main__":
                 assert session.on_step_start(1, order) is None
             self.dist.barrier()
 
-        def autotune_setting_differs(self):
-            old = os.environ.get("BAGUA_AUTOTUNE_INTERVAL_STEPS")
+        def _wrapping_refused_when_the_last_rank_sets(self, name, value):
+            """The last rank sets ``name`` to ``value``: wrapping raises ValueError naming it on every rank."""
+            old = os.environ.get(name)
             if self.rank == self.world - 1:
-                os.environ["BAGUA_AUTOTUNE_INTERVAL_STEPS"] = "7"
+                os.environ[name] = value
             try:
                 model = self.model()
                 opt = self.torch.optim.SGD(model.parameters(), lr=0.05)
                 self.expect_error(ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()),
-                                  "BAGUA_AUTOTUNE_INTERVAL_STEPS")
+                                  name)
             finally:
-                os.environ["BAGUA_AUTOTUNE_INTERVAL_STEPS"] = old
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+
+        def autotune_setting_differs(self):
+            self._wrapping_refused_when_the_last_rank_sets("BAGUA_AUTOTUNE_INTERVAL_STEPS", "7")
+
+        def engine_lanes_setting_differs(self):
+            self._wrapping_refused_when_the_last_rank_sets("BAGUA_ENGINE_LANES", "1")
 
     worker_main(Worker, case_names)

@@ -112,6 +112,8 @@ int dtype_code(DType t) { return static_cast<int>(t); }
 
 py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.ready_ns, t.launch_ns, t.start_ns, t.end_ns); }
 
+using LaneComms = std::tuple<CommunicatorPtr, CommunicatorPtr, CommunicatorPtr>;  // global, intra, inter
+
 CommSet make_comms(CommunicatorPtr global, CommunicatorPtr intra, CommunicatorPtr inter) {
   if (!global) throw InvalidArgument("Engine: comm is required");
   return CommSet{std::move(global), std::move(intra), std::move(inter)};
@@ -315,21 +317,25 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness
-and one comm thread. A bucket launches when all its tensors are marked ready
-and every earlier bucket has launched; wait() ends the step and re-raises the
-first failure. See csrc/sched/engine.h.)doc")
+and one comm thread per lane (bucket i on lane i % num_lanes). A bucket launches
+when all its tensors are marked ready and every earlier bucket has launched;
+wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)doc")
       .def(py::init([](CommunicatorPtr comm, CommunicatorPtr intra, CommunicatorPtr inter,
-                       std::optional<double> timeout_s) {
-             CommSet comms = make_comms(std::move(comm), std::move(intra), std::move(inter));
-             std::chrono::milliseconds timeout = comms.global->timeout();
+                       std::optional<double> timeout_s, const std::vector<LaneComms>& more_lanes) {
+             std::vector<CommSet> lanes{make_comms(std::move(comm), std::move(intra), std::move(inter))};
+             for (const auto& [g, i, o] : more_lanes) lanes.push_back(make_comms(g, i, o));
+             std::chrono::milliseconds timeout = lanes.front().global->timeout();
              if (timeout_s) {
                if (!(*timeout_s > 0) || !std::isfinite(*timeout_s))
                  throw InvalidArgument("Engine: timeout_s must be a positive number");
                timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*timeout_s * 1000.0)));
              }
-             return std::make_shared<Engine>(std::move(comms), timeout);
+             return std::make_shared<Engine>(std::move(lanes), timeout);
            }),
-           py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr, py::arg("timeout_s") = py::none())
+           py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr, py::arg("timeout_s") = py::none(),
+           py::arg("more_lanes") = std::vector<LaneComms>(),
+           "more_lanes: (comm, intra, inter) of each further lane (its own communicators and comm thread).")
+      .def_property_readonly("num_lanes", &Engine::num_lanes)
       .def_property_readonly("timeout_s", [](const Engine& e) { return e.timeout().count() / 1000.0; })
       .def("add_bucket", &Engine::add_bucket, py::arg("bucket"), "Appends a bucket (launch order); returns its index.")
       .def("clear_buckets", &Engine::clear_buckets, py::call_guard<py::gil_scoped_release>())
@@ -338,7 +344,8 @@ first failure. See csrc/sched/engine.h.)doc")
       .def(
           "append_op",
           [](Engine& e, size_t bucket, const std::string& name, const py::dict& params) {
-            auto op = std::make_shared<StepOp>(make_step(name, e.comms(), step_params(name, params)));
+            if (bucket >= e.num_buckets()) throw InvalidArgument("append_op: no bucket " + std::to_string(bucket));
+            auto op = std::make_shared<StepOp>(make_step(name, e.comms_for(bucket), step_params(name, params)));
             e.append_op(bucket, op);
             return op;
           },

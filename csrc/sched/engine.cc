@@ -17,10 +17,21 @@ int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-Engine::Engine(CommSet comms, std::chrono::milliseconds timeout) : comms_(std::move(comms)), timeout_(timeout) {
-  if (!comms_.global) throw InvalidArgument("engine: a global communicator is required");
+Engine::Engine(std::vector<CommSet> lanes, std::chrono::milliseconds timeout) : timeout_(timeout) {
+  if (lanes.empty()) throw InvalidArgument("engine: at least one lane of communicators is required");
+  for (size_t l = 0; l < lanes.size(); ++l) {
+    if (!lanes[l].global) throw InvalidArgument("engine: a global communicator is required");
+    const Communicator& first = *lanes.front().global;
+    if (lanes[l].global->size() != first.size() || lanes[l].global->rank() != first.rank())
+      throw InvalidArgument("engine: the communicators of every lane must span the same ranks");
+    for (size_t k = 0; k < l; ++k)  // one comm thread per communicator
+      if (lanes[k].global == lanes[l].global)
+        throw InvalidArgument("engine: every lane needs its own communicator");
+  }
   if (timeout_.count() <= 0) throw InvalidArgument("engine: timeout must be positive");
-  thread_ = std::thread([this] { comm_loop(); });
+  lanes_.resize(lanes.size());
+  for (size_t l = 0; l < lanes.size(); ++l) lanes_[l].comms = std::move(lanes[l]);
+  for (size_t l = 0; l < lanes_.size(); ++l) lanes_[l].thread = std::thread([this, l] { comm_loop(l); });
 }
 
 Engine::~Engine() { close(); }
@@ -34,7 +45,8 @@ void Engine::close() {
   }
   work_cv_.notify_all();
   done_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (Lane& lane : lanes_)
+    if (lane.thread.joinable()) lane.thread.join();
 }
 
 // ---- registration ---------------------------------------------------------------
@@ -159,12 +171,12 @@ void Engine::launch_ready_locked() {
     BucketTiming& t = entries_[next_launch_].timing;
     t.launch_ns = monotonic_ns();
     if (record_ready_ && t.ready_ns < 0) t.ready_ns = t.launch_ns;  // padding only: ready from the start
-    queue_.push_back(next_launch_);
+    lanes_[next_launch_ % lanes_.size()].queue.push_back(next_launch_);
     ++next_launch_;
     ++launches_;
     launched = true;
   }
-  if (launched) work_cv_.notify_one();
+  if (launched) work_cv_.notify_all();
 }
 
 void Engine::mark_ready(size_t bucket, size_t slot) {
@@ -201,32 +213,33 @@ void Engine::mark_all_ready() {
   launch_ready_locked();
 }
 
-// ---- the comm thread ----------------------------------------------------------------
+// ---- the comm threads, one per lane --------------------------------------------------
 
-void Engine::comm_loop() {
+void Engine::comm_loop(size_t lane) {
+  std::deque<size_t>& queue = lanes_[lane].queue;
+  Communicator& global = *lanes_[lane].comms.global;
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    work_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    work_cv_.wait(lk, [&] { return stop_ || !queue.empty(); });
     if (stop_) {
-      queue_.clear();
+      queue.clear();
       return;
     }
-    const size_t index = queue_.front();
-    queue_.pop_front();
+    const size_t index = queue.front();
+    queue.pop_front();
     BucketPtr bucket = entries_[index].bucket;
     std::vector<OpPtr> ops = entries_[index].ops;
     entries_[index].timing.start_ns = monotonic_ns();
-    running_ = static_cast<int64_t>(index);
     const bool skip = !broken_.empty();
     std::vector<OpDesc> promise;
-    if (index == 0 && !skip) promise = predict_step_locked();
+    if (index == lane && !skip) promise = predict_step_locked(lane);  // the lane's first bucket of the step
     lk.unlock();
 
     std::exception_ptr error;
     std::string failed_op;
     if (promise.size() > 1) {
       try {
-        comms_.global->expect_calls(promise);
+        global.expect_calls(promise);
       } catch (...) {
         error = std::current_exception();
         failed_op = "expect_calls";
@@ -245,9 +258,9 @@ void Engine::comm_loop() {
     }
 
     lk.lock();
-    running_ = -1;
     entries_[index].timing.end_ns = monotonic_ns();
-    finished_ = index + 1;
+    entries_[index].finished = true;
+    ++finished_;
     if (error) {
       const std::string prefix = bucket->describe(position(index)) + " failed in " + failed_op + ": ";
       fail_locked(with_prefix(error, prefix));
@@ -256,16 +269,17 @@ void Engine::comm_loop() {
   }
 }
 
-// The collectives of the step's buckets, in order, as far as their ops know
-// them beforehand (up to the first bucket whose ops cannot say): promised to
-// the communicator, they need one agreement between the ranks instead of one
-// per bucket.
-std::vector<OpDesc> Engine::predict_step_locked() const {
+// The collectives of the step's buckets on `lane`, in order, as far as their
+// ops know them beforehand (up to the first bucket whose ops cannot say):
+// promised to the lane's communicator, they need one agreement between the
+// ranks instead of one per bucket.
+std::vector<OpDesc> Engine::predict_step_locked(size_t lane) const {
   std::vector<OpDesc> calls;
-  for (const Entry& e : entries_) {
+  for (size_t b = lane; b < entries_.size(); b += lanes_.size()) {
+    const Entry& e = entries_[b];
     const size_t before = calls.size();
     for (const auto& op : e.ops) {
-      if (!op->predict_calls(*comms_.global, &calls)) {
+      if (!op->predict_calls(*lanes_[lane].comms.global, &calls)) {
         calls.resize(before);
         return calls;
       }
@@ -292,10 +306,17 @@ void Engine::reset_step_locked() {
   for (auto& e : entries_) {
     for (size_t s = 0; s < e.ready.size(); ++s) e.ready[s] = e.bucket->slot(s).is_padding ? 1 : 0;
     e.ready_count = e.padding_count;
+    e.finished = false;
   }
   next_launch_ = 0;
   finished_ = 0;
   in_step_ = false;
+}
+
+size_t Engine::first_unfinished_locked() const {
+  for (size_t b = 0; b < next_launch_; ++b)
+    if (!entries_[b].finished) return b;
+  return next_launch_;
 }
 
 std::string Engine::position(size_t index) const {
@@ -315,8 +336,8 @@ std::string Engine::unready_report_locked() const {
   for (size_t b = next_launch_ + 1; b < entries_.size(); ++b)
     later += entries_[b].ready.size() - entries_[b].ready_count;
   if (later) msg += "; later buckets miss " + std::to_string(later) + " more";
-  if (finished_ < next_launch_)
-    msg += "; bucket #" + std::to_string(finished_) + " is still communicating";
+  if (first_unfinished_locked() < next_launch_)
+    msg += "; bucket #" + std::to_string(first_unfinished_locked()) + " is still communicating";
   return msg;
 }
 
@@ -330,39 +351,44 @@ void Engine::wait() {
     }
     throw Error("the engine is unusable after an earlier failure: " + broken_);
   };
-  if (error_) raise_failure();
-  if (!in_step_) return;
+  if (error_ && error_raised_) raise_failure();
+  if (!in_step_ && !error_) return;
 
   const auto begun = Clock::now();
   const auto unready_deadline = begun + timeout_;
   const auto watchdog = timeout_ + timeout_ / 2;
   for (;;) {
-    if (error_) raise_failure();
     if (closed_) throw Error("engine closed during wait()");
     const size_t n = entries_.size();
-    if (next_launch_ == n && finished_ == n) {
+    const size_t running = first_unfinished_locked();
+    // After a failure the buckets other lanes still run end first (or meet the
+    // watchdog): once wait() raises, no comm thread touches the buckets.
+    if (error_ && running == next_launch_) raise_failure();
+    if (!error_ && next_launch_ == n && finished_ == n) {
       reset_step_locked();
       ++steps_;
       return;
     }
     auto deadline = Clock::time_point::max();
-    if (next_launch_ < n) deadline = unready_deadline;
-    if (finished_ < next_launch_) {
-      const BucketTiming& t = entries_[finished_].timing;
+    if (!error_ && next_launch_ < n) deadline = unready_deadline;
+    if (running < next_launch_) {
+      const BucketTiming& t = entries_[running].timing;
       const auto since = std::max(begun, from_ns(t.start_ns >= 0 ? t.start_ns : t.launch_ns));
       deadline = std::min(deadline, since + watchdog);
     }
     if (done_cv_.wait_until(lk, deadline) == std::cv_status::no_timeout) continue;
     if (Clock::now() < deadline) continue;
-    if (error_ || (next_launch_ == n && finished_ == n)) continue;
+    if (error_) raise_failure();  // a bucket still in flight after the failure overran the watchdog
+    if (next_launch_ == n && finished_ == n) continue;
     if (next_launch_ < n && Clock::now() >= unready_deadline) {
       fail_locked(std::make_exception_ptr(TimeoutError(unready_report_locked())));
     } else {
-      const Entry& e = entries_[finished_];
+      const Entry& e = entries_[running];
       fail_locked(std::make_exception_ptr(TimeoutError(
-                      e.bucket->describe(position(finished_)) + " did not finish within " +
+                      e.bucket->describe(position(running)) + " did not finish within " +
                       seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
                       " of its start (a peer may be stuck)")));
+      raise_failure();
     }
   }
 }

@@ -1,21 +1,32 @@
 // The overlap engine of one process group: ordered buckets, readiness, and
-// one comm thread that runs each bucket's op chain.
+// comm threads that run each bucket's op chain.
 //
 // Launch rule: a bucket launches when all its slots are marked ready AND every
 // earlier bucket (registration order) has launched. Every rank therefore
 // issues the same collectives in the same order, without negotiation.
 //
+// Lanes: the engine has one or more lanes, each a set of communicators only it
+// uses and one comm thread. Bucket i runs on lane i % lanes, and each lane
+// runs its buckets in launch order, so every communicator still sees the same
+// collectives in the same order on every rank. With two lanes consecutive
+// buckets pipeline: one compresses, packs or reduces on the CPU while the
+// other's bytes are on the wire, and the link is not left idle between them.
+// Ops are made for their bucket's lane (comms_for).
+//
 // A step begins with the first mark_ready after wait() (or construction) and
 // ends with wait(), which blocks until every bucket has launched and finished,
 // then resets readiness. wait() raises, in the caller:
-//   * the first error of the comm thread, with the same type (TimeoutError,
+//   * the first error of a comm thread, with the same type (TimeoutError,
 //     PeerError, ...), its message prefixed by the bucket, its tensors and the op;
 //   * TimeoutError naming the tensors never marked ready, when some bucket has
 //     not launched `timeout` after wait() began;
 //   * TimeoutError when a launched bucket runs longer than 1.5 x timeout
 //     (a watchdog; communicators normally fail sooner with their own timeout).
-// After any such error the engine is broken: mark_ready is ignored and every
-// later wait() raises, since ranks can no longer agree on what was sent.
+// wait() raises only once no lane runs a bucket any more (the others' running
+// buckets end on their own, or meet the watchdog), so no comm thread touches
+// the buckets afterwards. After any such error the engine is broken:
+// mark_ready is ignored, the lanes skip their queued buckets and every later
+// wait() raises, since ranks can no longer agree on what was sent.
 //
 // Thread safety: mark_ready may be called from any thread; registration
 // (add_bucket, append_op, ...) only between steps. Nothing here touches the
@@ -47,7 +58,7 @@ namespace bagua {
 struct BucketTiming {
   int64_t ready_ns = -1;   // its last tensor was marked ready
   int64_t launch_ns = -1;  // all slots ready and earlier buckets launched
-  int64_t start_ns = -1;   // the comm thread began its op chain
+  int64_t start_ns = -1;   // its lane's comm thread began its op chain
   int64_t end_ns = -1;     // the op chain finished (or failed)
 };
 
@@ -55,13 +66,16 @@ int64_t monotonic_ns();
 
 class Engine {
  public:
-  // timeout: see wait(). Starts the comm thread.
-  Engine(CommSet comms, std::chrono::milliseconds timeout);
+  // One lane per CommSet (at least one); timeout: see wait(). Starts the comm threads.
+  Engine(std::vector<CommSet> lanes, std::chrono::milliseconds timeout);
   ~Engine();  // close()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  const CommSet& comms() const { return comms_; }
+  const CommSet& comms() const { return lanes_.front().comms; }  // lane 0's
+  size_t num_lanes() const { return lanes_.size(); }
+  // The communicators the ops of bucket `index` must be made with.
+  const CommSet& comms_for(size_t index) const { return lanes_[index % lanes_.size()].comms; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // ---- registration (between steps) ----
@@ -99,8 +113,8 @@ class Engine {
   bool in_step() const;
   bool broken() const;
 
-  // Stops the comm thread after the bucket it runs, if any (queued buckets are
-  // dropped) and joins it. Idempotent; later calls raise Error.
+  // Stops the comm threads after the buckets they run, if any (queued buckets
+  // are dropped) and joins them. Idempotent; later calls raise Error.
   void close();
 
  private:
@@ -111,7 +125,13 @@ class Engine {
     size_t ready_count = 0;
     size_t padding_count = 0;
     BucketTiming timing;
+    bool finished = false;               // this step (ran, failed or skipped)
     std::vector<int64_t> slot_ready_ns;  // filled while record_ready_
+  };
+  struct Lane {
+    CommSet comms;
+    std::deque<size_t> queue;  // launched buckets of this lane, in order
+    std::thread thread;
   };
 
   void check_usable_locked() const;
@@ -123,23 +143,22 @@ class Engine {
   void fail_locked(std::exception_ptr error);
   std::string unready_report_locked() const;
   std::string position(size_t index) const;  // "#i of n"
-  void comm_loop();
-  std::vector<OpDesc> predict_step_locked() const;
+  size_t first_unfinished_locked() const;     // lowest launched bucket still running; next_launch_ if none
+  void comm_loop(size_t lane);
+  std::vector<OpDesc> predict_step_locked(size_t lane) const;
 
-  CommSet comms_;
+  std::vector<Lane> lanes_;
   const std::chrono::milliseconds timeout_;
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;  // comm thread: queue or stop
+  std::condition_variable work_cv_;  // comm threads: queue or stop
   std::condition_variable done_cv_;  // wait(): progress or failure
   std::vector<Entry> entries_;
   std::unordered_map<std::string, std::pair<size_t, size_t>> by_name_;
-  std::deque<size_t> queue_;
   bool in_step_ = false;
   bool record_ready_ = false;
   size_t next_launch_ = 0;  // buckets [0, next_launch_) launched this step
-  size_t finished_ = 0;     // buckets [0, finished_) finished this step
-  int64_t running_ = -1;    // bucket on the comm thread, or -1
+  size_t finished_ = 0;     // how many of them finished
   uint64_t launches_ = 0;
   uint64_t steps_ = 0;
   std::exception_ptr error_;    // first failure, raised once by wait()
@@ -147,7 +166,6 @@ class Engine {
   std::string broken_;          // non-empty once broken
   bool stop_ = false;
   bool closed_ = false;
-  std::thread thread_;
 };
 
 }  // namespace bagua
