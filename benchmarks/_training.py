@@ -12,6 +12,7 @@ benchmark scripts import this module without them.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -27,11 +28,26 @@ BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Ba
                     "Bagua Async": "AsyncModelAverageAlgorithm"}
 
 
+ONE_LANE = " 1 lane"
+
+
 def wrap(name, model, opt):
     """Makes ``model`` data-parallel with configuration ``name``; returns (module to call, close).
 
     Names: ``DDP``, ``DDP+fp16``, ``DDP+PowerSGD``, ``no communication``, ``Bagua QAdam`` (``opt``
-    must be a QAdamOptimizer), ``Bagua GradientAllReduce 25MiB`` and the keys of BAGUA_ALGORITHMS."""
+    must be a QAdamOptimizer), ``Bagua GradientAllReduce 25MiB`` and the keys of BAGUA_ALGORITHMS;
+    a Bagua name ending in " 1 lane" builds its engine with one lane (``BAGUA_ENGINE_LANES=1``)
+    instead of the default two, so both run side by side."""
+    if name.endswith(ONE_LANE):
+        saved = os.environ.get("BAGUA_ENGINE_LANES")
+        os.environ["BAGUA_ENGINE_LANES"] = "1"  # read once, when the model is wrapped
+        try:
+            return wrap(name[:-len(ONE_LANE)], model, opt)
+        finally:
+            if saved is None:
+                del os.environ["BAGUA_ENGINE_LANES"]
+            else:
+                os.environ["BAGUA_ENGINE_LANES"] = saved
     if name == "no communication":
         return model, lambda: None
     if name.startswith("DDP"):
@@ -81,7 +97,7 @@ class Trainer:
         self.name, self.batches, self.i = name, batches, 0
         torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
         model = make_model()
-        if name == "Bagua QAdam":
+        if name.removesuffix(ONE_LANE) == "Bagua QAdam":
             from bagua_torch.algorithms import QAdamOptimizer
             # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
             self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=1e-3)
@@ -268,10 +284,16 @@ def quartiles(xs):
 
 
 def parse_configs(parser, text, known, baseline):
-    """``--configs`` ("a,b,..."): each must be in ``known``, and ``baseline``
-    (what the ratios divide by) must be among them; errors through ``parser``."""
+    """``--configs`` ("a,b,..."): each must be in ``known`` (a Bagua one may end in
+    " 1 lane", see :func:`wrap`), and ``baseline`` (what the ratios divide by) must be
+    among them; errors through ``parser``."""
     configs = tuple(c.strip() for c in text.split(",") if c.strip())
-    unknown = [c for c in configs if c not in known]
+
+    def is_known(c):
+        base = c[:-len(ONE_LANE)] if c.endswith(ONE_LANE) else c
+        return base in known and (base == c or base.startswith("Bagua") and base != "Bagua Async")
+
+    unknown = [c for c in configs if not is_known(c)]
     if unknown:
         parser.error(f"unknown configuration(s) {unknown}; choose from {list(known)}")
     if baseline not in configs:

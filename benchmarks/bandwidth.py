@@ -24,6 +24,9 @@ rank), side by side in the same processes (benchmarks/_training.py):
     JAX Bagua GradientAllReduce    Flax, ``optax.chain(bagua_jax.transform(GradientAllReduceAlgorithm()),
                                    optax.sgd(0.01, momentum=0.9))`` under jax.jit
 
+A Bagua configuration followed by " 1 lane" (e.g. ``Bagua ByteGrad 1 lane``) runs with one engine lane
+(``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other) beside the default two.
+
 SGD with momentum (lr 0.01, 0.9) except QAdam (lr 1e-3, eps 1e-3, warming up during the untimed
 steps, so the timed steps communicate compressed momentum). One torch thread and single-threaded
 XLA per process.

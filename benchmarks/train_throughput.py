@@ -42,6 +42,9 @@ SGD with momentum, in the same processes:
     Bagua GradientAllReduce 25MiB
                           the same through ``bagua_torch.DistributedDataParallel`` with
                           ``bucket_cap_mb=25``, DDP's bucket size
+    <Bagua config> 1 lane  any Bagua configuration but Async with one engine lane
+                          (``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other)
+                          instead of the default two; not in the default list
     no communication      each rank trains alone: the compute-only upper bound, which shows
                           how much of a step communication costs
 
@@ -58,7 +61,7 @@ DDP's samples/s in the same round, and the middle half of the rounds
 
 Each process uses one torch thread (``torch.set_num_threads(1)``): 2 processes
 on 2 cores. Communication runs on the frameworks' own threads (gloo's for DDP,
-the engine's comm thread for Bagua).
+the engine's comm threads, one per lane, for Bagua).
 """
 
 from __future__ import annotations

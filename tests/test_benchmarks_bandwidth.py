@@ -217,3 +217,32 @@ def test_run_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path):
     p = _run("--cleanup", timeout=30)
     assert p.returncode == 0, _explain(p)
     assert _own_netns(proc.pid) == []
+
+
+LANES_SCRIPT = os.path.join(REPO, "benchmarks", "engine_lanes.py")
+LANES_TINY = ("--rounds", "2", "--buckets", "3", "--bucket-mib", "0.25")
+
+
+def _lanes(*args, timeout=60):
+    return subprocess.run([sys.executable, LANES_SCRIPT, *args], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+@pytest.mark.timeout(80)
+def test_engine_lanes_benchmark_over_loopback():
+    for step in ("bytegrad", "centralized_allreduce"):
+        p = _lanes("--no-shaping", "--step", step, *LANES_TINY)
+        assert p.returncode == 0, _explain(p)  # the engines' results were also compared bitwise
+        assert f"{step}, 3 buckets" in p.stdout and "link loopback" in p.stdout, _explain(p)
+        assert "1 lane :" in p.stdout and "2 lanes:" in p.stdout and "x the one-lane speed" in p.stdout, _explain(p)
+    p = _lanes("--buckets", "1")
+    assert p.returncode == 2 and "--buckets must be >= 2" in p.stderr, _explain(p)
+
+
+@needs_netns
+@pytest.mark.timeout(80)
+def test_engine_lanes_benchmark_on_a_shaped_link_removes_its_hosts():
+    before = set(_hosts.list_netns())
+    p = _lanes("--rate", "1gbit", *LANES_TINY)
+    assert p.returncode == 0 and "link 1gbit" in p.stdout, _explain(p)
+    assert set(_hosts.list_netns()) == before

@@ -67,3 +67,19 @@ def test_async_straggler_smoke_run(tmp_path):
     for r in doc["results"]:
         assert all(x["samples_per_s"] > 0 for x in r["per_rank"]), r
     assert "| Bagua Async |" in p.stdout
+
+
+def test_one_lane_variants_run_beside_the_default(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    configs = ["DDP", "Bagua ByteGrad", "Bagua ByteGrad 1 lane", "Bagua QAdam 1 lane"]
+    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--timeout", "60", "--configs", ",".join(configs)],
+                       cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=80)
+    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    rows = {line.split("|")[1].strip() for line in p.stdout.splitlines() if line.startswith("| ")}
+    assert set(configs) <= rows, p.stdout
+    bad = subprocess.run([sys.executable, SCRIPT, "--smoke", "--configs", "DDP,DDP 1 lane"], cwd=REPO, env=env,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert bad.returncode == 2 and "unknown configuration" in bad.stderr, bad.stderr
