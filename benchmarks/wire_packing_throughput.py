@@ -1,6 +1,7 @@
 """Speed of the top-byte packing kernel (kernels/top_byte_pack.h) on one core,
 next to memcpy of the same float32 bytes: pack, unpack and unpack-add of
-gradient-like data (normal, scale 1e-3), and the packed size.
+gradient-like data (normal, scale 1e-3), and the packed size. Each figure is
+the best of --repeat runs in CPU time after a warm-up run.
 
     python benchmarks/wire_packing_throughput.py [--mib 64] [--repeat 5]
 """

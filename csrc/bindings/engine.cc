@@ -344,7 +344,6 @@ wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)d
       .def(
           "append_op",
           [](Engine& e, size_t bucket, const std::string& name, const py::dict& params) {
-            if (bucket >= e.num_buckets()) throw InvalidArgument("append_op: no bucket " + std::to_string(bucket));
             auto op = std::make_shared<StepOp>(make_step(name, e.comms_for(bucket), step_params(name, params)));
             e.append_op(bucket, op);
             return op;

@@ -10,7 +10,7 @@
 // runs its buckets in launch order, so every communicator still sees the same
 // collectives in the same order on every rank. With two lanes consecutive
 // buckets pipeline: one compresses, packs or reduces on the CPU while the
-// other's bytes are on the wire, and the link is not left idle between them.
+// other's bytes are on the wire.
 // Ops are made for their bucket's lane (comms_for).
 //
 // A step begins with the first mark_ready after wait() (or construction) and
