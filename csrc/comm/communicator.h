@@ -22,8 +22,6 @@
 
 namespace bagua {
 
-using Stream = void*;
-
 class Communicator {
  public:
   virtual ~Communicator() = default;

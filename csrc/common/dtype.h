@@ -31,6 +31,10 @@ enum class ReduceOp : int {
 
 enum class DeviceType : int { kCPU = 0, kCUDA = 1 };
 
+// A device stream's native handle: cudaStream_t on CUDA, the host device's
+// queue (device/device.h), or null for plain synchronous host work.
+using Stream = void*;
+
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::kFloat64:
