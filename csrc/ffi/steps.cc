@@ -12,12 +12,12 @@ namespace {
 
 // Scratch memory of the steps run by this thread, and the adapter's own
 // (gathered buckets), kept apart so their slots never collide.
-HostScratch& step_scratch() {
-  thread_local HostScratch scratch;
+GrowOnlyScratch& step_scratch() {
+  thread_local GrowOnlyScratch scratch;
   return scratch;
 }
-HostScratch& bucket_scratch() {
-  thread_local HostScratch scratch;
+GrowOnlyScratch& bucket_scratch() {
+  thread_local GrowOnlyScratch scratch;
   return scratch;
 }
 enum BucketSlot { kDataSlot = 0, kResultSlot = 1, kStateSlot = 2 };

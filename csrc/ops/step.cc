@@ -9,7 +9,7 @@
 
 namespace bagua {
 
-void* HostScratch::get(int slot, size_t nbytes) {
+void* GrowOnlyScratch::get(int slot, size_t nbytes) {
   if (slot < 0) throw InvalidArgument("scratch slot must be >= 0");
   const size_t i = static_cast<size_t>(slot);
   if (memory_.size() <= i) {
@@ -17,7 +17,7 @@ void* HostScratch::get(int slot, size_t nbytes) {
     sizes_.resize(i + 1, 0);
   }
   if (!memory_[i] || sizes_[i] < nbytes) {
-    memory_[i] = allocate_host_memory(nbytes);
+    memory_[i] = device_ ? device_->allocate(nbytes) : allocate_host_memory(nbytes);
     sizes_[i] = nbytes;
   }
   return memory_[i].get();

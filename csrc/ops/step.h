@@ -33,6 +33,7 @@
 
 #include "comm/communicator.h"
 #include "common/dtype.h"
+#include "device/device.h"
 #include "ops/comm_set.h"
 
 namespace bagua {
@@ -55,20 +56,29 @@ class Scratch {
   virtual void* get(int slot, size_t nbytes) = 0;
 };
 
-// Grow-only host scratch: allocated once per slot, reused by later runs.
-class HostScratch : public Scratch {
+// Grow-only scratch: allocated once per slot (on `device`, or in plain host
+// memory without one), reused by later runs. A slot only grows when a run
+// asks for more than before, so steady-state steps allocate nothing.
+class GrowOnlyScratch : public Scratch {
  public:
+  explicit GrowOnlyScratch(DevicePtr device = nullptr) : device_(std::move(device)) {}
   void* get(int slot, size_t nbytes) override;
 
  private:
+  DevicePtr device_;
   std::vector<std::shared_ptr<void>> memory_;
   std::vector<size_t> sizes_;
 };
 
+// Where a step runs. Plain host (device == kCPU, no `dev`): element math runs
+// at once on the calling thread. On a Device (`dev` set, device/device.h):
+// element math, copies and memsets are enqueued on `stream` (CUDA launches,
+// or the host device's queue), and communicators get `stream`.
 struct ExecContext {
   DeviceType device = DeviceType::kCPU;
-  Stream stream = nullptr;  // cudaStream_t on CUDA
+  Stream stream = nullptr;  // cudaStream_t on CUDA, the host device's queue
   Scratch* scratch = nullptr;
+  Device* dev = nullptr;    // null: plain host
 };
 
 // Hyperparameters of a step. Typed getters throw InvalidArgument naming the

@@ -87,7 +87,7 @@ class AsyncAverager {
   std::shared_ptr<const AsyncModelAverageStep> step_;
   std::vector<BucketPtr> weights_;
   std::vector<std::shared_ptr<void>> snapshots_, averages_;
-  HostScratch scratch_;
+  GrowOnlyScratch scratch_;
   const std::chrono::milliseconds timeout_;
 
   mutable std::mutex mu_;

@@ -56,7 +56,7 @@ class StepOp : public Op {
   BucketPtr bucket_;
   std::shared_ptr<void> result_;
   std::shared_ptr<void> state_;
-  HostScratch scratch_;
+  GrowOnlyScratch scratch_;
   std::atomic<int64_t> counter_{0};
   std::atomic<bool> last_communicated_{false};
   std::atomic<bool> running_{false};
