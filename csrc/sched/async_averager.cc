@@ -88,6 +88,7 @@ void AsyncAverager::start() {
   join_finished();
   std::lock_guard<std::mutex> l(mu_);
   stop_requested_ = false;
+  finishing_ = false;
   running_ = true;
   thread_ = std::thread([this] { loop(); });
 }
@@ -100,9 +101,13 @@ void AsyncAverager::abort() {
       cv_.notify_all();
       if (!cv_.wait_for(l, timeout_, [&] { return !running_; })) {
         stop_requested_ = false;  // withdrawn: see the header
-        throw TimeoutError(describe() + ": abort() waited " + seconds(timeout_) +
-                           " for the other ranks to call abort() too; the averaging goes on: call abort() on "
-                           "every rank");
+        // bounded by the round's own collective timeout
+        cv_.wait(l, [&] { return !deciding_ || !running_; });
+        if (!finishing_)
+          throw TimeoutError(describe() + ": abort() waited " + seconds(timeout_) +
+                             " for the other ranks to call abort() too; the averaging goes on: call abort() on "
+                             "every rank");
+        cv_.wait(l, [&] { return !running_; });
       }
     }
   }
@@ -199,8 +204,15 @@ void AsyncAverager::loop() {
         cv_.wait_for(l, interval, [&] { return stop_requested_ || closing_; });
         if (closing_) break;
         stop = stop_requested_;
+        deciding_ = true;
       }
       const bool all = step_->all_stopped(stop);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        deciding_ = false;
+        finishing_ = all;
+      }
+      cv_.notify_all();
       round();
       if (all) break;  // that was the last round, with training stopped on every rank
     }
@@ -212,6 +224,7 @@ void AsyncAverager::loop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     running_ = false;
+    deciding_ = false;
   }
   cv_.notify_all();
 }

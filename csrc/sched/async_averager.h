@@ -51,7 +51,10 @@ class AsyncAverager {
   // or TimeoutError when the other ranks did not abort within the timeout: the
   // request is then withdrawn (the loop keeps running as if abort() had not
   // been called, so a rank that goes back to training is never stopped by the
-  // others' later abort()); call abort() again on every rank.
+  // others' later abort()); call abort() again on every rank. A round that
+  // read the request before the withdrawal is collective: its decision
+  // stands, so abort() waits for it and returns normally when that round
+  // found every rank stopping (the peers' loops end with it).
   void abort();
   // The weight lock, for the training thread. lock_weights() raises the
   // loop's failure instead of blocking once the loop failed.
@@ -96,6 +99,8 @@ class AsyncAverager {
   bool loop_waiting_ = false;   // the loop waits for the weight lock
   bool running_ = false;
   bool stop_requested_ = false;
+  bool deciding_ = false;   // a round's all_stopped() is in flight
+  bool finishing_ = false;  // a round found every rank stopping: the loop ends after it
   bool closing_ = false;
   uint64_t rounds_ = 0;
   bool test_hold_ = false;     // test_hold(true)
