@@ -11,8 +11,8 @@ std::string padding_slot_name(const std::string& bucket_name) {
   return "bagua_padding_tensor_bucket_" + bucket_name;
 }
 
-Bucket::Bucket(std::string name, DType dtype, std::vector<SlotSpec> specs, size_t alignment)
-    : name_(std::move(name)), dtype_(dtype), alignment_(alignment) {
+Bucket::Bucket(std::string name, DType dtype, std::vector<SlotSpec> specs, size_t alignment, DevicePtr device)
+    : name_(std::move(name)), dtype_(dtype), alignment_(alignment), device_(std::move(device)) {
   if (!is_valid_dtype(static_cast<int>(dtype)))
     throw InvalidArgument("bucket '" + name_ + "': unknown dtype " + std::to_string(static_cast<int>(dtype)));
   if (alignment == 0) throw InvalidArgument("bucket '" + name_ + "': alignment must be >= 1");
@@ -43,7 +43,7 @@ Bucket::Bucket(std::string name, DType dtype, std::vector<SlotSpec> specs, size_
     offset += pad;
   }
   numel_ = offset;
-  memory_ = allocate_host_memory(nbytes());
+  memory_ = device_ ? device_->allocate(nbytes()) : allocate_host_memory(nbytes());
 }
 
 int64_t Bucket::find_slot(const std::string& name) const {

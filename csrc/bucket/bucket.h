@@ -1,4 +1,6 @@
-// A bucket: one flat, core-owned host buffer of ONE dtype holding named slots.
+// A bucket: one flat, core-owned buffer of ONE dtype holding named slots, in
+// host memory or on a Device (device/device.h: CUDA, or the host
+// implementation the suite runs the device path on).
 //
 // Frontends view each slot zero-copy (parameters or gradients become views of
 // the bucket), so the engine communicates the whole bucket with one call per
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "device/device.h"
 
 namespace bagua {
 
@@ -36,8 +39,10 @@ struct Slot {
 class Bucket {
  public:
   // Throws InvalidArgument on an empty slot list, duplicate or empty names,
-  // negative dimensions or alignment 0.
-  Bucket(std::string name, DType dtype, std::vector<SlotSpec> slots, size_t alignment = 1);
+  // negative dimensions or alignment 0. Without a device the memory is plain
+  // host memory; with one it comes from device->allocate().
+  Bucket(std::string name, DType dtype, std::vector<SlotSpec> slots, size_t alignment = 1,
+         DevicePtr device = nullptr);
 
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
@@ -46,6 +51,10 @@ class Bucket {
   size_t payload_numel() const { return payload_numel_; }  // padding excluded
   size_t nbytes() const { return numel_ * dtype_size(dtype_); }
   void* data() const { return memory_.get(); }
+  // Null for plain host memory.
+  const DevicePtr& device() const { return device_; }
+  DeviceType device_type() const { return device_ ? device_->type() : DeviceType::kCPU; }
+  int device_index() const { return device_ ? device_->index() : 0; }
   // Keeps the memory alive (DLPack exports hold it).
   const std::shared_ptr<void>& memory() const { return memory_; }
 
@@ -69,6 +78,7 @@ class Bucket {
   std::vector<Slot> slots_;
   size_t numel_ = 0;
   size_t payload_numel_ = 0;
+  DevicePtr device_;
   std::shared_ptr<void> memory_;
 };
 

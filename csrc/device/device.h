@@ -91,5 +91,8 @@ DevicePtr cuda_device(int index);
 
 // A new host implementation; `delay` is added before each queued task.
 DevicePtr host_device(std::chrono::microseconds delay = std::chrono::microseconds(0));
+// A stream of a host implementation with a delay of its own (tests make one
+// side of an ordering slow); InvalidArgument for other devices.
+Stream new_host_stream(Device& host, std::chrono::microseconds delay);
 
 }  // namespace bagua

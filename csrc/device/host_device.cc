@@ -155,9 +155,10 @@ class HostDevice : public Device {
   }
   std::shared_ptr<void> allocate_pinned(size_t nbytes) override { return allocate(nbytes); }
 
-  Stream new_stream() override {
+  Stream new_stream() override { return new_stream(delay_); }
+  Stream new_stream(std::chrono::microseconds delay) {
     std::lock_guard<std::mutex> lock(mu_);
-    queues_.push_back(std::make_unique<HostQueue>(delay_));
+    queues_.push_back(std::make_unique<HostQueue>(delay));
     return queues_.back().get();
   }
 
@@ -208,6 +209,13 @@ class HostDevice : public Device {
 DevicePtr host_device(std::chrono::microseconds delay) {
   if (delay.count() < 0) throw InvalidArgument("host device: delay must be >= 0");
   return std::make_shared<HostDevice>(delay);
+}
+
+Stream new_host_stream(Device& host, std::chrono::microseconds delay) {
+  auto* d = dynamic_cast<HostDevice*>(&host);
+  if (!d) throw InvalidArgument(host.describe() + ": streams with a delay of their own exist on host devices only");
+  if (delay.count() < 0) throw InvalidArgument("host device: delay must be >= 0");
+  return d->new_stream(delay);
 }
 
 }  // namespace bagua

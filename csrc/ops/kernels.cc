@@ -1,5 +1,8 @@
 #include "ops/kernels.h"
 
+#include <cstring>
+#include <utility>
+
 #include "buffer/buffer.h"
 #include "common/error.h"
 #include "kernels/compress_cpu.h"
@@ -20,11 +23,20 @@ namespace {
 #endif
 }
 
+// Plain host: `work` runs now. On a Device whose memory the host touches (the
+// host implementation): it is enqueued on the context's stream, so it runs in
+// stream order like a CUDA launch.
+template <typename Work>
+void on_host(const ExecContext& ctx, Work&& work) {
+  if (ctx.dev == nullptr) return work();
+  ctx.dev->enqueue_host(ctx.stream, std::forward<Work>(work));
+}
+
 }  // namespace
 
 void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
               int64_t target_chunk) {
-  if (ctx.device == DeviceType::kCPU) return minmax_uint8::compress_cpu(src, n, dtype, n_chunks, dst, target_chunk);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { minmax_uint8::compress_cpu(src, n, dtype, n_chunks, dst, target_chunk); });
 #ifdef BAGUA_WITH_CUDA
   return minmax_uint8::compress_cuda(src, n, dtype, n_chunks, dst, target_chunk, ctx.stream);
 #else
@@ -34,8 +46,7 @@ void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, si
 
 void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
                 int64_t target_chunk) {
-  if (ctx.device == DeviceType::kCPU)
-    return minmax_uint8::decompress_cpu(src, n, dtype, n_chunks, dst, target_chunk);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { minmax_uint8::decompress_cpu(src, n, dtype, n_chunks, dst, target_chunk); });
 #ifdef BAGUA_WITH_CUDA
   return minmax_uint8::decompress_cuda(src, n, dtype, n_chunks, dst, target_chunk, ctx.stream);
 #else
@@ -45,8 +56,7 @@ void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, 
 
 void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
                    bool average, void* dst) {
-  if (ctx.device == DeviceType::kCPU)
-    return minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); });
 #ifdef BAGUA_WITH_CUDA
   return minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, ctx.stream);
 #else
@@ -55,34 +65,45 @@ void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, si
 }
 
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
-  if (ctx.device == DeviceType::kCPU) return average_into_cpu(acc, other, count, dtype);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { average_into_cpu(acc, other, count, dtype); });
   no_cuda("weight averaging");
 }
 
 void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l, const void* r, size_t count,
                   DType dtype) {
-  if (ctx.device == DeviceType::kCPU) return replica_diff_cpu(t, w, l, r, count, dtype);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { replica_diff_cpu(t, w, l, r, count, dtype); });
   no_cuda("the replica difference");
 }
 
 void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
-  if (ctx.device == DeviceType::kCPU) return add_into_cpu(acc, other, count, dtype);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { add_into_cpu(acc, other, count, dtype); });
   no_cuda("adding");
 }
 
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta) {
-  if (ctx.device == DeviceType::kCPU) return momentum_update_cpu(m, g, count, dtype, beta);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { momentum_update_cpu(m, g, count, dtype, beta); });
   no_cuda("QAdam's momentum update");
 }
 
 void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count,
                    DType dtype) {
-  if (ctx.device == DeviceType::kCPU) return apply_average_cpu(w, snapshot, avg, count, dtype);
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { apply_average_cpu(w, snapshot, avg, count, dtype); });
   no_cuda("applying a model average");
 }
 
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {
-  copy_bytes(dst, src, nbytes, ctx.device);
+  if (ctx.dev == nullptr) return copy_bytes(dst, src, nbytes, ctx.device);
+  ctx.dev->copy_async(dst, src, nbytes, ctx.stream);
+}
+
+void fill_zero(const ExecContext& ctx, void* dst, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (ctx.dev == nullptr) {
+    if (ctx.device != DeviceType::kCPU) throw InvalidArgument("zeroing device memory needs the context's Device");
+    std::memset(dst, 0, nbytes);
+    return;
+  }
+  ctx.dev->memset_async(dst, 0, nbytes, ctx.stream);
 }
 
 }  // namespace step_kernels

@@ -1,6 +1,8 @@
 // The element math a step needs, dispatched on the context's device: the host
 // loops of kernels/*_cpu.* on CPU, the launchers of kernels/*_cuda.* on CUDA
-// (enqueued on the context's stream). Only this dispatch differs by device;
+// (enqueued on the context's stream), and on the host implementation of a
+// Device the host loops enqueued on its stream's queue (ExecContext::dev).
+// Only this dispatch differs by device;
 // the steps themselves are written once.
 #pragma once
 
@@ -29,8 +31,10 @@ void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta);
 // w = avg + (w - snapshot) (ops/elementwise.h AsyncAverageMath).
 void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
-// dst <- src, nbytes.
+// dst <- src, nbytes (overlapping allowed on the host).
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
+// dst[0, nbytes) <- 0.
+void fill_zero(const ExecContext& ctx, void* dst, size_t nbytes);
 
 }  // namespace step_kernels
 }  // namespace bagua

@@ -6,11 +6,17 @@
 // bucket's layout, one block, initialised with the bucket's data at bind) and
 // the scratch memory reused across steps. The
 // frontend reads the result with copy_back() after the engine's wait().
+//
+// On a device bucket everything is allocated on the bucket's Device at bind
+// (result, state, and scratch the first steps grow): a step allocates
+// nothing once warm, and its memsets, copies and element math are enqueued
+// on the lane's comm stream.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ops/step.h"
@@ -22,8 +28,9 @@ class StepOp : public Op {
  public:
   explicit StepOp(StepPtr step);
   std::string describe() const override { return step_->describe(); }
-  // Checks dtype and size; allocates the result buffer (a copy of the bucket).
-  void bind(const BucketPtr& bucket) override;
+  // Checks dtype and size; allocates the result buffer (a copy of the bucket)
+  // and the state. On a device the copies run on `stream` and bind waits for them.
+  void bind(const BucketPtr& bucket, Stream stream) override;
   void execute(Bucket& bucket) override;
   bool predict_calls(const Communicator& comm, std::vector<OpDesc>* calls) const override;
 
@@ -48,14 +55,19 @@ class StepOp : public Op {
 
   // bucket <- result, if the step has a result and the last execution
   // communicated. Call only after the engine's wait(); throws Error while the
-  // op runs. Returns whether it copied.
-  bool copy_back();
+  // op runs. Returns whether it copied. On a device the copy is enqueued on
+  // `on` (the framework's stream, which wait() ordered after the comm
+  // stream); without one it runs on the comm stream and copy_back waits.
+  bool copy_back(std::optional<Stream> on = std::nullopt);
 
  private:
   StepPtr step_;
   BucketPtr bucket_;
   std::shared_ptr<void> result_;
   std::shared_ptr<void> state_;
+  ExecContext context(Bucket& bucket);
+
+  Stream stream_ = nullptr;
   GrowOnlyScratch scratch_;
   std::atomic<int64_t> counter_{0};
   std::atomic<bool> last_communicated_{false};
