@@ -75,8 +75,21 @@ size_t Engine::add_bucket(BucketPtr bucket) {
       throw InvalidArgument("add_bucket: tensor '" + s.name + "' of bucket '" + bucket->name() +
                             "' is already in bucket '" + entries_[it->second.first].bucket->name() + "'");
   }
+  if (entries_.empty()) {
+    use_device_locked(bucket->device());
+  } else if (bucket->device() != device_) {
+    throw InvalidArgument("add_bucket: bucket '" + bucket->name() + "' is on " +
+                          (bucket->device() ? bucket->device()->describe() : std::string("host memory")) +
+                          " but the engine's buckets are on " +
+                          (device_ ? device_->describe() : std::string("host memory")) +
+                          " (one device per engine)");
+  }
   Entry e;
   e.bucket = bucket;
+  if (device_) {
+    e.ready_event = device_->new_event();
+    e.done_event = device_->new_event();
+  }
   e.ready.assign(bucket->num_slots(), 0);
   e.slot_ready_ns.assign(bucket->num_slots(), -1);
   for (size_t i = 0; i < bucket->num_slots(); ++i) {
@@ -89,6 +102,12 @@ size_t Engine::add_bucket(BucketPtr bucket) {
   e.ready_count = e.padding_count;
   entries_.push_back(std::move(e));
   return index;
+}
+
+void Engine::use_device_locked(const DevicePtr& device) {
+  if (device == device_) return;
+  device_ = device;
+  for (Lane& lane : lanes_) lane.stream = device_ ? device_->new_stream() : nullptr;
 }
 
 void Engine::clear_buckets() {
@@ -116,7 +135,7 @@ void Engine::append_op(size_t bucket, OpPtr op) {
   std::lock_guard<std::mutex> g(mu_);
   check_idle_locked("append_op");
   if (bucket >= entries_.size()) throw InvalidArgument("append_op: no bucket " + std::to_string(bucket));
-  op->bind(entries_[bucket].bucket);
+  op->bind(entries_[bucket].bucket, lanes_[bucket % lanes_.size()].stream);
   entries_[bucket].ops.push_back(std::move(op));
 }
 
@@ -165,10 +184,15 @@ void Engine::mark_locked(size_t bucket, size_t slot) {
   }
 }
 
-void Engine::launch_ready_locked() {
+void Engine::launch_ready_locked(const std::optional<Stream>& producer) {
   bool launched = false;
   while (next_launch_ < entries_.size() && entries_[next_launch_].ready_count == entries_[next_launch_].ready.size()) {
-    BucketTiming& t = entries_[next_launch_].timing;
+    Entry& e = entries_[next_launch_];
+    if (device_ && producer) {
+      device_->record(e.ready_event, *producer);  // throws for a foreign stream: the caller's bug
+      e.ready_recorded = true;
+    }
+    BucketTiming& t = e.timing;
     t.launch_ns = monotonic_ns();
     if (record_ready_ && t.ready_ns < 0) t.ready_ns = t.launch_ns;  // padding only: ready from the start
     lanes_[next_launch_ % lanes_.size()].queue.push_back(next_launch_);
@@ -179,38 +203,38 @@ void Engine::launch_ready_locked() {
   if (launched) work_cv_.notify_all();
 }
 
-void Engine::mark_ready(size_t bucket, size_t slot) {
+void Engine::mark_ready(size_t bucket, size_t slot, std::optional<Stream> producer) {
   std::lock_guard<std::mutex> g(mu_);
   check_usable_locked();
   mark_locked(bucket, slot);
-  launch_ready_locked();
+  launch_ready_locked(producer);
 }
 
-void Engine::mark_ready(const std::string& slot_name) {
+void Engine::mark_ready(const std::string& slot_name, std::optional<Stream> producer) {
   std::lock_guard<std::mutex> g(mu_);
   check_usable_locked();
   auto it = by_name_.find(slot_name);
   if (it == by_name_.end()) throw InvalidArgument("mark_ready: no tensor named '" + slot_name + "' in any bucket");
   mark_locked(it->second.first, it->second.second);
-  launch_ready_locked();
+  launch_ready_locked(producer);
 }
 
-void Engine::mark_bucket_ready(size_t bucket) {
+void Engine::mark_bucket_ready(size_t bucket, std::optional<Stream> producer) {
   std::lock_guard<std::mutex> g(mu_);
   check_usable_locked();
   if (bucket >= entries_.size()) throw InvalidArgument("mark_bucket_ready: no bucket " + std::to_string(bucket));
   for (size_t s = 0; s < entries_[bucket].ready.size(); ++s)
     if (!entries_[bucket].ready[s]) mark_locked(bucket, s);
-  launch_ready_locked();
+  launch_ready_locked(producer);
 }
 
-void Engine::mark_all_ready() {
+void Engine::mark_all_ready(std::optional<Stream> producer) {
   std::lock_guard<std::mutex> g(mu_);
   check_usable_locked();
   for (size_t b = 0; b < entries_.size(); ++b)
     for (size_t s = 0; s < entries_[b].ready.size(); ++s)
       if (!entries_[b].ready[s]) mark_locked(b, s);
-  launch_ready_locked();
+  launch_ready_locked(producer);
 }
 
 // ---- the comm threads, one per lane --------------------------------------------------
@@ -229,6 +253,10 @@ void Engine::comm_loop(size_t lane) {
     queue.pop_front();
     BucketPtr bucket = entries_[index].bucket;
     std::vector<OpPtr> ops = entries_[index].ops;
+    const DevicePtr device = device_;
+    const Stream stream = lanes_[lane].stream;  // set with the first device bucket
+    const DeviceEventPtr ready_event = entries_[index].ready_recorded ? entries_[index].ready_event : nullptr;
+    const DeviceEventPtr done_event = entries_[index].done_event;
     entries_[index].timing.start_ns = monotonic_ns();
     const bool skip = !broken_.empty();
     std::vector<OpDesc> promise;
@@ -245,6 +273,14 @@ void Engine::comm_loop(size_t lane) {
         failed_op = "expect_calls";
       }
     }
+    if (!skip && !error && ready_event) {
+      try {
+        device->wait(stream, ready_event);
+      } catch (...) {
+        error = std::current_exception();
+        failed_op = "waiting for the producer stream";
+      }
+    }
     if (!skip && !error) {
       for (auto& op : ops) {
         try {
@@ -254,6 +290,14 @@ void Engine::comm_loop(size_t lane) {
           failed_op = op->describe();
           break;
         }
+      }
+    }
+    if (!skip && !error && device) {
+      try {
+        device->record(done_event, stream);
+      } catch (...) {
+        error = std::current_exception();
+        failed_op = "recording the bucket's end";
       }
     }
 
@@ -307,6 +351,7 @@ void Engine::reset_step_locked() {
     for (size_t s = 0; s < e.ready.size(); ++s) e.ready[s] = e.bucket->slot(s).is_padding ? 1 : 0;
     e.ready_count = e.padding_count;
     e.finished = false;
+    e.ready_recorded = false;
   }
   next_launch_ = 0;
   finished_ = 0;
@@ -341,7 +386,7 @@ std::string Engine::unready_report_locked() const {
   return msg;
 }
 
-void Engine::wait() {
+void Engine::wait(std::optional<Stream> consumer) {
   std::unique_lock<std::mutex> lk(mu_);
   check_usable_locked();
   auto raise_failure = [&]() {
@@ -367,6 +412,7 @@ void Engine::wait() {
     if (!error_ && next_launch_ == n && finished_ == n) {
       reset_step_locked();
       ++steps_;
+      if (device_) finish_on_device_locked(lk, consumer);
       return;
     }
     auto deadline = Clock::time_point::max();
@@ -391,6 +437,35 @@ void Engine::wait() {
       raise_failure();
     }
   }
+}
+
+// The device work of a finished step: the consumer stream waits for it, or the
+// caller does (the lock released: a stuck device must not block other
+// callers). A failure there breaks the engine like a comm thread's.
+void Engine::finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer) {
+  const DevicePtr device = device_;
+  std::vector<DeviceEventPtr> done;
+  for (const auto& e : entries_) done.push_back(e.done_event);
+  std::exception_ptr error;
+  if (consumer) {
+    try {
+      for (const auto& event : done) device->wait(*consumer, event);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  } else {
+    lk.unlock();
+    try {
+      for (const auto& event : done) device->synchronize(event, timeout_ + timeout_ / 2);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lk.lock();
+  }
+  if (!error) return;
+  fail_locked(with_prefix(error, "the device's work of the step failed: "));
+  error_raised_ = true;
+  std::rethrow_exception(error_);
 }
 
 // ---- observation --------------------------------------------------------------------

@@ -13,6 +13,17 @@
 // other's bytes are on the wire.
 // Ops are made for their bucket's lane (comms_for).
 //
+// Device buckets (Bucket::device(), device/device.h): every bucket of an
+// engine is on the same Device, and each lane has a comm stream on it. A
+// bucket's op chain is enqueued on its lane's stream after that stream waits
+// for the bucket's ready event, recorded on the producer stream passed to the
+// mark_ready call that launched it (the framework's stream: the gradients of
+// a step are produced in that stream's order, so one event per bucket covers
+// all its tensors). wait(consumer) makes the consumer stream (the one the
+// optimizer runs on) wait for every bucket's done event, or, without a
+// consumer, blocks the caller until the device finished them. On a device,
+// timings' end_ns is when the chain was enqueued, not when the device ran it.
+//
 // A step begins with the first mark_ready after wait() (or construction) and
 // ends with wait(), which blocks until every bucket has launched and finished,
 // then resets readiness. wait() raises, in the caller:
@@ -38,6 +49,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -91,13 +103,20 @@ class Engine {
   std::vector<OpPtr> ops(size_t bucket) const;
 
   // ---- readiness (any thread) ----
-  void mark_ready(size_t bucket, size_t slot);
-  void mark_ready(const std::string& slot_name);
-  void mark_bucket_ready(size_t bucket);
-  void mark_all_ready();
+  // `producer`: the stream that wrote the tensors (device buckets only; none:
+  // their memory is already final, e.g. written by the host).
+  void mark_ready(size_t bucket, size_t slot, std::optional<Stream> producer = std::nullopt);
+  void mark_ready(const std::string& slot_name, std::optional<Stream> producer = std::nullopt);
+  void mark_bucket_ready(size_t bucket, std::optional<Stream> producer = std::nullopt);
+  void mark_all_ready(std::optional<Stream> producer = std::nullopt);
 
   // Ends the step (see above). Returns at once when no step is in progress.
-  void wait();
+  // `consumer`: see "Device buckets" above; ignored for host buckets.
+  void wait(std::optional<Stream> consumer = std::nullopt);
+
+  // The Device of the buckets (null for host buckets) and lane l's comm stream.
+  const DevicePtr& device() const { return device_; }
+  Stream lane_stream(size_t lane) const { return lanes_.at(lane).stream; }
 
   // ---- observation ----
   std::vector<BucketTiming> timings() const;  // current or last step
@@ -127,19 +146,25 @@ class Engine {
     BucketTiming timing;
     bool finished = false;               // this step (ran, failed or skipped)
     std::vector<int64_t> slot_ready_ns;  // filled while record_ready_
+    DeviceEventPtr ready_event;          // device buckets: see above
+    DeviceEventPtr done_event;
+    bool ready_recorded = false;         // this step
   };
   struct Lane {
     CommSet comms;
     std::deque<size_t> queue;  // launched buckets of this lane, in order
     std::thread thread;
+    Stream stream = nullptr;   // device buckets: the lane's comm stream
   };
 
   void check_usable_locked() const;
   void check_idle_locked(const char* what) const;
   void begin_step_locked();
   void mark_locked(size_t bucket, size_t slot);
-  void launch_ready_locked();
+  void launch_ready_locked(const std::optional<Stream>& producer);
+  void use_device_locked(const DevicePtr& device);
   void reset_step_locked();
+  void finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer);
   void fail_locked(std::exception_ptr error);
   std::string unready_report_locked() const;
   std::string position(size_t index) const;  // "#i of n"
@@ -149,6 +174,7 @@ class Engine {
 
   std::vector<Lane> lanes_;
   const std::chrono::milliseconds timeout_;
+  DevicePtr device_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // comm threads: queue or stop
