@@ -45,6 +45,16 @@ broadcasts, primitives). The rule is one comm thread per communicator: one
 engine lane per clone. An engine built directly from communicators
 (``Engine(comm, ...)``) must get ones nobody else uses while it runs.
 
+Devices: ``Engine.for_group(group, device=...)`` puts the buckets on a
+``_C.Device`` (``Device.cuda(i)``; ``Device.host(delay_us)`` is the host
+implementation the test suite runs the device path on). Each lane then has a
+comm stream on it; pass the stream that produced the tensors to
+``mark_ready(name, stream=...)`` and the optimizer's stream to
+``wait(stream=...)``, which makes that stream wait for the step's device work
+(without a stream, ``wait()`` blocks until the device finished). A Gloo
+group serves device buckets through host staging
+(``_C.stage_through_host``), in the order of the lane's stream.
+
 Example (numpy)::
 
     engine = Engine.for_group(bagua_core.init_process_group())
@@ -176,14 +186,14 @@ class Bucket:
         self.engine._core.clear_ops(self.index)
 
     # ---- readiness ----
-    def mark_ready(self, key: Union[int, str]) -> None:
+    def mark_ready(self, key: Union[int, str], stream: Optional[int] = None) -> None:
         slot = key if isinstance(key, int) else self._core.slot_index(key)
         if slot < 0:
             raise ValueError(f"bucket '{self.name}' has no tensor named {key!r}")
-        self.engine._core.mark_ready(self.index, slot)
+        self.engine._core.mark_ready(self.index, slot, stream)
 
-    def mark_all_ready(self) -> None:
-        self.engine._core.mark_bucket_ready(self.index)
+    def mark_all_ready(self, stream: Optional[int] = None) -> None:
+        self.engine._core.mark_bucket_ready(self.index, stream)
 
     def __repr__(self) -> str:
         return f"<Bucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} tensors={len(self.tensor_names)}>"
@@ -196,6 +206,14 @@ def _release(core, groups) -> None:
     finally:
         for group in groups:
             group.close()
+
+
+def _on_device(comm, group, device):
+    """``comm`` (of ``group``) for buckets on ``device``: a host communicator
+    stages them through host memory; NCCL serves device memory itself."""
+    if comm is None or device is None or group.device_type == "cuda":
+        return comm
+    return _C.stage_through_host(comm, device)
 
 
 def default_lanes(group) -> int:
@@ -222,23 +240,26 @@ class Engine:
     """
 
     def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None,
-                 more_lanes: Sequence[tuple] = ()):
+                 more_lanes: Sequence[tuple] = (), device=None):
         self._core = _C.Engine(comm, intra, inter, timeout_s, [tuple(lane) for lane in more_lanes])
         self._comms = (comm, intra, inter)
+        self._device = device
         self._buckets: List[Bucket] = []
         self._groups = []  # the private clones it owns (for_group)
         self._release = None
 
     @classmethod
     def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None,
-                  lanes: Optional[int] = None) -> "Engine":
+                  lanes: Optional[int] = None, device=None) -> "Engine":
         """An engine over private clones of a ``bagua_core`` process group (and,
         with ``hierarchical``, of their intra- and inter-node groups), one per
         lane (default :func:`default_lanes`). Collective: every member of the
         group calls it, in the same order, with the same number of lanes. The
         engine owns the clones: :meth:`close`, garbage collection of the engine,
         closing a clone or ``destroy_process_group()`` stop its comm threads and
-        free the clones' connections and threads."""
+        free the clones' connections and threads. ``device``: a ``_C.Device``
+        for the buckets (see the module docstring); a host (Gloo) group then
+        serves them through host staging."""
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
         lanes = default_lanes(group) if lanes is None else int(lanes)
@@ -254,8 +275,8 @@ class Engine:
                 if hierarchical:
                     intra = own.intra_node_group().comm
                     inter = own.inter_node_group().comm
-                comms.append((own.comm, intra, inter))
-            engine = cls(*comms[0], timeout_s=timeout_s, more_lanes=comms[1:])
+                comms.append(tuple(_on_device(c, group, device) for c in (own.comm, intra, inter)))
+            engine = cls(*comms[0], timeout_s=timeout_s, more_lanes=comms[1:], device=device)
         except BaseException:
             for own in owned:
                 own.close()
@@ -295,7 +316,8 @@ class Engine:
         appends it to the launch order."""
         if alignment < 1:
             raise ValueError(f"alignment must be >= 1, got {alignment}")
-        core = _C.Bucket(str(name), int(as_dtype(dtype)), [(str(n), _shape(s)) for n, s in tensors], int(alignment))
+        core = _C.Bucket(str(name), int(as_dtype(dtype)), [(str(n), _shape(s)) for n, s in tensors], int(alignment),
+                         self._device)
         index = self._core.add_bucket(core)
         bucket = Bucket(self, index, core)
         self._buckets.append(bucket)
@@ -328,18 +350,26 @@ class Engine:
         self._buckets.clear()
 
     # ---- readiness and steps ----
-    def mark_ready(self, name: str) -> None:
-        """Marks the tensor called ``name`` ready for this step (any thread)."""
-        self._core.mark_ready(name)
+    def mark_ready(self, name: str, stream: Optional[int] = None) -> None:
+        """Marks the tensor called ``name`` ready for this step (any thread).
+        ``stream``: on a device, the stream that produced it."""
+        self._core.mark_ready(name, stream)
 
-    def mark_all_ready(self) -> None:
-        self._core.mark_all_ready()
+    def mark_all_ready(self, stream: Optional[int] = None) -> None:
+        self._core.mark_all_ready(stream)
 
-    def wait(self) -> None:
+    def wait(self, stream: Optional[int] = None) -> None:
         """Ends the step: blocks until every bucket has launched and finished,
         then resets readiness. Returns at once when no tensor was marked ready
-        since the last wait()."""
-        self._core.wait()
+        since the last wait(). On a device, ``stream`` (the optimizer's) is
+        made to wait for the step's device work; without it the call blocks
+        until the device finished."""
+        self._core.wait(stream)
+
+    @property
+    def device(self):
+        """The buckets' ``_C.Device`` (None: host memory)."""
+        return self._device
 
     @property
     def steps(self) -> int:

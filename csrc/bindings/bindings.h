@@ -10,6 +10,7 @@ void bind_errors(pybind11::module_& m);
 void bind_store(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
 void bind_buffer(pybind11::module_& m);
+void bind_device(pybind11::module_& m);  // Device: CUDA, or the host implementation
 void bind_ffi(pybind11::module_& m);   // no-op when built without jax
 void bind_cuda(pybind11::module_& m);  // reports availability; no-op without CUDA
 void bind_compression(pybind11::module_& m);  // MinMaxUInt8 on raw addresses

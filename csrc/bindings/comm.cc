@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bindings/bindings.h"
+#include "comm/staged_communicator.h"
 #include "comm/checked_communicator.h"
 #include "comm/communicator.h"
 #include "comm/gloo/packed_allreduce.h"
@@ -276,6 +277,9 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
 
   m.def("_shm_host_identity", &shm_host_identity,
         "For tests: the key two processes must share for a shared-memory allreduce (comm/shm/host_identity.h).");
+  m.def("stage_through_host", &make_staged_communicator, py::arg("comm"), py::arg("device"),
+        "A host communicator (Gloo) serving `device`'s buffers in the order of the call's stream "
+        "(comm/staged_communicator.h).");
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
   m.def("register_communicator", &register_communicator, py::arg("comm"),

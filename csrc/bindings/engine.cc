@@ -17,6 +17,7 @@
 #include "bucket/bucket.h"
 #include "bucket/plan.h"
 #include "comm/communicator.h"
+#include "device/device.h"
 #include "ops/async_model_average.h"
 #include "ops/decentralized.h"
 #include "ops/registry.h"
@@ -38,6 +39,7 @@ struct MemoryView {
   void* data;
   std::vector<int64_t> shape;
   DType dtype;
+  DLDevice device{kDLCPU, 0};  // kDLCUDA for memory of a CUDA Device
 
   size_t numel() const {
     size_t n = 1;
@@ -60,6 +62,8 @@ const char* typestr(DType t) {
 }
 
 py::dict array_interface(const MemoryView& v) {
+  if (v.device.device_type != kDLCPU)
+    throw py::attribute_error("__array_interface__: the memory is on a CUDA device (use DLPack)");
   py::dict d;
   py::tuple shape(v.shape.size());
   for (size_t i = 0; i < v.shape.size(); ++i) shape[i] = py::int_(v.shape[i]);
@@ -70,23 +74,35 @@ py::dict array_interface(const MemoryView& v) {
   return d;
 }
 
-// DLPack export: host memory, views only (the point is sharing memory).
+// DLPack export, views only (the point is sharing memory). The consumer's
+// stream is not waited on: the engine's wait() orders its work before the
+// framework's stream.
 py::object export_view(const MemoryView& v, py::object stream, py::object max_version, py::object dl_device,
                        py::object copy) {
-  // stream is irrelevant on the host.
-  const DLDevice dev{kDLCPU, 0};
+  const DLDevice dev = v.device;
   check_requested_device(dl_device, dev, "engine memory");
   if (copy_requested(copy)) raise_buffer_error("engine memory is exported as views only (copy=True is not supported)");
   return make_dlpack_capsule(ExportSpec{v.owner, v.data, v.shape, v.dtype, dev, false, false}, max_version);
 }
 
+DLDevice dl_device_of(const Bucket& b) {
+  if (b.device_type() == DeviceType::kCUDA) return DLDevice{kDLCUDA, b.device_index()};
+  return DLDevice{kDLCPU, 0};
+}
+
 MemoryView slot_view(const BucketPtr& b, size_t i) {
   const Slot& s = b->slot(i);
-  return MemoryView{b->memory(), b->slot_data(i), s.shape, b->dtype()};
+  return MemoryView{b->memory(), b->slot_data(i), s.shape, b->dtype(), dl_device_of(*b)};
 }
 
 MemoryView bucket_view(const BucketPtr& b) {
-  return MemoryView{b->memory(), b->data(), {static_cast<int64_t>(b->numel())}, b->dtype()};
+  return MemoryView{b->memory(), b->data(), {static_cast<int64_t>(b->numel())}, b->dtype(), dl_device_of(*b)};
+}
+
+// Python's stream handle (an int: cudaStream_t, or a host device's queue; None: no stream).
+std::optional<Stream> stream_arg(const std::optional<uintptr_t>& s) {
+  if (!s) return std::nullopt;
+  return reinterpret_cast<Stream>(*s);
 }
 
 size_t slot_index(const Bucket& b, const py::handle& key) {
@@ -168,7 +184,9 @@ bfloat16 shows as uint16 bits) or by address. Views and their exports keep the
 memory alive.)doc")
       .def("__dlpack__", &export_view, py::kw_only(), py::arg("stream") = py::none(),
            py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
-      .def("__dlpack_device__", [](const MemoryView&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); })
+      .def("__dlpack_device__", [](const MemoryView& v) {
+        return py::make_tuple(static_cast<int>(v.device.device_type), v.device.device_id);
+      })
       .def_property_readonly("address", [](const MemoryView& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("shape", [](const MemoryView& v) { return v.shape; })
       .def_property_readonly("dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")
@@ -183,16 +201,21 @@ memory alive.)doc")
       });
 
   py::class_<Bucket, std::shared_ptr<Bucket>>(m, "Bucket", R"doc(
-A flat, 64-byte aligned, zero-initialised host buffer of one dtype holding named
-tensors (slots) back to back, padded with zeros to a multiple of ``alignment``.)doc")
+A flat, zero-initialised buffer of one dtype holding named tensors (slots) back
+to back, padded with zeros to a multiple of ``alignment``: 64-byte aligned host
+memory, or memory of ``device`` (a ``Device``: CUDA, or the host implementation).)doc")
       .def(py::init([](std::string name, int dtype,
-                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors, size_t alignment) {
+                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors, size_t alignment,
+                       DevicePtr device) {
              std::vector<SlotSpec> specs;
              specs.reserve(tensors.size());
              for (const auto& t : tensors) specs.push_back(SlotSpec{t.first, t.second});
-             return std::make_shared<Bucket>(std::move(name), to_dtype(dtype), std::move(specs), alignment);
+             return std::make_shared<Bucket>(std::move(name), to_dtype(dtype), std::move(specs), alignment,
+                                             std::move(device));
            }),
-           py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1)
+           py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1,
+           py::arg("device") = nullptr)
+      .def_property_readonly("device", &Bucket::device, "The Device of the memory (None: plain host memory).")
       .def_property_readonly("name", &Bucket::name)
       .def_property_readonly("dtype", [](const Bucket& b) { return dtype_code(b.dtype()); }, "DType code.")
       .def_property_readonly("alignment", &Bucket::alignment)
@@ -243,13 +266,19 @@ Engine.wait().)doc")
       .def_property_readonly("communicates_next", &StepOp::communicates_next)
       .def_property_readonly("last_communicated", &StepOp::last_communicated)
       .def_property_readonly("has_result", &StepOp::has_result)
-      .def("copy_back", &StepOp::copy_back, py::call_guard<py::gil_scoped_release>(),
-           "bucket <- result if the step has one and the last execution communicated; returns whether it copied.")
+      .def("copy_back", [](StepOp& o, std::optional<uintptr_t> stream) {
+             const std::optional<Stream> s = stream_arg(stream);
+             py::gil_scoped_release release;
+             return o.copy_back(s);
+           }, py::arg("stream") = py::none(),
+           "bucket <- result if the step has one and the last execution communicated; returns whether it copied. "
+           "Device buckets: enqueued on `stream` (after Engine.wait(stream)), else on the comm stream and waited for.")
       .def("result_view", [](const StepOp& o) {
         const BucketPtr& b = o.bucket();
         if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
         if (!o.has_result()) throw InvalidArgument(o.describe() + " works in place: it has no result buffer");
-        return MemoryView{o.result_memory(), o.result_memory().get(), {static_cast<int64_t>(b->numel())}, b->dtype()};
+        return MemoryView{o.result_memory(), o.result_memory().get(), {static_cast<int64_t>(b->numel())}, b->dtype(),
+                          dl_device_of(*b)};
       }, "Zero-copy 1-D view of the result buffer (the bucket's layout).")
       .def_property_readonly("num_state", &StepOp::num_state, "Number of state spans of the step (0: stateless).")
       .def("state_view", [](const StepOp& o) {
@@ -257,7 +286,7 @@ Engine.wait().)doc")
         if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
         if (o.num_state() == 0) throw InvalidArgument(o.describe() + " keeps no state");
         return MemoryView{o.state_memory(), o.state_memory().get(),
-                          {static_cast<int64_t>(o.num_state()), static_cast<int64_t>(b->numel())}, b->dtype()};
+                          {static_cast<int64_t>(o.num_state()), static_cast<int64_t>(b->numel())}, b->dtype(), dl_device_of(*b)};
       }, "Zero-copy (num_state, bucket numel) view of the step's state (e.g. replicas); read or write it only "
          "between steps.");
 
@@ -359,11 +388,28 @@ wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)d
           "The element-count multiple the step needs on this engine's communicators.")
       .def("clear_ops", &Engine::clear_ops, py::arg("bucket"))
       .def("ops", &Engine::ops, py::arg("bucket"))
-      .def("mark_ready", py::overload_cast<size_t, size_t>(&Engine::mark_ready), py::arg("bucket"), py::arg("slot"))
-      .def("mark_ready", py::overload_cast<const std::string&>(&Engine::mark_ready), py::arg("name"))
-      .def("mark_bucket_ready", &Engine::mark_bucket_ready, py::arg("bucket"))
-      .def("mark_all_ready", &Engine::mark_all_ready)
-      .def("wait", &Engine::wait, py::call_guard<py::gil_scoped_release>())
+      .def("mark_ready", [](Engine& e, size_t bucket, size_t slot, std::optional<uintptr_t> stream) {
+             e.mark_ready(bucket, slot, stream_arg(stream));
+           }, py::arg("bucket"), py::arg("slot"), py::arg("stream") = py::none(),
+           "stream: the stream that produced the tensor (device buckets; None: already final).")
+      .def("mark_ready", [](Engine& e, const std::string& name, std::optional<uintptr_t> stream) {
+             e.mark_ready(name, stream_arg(stream));
+           }, py::arg("name"), py::arg("stream") = py::none())
+      .def("mark_bucket_ready", [](Engine& e, size_t bucket, std::optional<uintptr_t> stream) {
+             e.mark_bucket_ready(bucket, stream_arg(stream));
+           }, py::arg("bucket"), py::arg("stream") = py::none())
+      .def("mark_all_ready", [](Engine& e, std::optional<uintptr_t> stream) { e.mark_all_ready(stream_arg(stream)); },
+           py::arg("stream") = py::none())
+      .def("wait", [](Engine& e, std::optional<uintptr_t> stream) {
+             const std::optional<Stream> s = stream_arg(stream);
+             py::gil_scoped_release release;
+             e.wait(s);
+           }, py::arg("stream") = py::none(),
+           "Ends the step. Device buckets: `stream` (the optimizer's) waits for the step's device work; "
+           "None: the call blocks until the device finished it.")
+      .def_property_readonly("device", &Engine::device, "The buckets' Device (None: host memory).")
+      .def("lane_stream", [](const Engine& e, size_t lane) { return reinterpret_cast<uintptr_t>(e.lane_stream(lane)); },
+           py::arg("lane"), "Lane `lane`'s comm stream handle (0 for host buckets).")
       .def("timings",
            [](const Engine& e) {
              py::list out;

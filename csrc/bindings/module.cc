@@ -7,6 +7,7 @@ PYBIND11_MODULE(_C, m) {
   bagua::bindings::bind_store(m);
   bagua::bindings::bind_comm(m);
   bagua::bindings::bind_buffer(m);
+  bagua::bindings::bind_device(m);
   bagua::bindings::bind_ffi(m);
   bagua::bindings::bind_cuda(m);
   bagua::bindings::bind_compression(m);
