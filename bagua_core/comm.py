@@ -34,6 +34,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from bagua_core import devices
 from bagua_core._loader import _C
 from bagua_core.buffer import Buffer
 from bagua_core.dlpack import DLPackView, _lazy_sign, import_array
@@ -96,11 +97,7 @@ def _view(fn: str, what: str, x, g: ProcessGroup, writable: bool) -> DLPackView:
         v = import_array(x)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: {what}: {e}") from e
-    if v.device_type != g.device_type:
-        raise ValueError(
-            f"{fn}: {what} is a {v.device_type} array but group '{g.name}' communicates on "
-            f"{g.device_type}"
-        )
+    devices.check_group_serves(g, v.device_type, f"{fn}: {what}", v.device_index)
     index = getattr(g.comm, "device_index", None)  # device communicators (NCCL) are bound to one device
     if index is not None and v.device_type == "cuda" and v.device_index != index:
         raise ValueError(f"{fn}: {what} is on cuda:{v.device_index} but group '{g.name}' uses cuda:{index}")
@@ -116,6 +113,15 @@ def _view(fn: str, what: str, x, g: ProcessGroup, writable: bool) -> DLPackView:
             "recv=None to get a new bagua_core.Buffer, or a writable array"
         )
     return v
+
+
+def _comm(g: ProcessGroup, *views: Optional[DLPackView]):
+    """The communicator that serves ``views`` (one device, checked by _view):
+    the group's own, or on a Gloo group with CUDA arrays its staged wrapper."""
+    v = next((x for x in views if x is not None), None)
+    if v is None or v.device_type == g.device_type:
+        return g.comm
+    return devices.staged(g.comm, devices.cuda(v.device_index))
 
 
 def _output(fn: str, recv, g: ProcessGroup, shape: Tuple[int, ...], like: DLPackView):
@@ -224,7 +230,7 @@ def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
     v = _view("send", "tensor", tensor, g, writable=False)
     dst = _root("send", "dst", dst, g)
     if v.numel:
-        g.comm.send(v.address, v.numel, int(v.dtype), dst)
+        _comm(g, v).send(v.address, v.numel, int(v.dtype), dst)
 
 
 @one_caller
@@ -236,7 +242,7 @@ def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
     v = _view("recv", "tensor", tensor, g, writable=True)
     src = _root("recv", "src", src, g)
     if v.numel:
-        g.comm.recv(v.address, v.numel, int(v.dtype), src)
+        _comm(g, v).recv(v.address, v.numel, int(v.dtype), src)
 
 
 # --- collectives -------------------------------------------------------------
@@ -251,7 +257,7 @@ def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> Non
         return
     src = _root("broadcast", "src", src, g)
     v = _view("broadcast", "tensor", tensor, g, writable=g.rank != src)
-    g.comm.broadcast(v.address, v.numel, int(v.dtype), src)
+    _comm(g, v).broadcast(v.address, v.numel, int(v.dtype), src)
 
 
 @one_caller
@@ -270,7 +276,7 @@ def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
     if recv_tensor is not None or g.rank == dst:
         out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
         _expect_numel(fn, "recv", r, s.numel, "same as send")
-    g.comm.reduce(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), code, dst)
+    _comm(g, s, r).reduce(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), code, dst)
     return out
 
 
@@ -284,7 +290,7 @@ def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[Proces
     dst = _root("reduce_inplace", "dst", dst, g)
     v = _view("reduce_inplace", "tensor", tensor, g, writable=g.rank == dst)
     code = _op(op)
-    g.comm.reduce(v.address, v.address, v.numel, int(v.dtype), code, dst)
+    _comm(g, v).reduce(v.address, v.address, v.numel, int(v.dtype), code, dst)
 
 
 @one_caller
@@ -298,7 +304,7 @@ def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[Pr
     code = _op(op)
     out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
     _expect_numel(fn, "recv", r, s.numel, "same as send")
-    g.comm.allreduce(s.address, r.address, s.numel, int(s.dtype), code)
+    _comm(g, s, r).allreduce(s.address, r.address, s.numel, int(s.dtype), code)
     return out
 
 
@@ -309,7 +315,7 @@ def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = N
         return
     v = _view("allreduce_inplace", "tensor", tensor, g, writable=True)
     code = _op(op)
-    g.comm.allreduce(v.address, v.address, v.numel, int(v.dtype), code)
+    _comm(g, v).allreduce(v.address, v.address, v.numel, int(v.dtype), code)
 
 
 @one_caller
@@ -323,7 +329,7 @@ def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = Non
     s = _view(fn, "send", send_tensor, g, writable=False)
     out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
     _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
-    g.comm.allgather(s.address, r.address, s.numel, int(s.dtype))
+    _comm(g, s, r).allgather(s.address, r.address, s.numel, int(s.dtype))
     return out
 
 
@@ -335,7 +341,7 @@ def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
         return
     v = _view("allgather_inplace", "tensor", tensor, g, writable=True)
     n = _chunk("allgather_inplace", "tensor", v, g.size)
-    g.comm.allgather(_offset(v, g.rank * n), v.address, n, int(v.dtype))
+    _comm(g, v).allgather(_offset(v, g.rank * n), v.address, n, int(v.dtype))
 
 
 @one_caller
@@ -352,7 +358,7 @@ def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessG
     if recv_tensor is not None or g.rank == dst:
         out, r = _output(fn, recv_tensor, g, _stacked(g.size, s), s)
         _expect_numel(fn, "recv", r, g.size * s.numel, f"group size {g.size} x send")
-    g.comm.gather(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), dst)
+    _comm(g, s, r).gather(s.address, r.address if r is not None else 0, s.numel, int(s.dtype), dst)
     return out
 
 
@@ -369,11 +375,11 @@ def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGrou
     v = _view(fn, "tensor", tensor, g, writable=g.rank == dst)
     if g.rank != dst:
         _expect_numel(fn, "tensor", v, count, "count on a non-dst rank")
-        g.comm.gather(v.address, 0, count, int(v.dtype), dst)
+        _comm(g, v).gather(v.address, 0, count, int(v.dtype), dst)
         return
     _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on dst")
     mine = _scratch(v, count, start=dst * count)
-    g.comm.gather(mine.address, v.address, count, int(v.dtype), dst)
+    _comm(g, v).gather(mine.address, v.address, count, int(v.dtype), dst)
 
 
 @one_caller
@@ -392,7 +398,7 @@ def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup
         s = _view(fn, "send", send_tensor, g, writable=False)
         _same_dtype(fn, s, r)
         _expect_numel(fn, "send", s, g.size * r.numel, f"group size {g.size} x recv")
-    g.comm.scatter(s.address if s is not None else 0, r.address, r.numel, int(r.dtype), src)
+    _comm(g, s, r).scatter(s.address if s is not None else 0, r.address, r.numel, int(r.dtype), src)
     return recv_tensor
 
 
@@ -409,11 +415,11 @@ def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGro
     v = _view(fn, "tensor", tensor, g, writable=g.rank != src)
     if g.rank != src:
         _expect_numel(fn, "tensor", v, count, "count on a non-src rank")
-        g.comm.scatter(0, v.address, count, int(v.dtype), src)
+        _comm(g, v).scatter(0, v.address, count, int(v.dtype), src)
         return
     _expect_numel(fn, "tensor", v, g.size * count, f"group size {g.size} x count on src")
     mine = _scratch(v, count)  # chunk src already sits in place
-    g.comm.scatter(v.address, mine.address, count, int(v.dtype), src)
+    _comm(g, v).scatter(v.address, mine.address, count, int(v.dtype), src)
 
 
 @one_caller
@@ -429,7 +435,7 @@ def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Option
     n = _chunk(fn, "send", s, g.size)
     out, r = _output(fn, recv_tensor, g, _split(g.size, s), s)
     _expect_numel(fn, "recv", r, n, f"send / group size {g.size}")
-    g.comm.reduce_scatter(s.address, r.address, n, int(s.dtype), code)
+    _comm(g, s, r).reduce_scatter(s.address, r.address, n, int(s.dtype), code)
     return out
 
 
@@ -444,7 +450,7 @@ def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup
     code = _op(op)
     n = _chunk(fn, "tensor", v, g.size)
     mine = _scratch(v, n)
-    g.comm.reduce_scatter(v.address, mine.address, n, int(v.dtype), code)
+    _comm(g, v).reduce_scatter(v.address, mine.address, n, int(v.dtype), code)
     _C.copy_memory(_offset(v, g.rank * n), mine.address, mine.nbytes, v.device_type)
 
 
@@ -461,7 +467,7 @@ def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None
     out, r = _output(fn, recv_tensor, g, tuple(s.shape), s)
     _expect_numel(fn, "recv", r, s.numel, "same as send")
     src, _keep = _unaliased(s, r)
-    g.comm.alltoall(src, r.address, n, int(s.dtype))
+    _comm(g, r, s).alltoall(src, r.address, n, int(s.dtype))
     return out
 
 
@@ -473,7 +479,7 @@ def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
     v = _view("alltoall_inplace", "tensor", tensor, g, writable=True)
     n = _chunk("alltoall_inplace", "tensor", v, g.size)
     before = _scratch(v, v.numel, start=0)
-    g.comm.alltoall(before.address, v.address, n, int(v.dtype))
+    _comm(g, v).alltoall(before.address, v.address, n, int(v.dtype))
 
 
 @one_caller
@@ -494,7 +500,7 @@ def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[in
     out, r = _output(fn, recv_tensor, g, (length,), s)
     _fits(fn, "recv", r, rc, rd)
     src, _keep = _unaliased(s, r)
-    g.comm.alltoall_v(src, sc, sd, r.address, rc, rd, int(s.dtype))
+    _comm(g, r, s).alltoall_v(src, sc, sd, r.address, rc, rd, int(s.dtype))
     return out
 
 
@@ -510,7 +516,7 @@ def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int],
     c, d = _counts(fn, "counts", counts, g.size), _counts(fn, "displs", displs, g.size)
     _fits(fn, "tensor", v, c, d)
     before = _scratch(v, v.numel, start=0)
-    g.comm.alltoall_v(before.address, c, d, v.address, c, d, int(v.dtype))
+    _comm(g, v).alltoall_v(before.address, c, d, v.address, c, d, int(v.dtype))
 
 
 @one_caller

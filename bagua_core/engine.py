@@ -72,7 +72,7 @@ import math
 import weakref
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from bagua_core import config, log, steps
+from bagua_core import config, devices, log, steps
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType, as_dtype
 
@@ -262,6 +262,8 @@ class Engine:
         serves them through host staging."""
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
+        if device is not None:
+            devices.check_group_serves(group, device.type, "the engine's buckets", device.index)
         lanes = default_lanes(group) if lanes is None else int(lanes)
         if lanes < 1:
             raise ValueError(f"an engine needs at least one lane, got {lanes}")
