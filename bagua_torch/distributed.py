@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_core import agreement, config, log, steps
+from bagua_core import agreement, config, devices, log, steps
 from bagua_core import trace as core_trace
 from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START
@@ -151,11 +151,6 @@ class BaguaDistributedDataParallel:
             raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
         if not group.is_member:
             raise ValueError(f"this process (rank {bagua_core.get_rank()}) is not a member of {group!r}")
-        if group.device_type != "cpu":
-            # the engine's buckets are host memory so far
-            raise NotImplementedError(f"with_bagua trains on CPU (Gloo) groups only for now; {group!r} "
-                                      f"communicates on {group.device_type}")
-
         self.module = module
         self.optimizers: List[torch.optim.Optimizer] = optimizers
         self.algorithm: Algorithm = as_algorithm(algorithm)
@@ -179,12 +174,19 @@ class BaguaDistributedDataParallel:
         self.ignored = _ignored_names(module)
         self.params = self._build_params()
         self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
+        self.device = self._model_device()
+        devices.check_group_serves(group, self.device.type, "the model", self.device.index or 0)
+        # None: plain host memory; else the engine's buckets live on this device
+        self._engine_device = devices.for_arrays(self.device.type, self.device.index or 0)
         self.impl = self.algorithm.reify(group)
         self.plan = self.impl.plan
         # asynchronous model average: the engine runs the warm-up plan, a
         # background loop the weights' plan (see _build_weight_buckets)
         self.background_plan = getattr(self.impl, "background_plan", None)
         self.averager = None
+        if self.background_plan is not None and self._engine_device is not None:
+            raise NotImplementedError(f"{type(self.algorithm).__name__}: the background averaging keeps the weights "
+                                      f"in host memory; train this model on CPU (it is on {self.device})")
         if self.background_plan is not None and not self.do_flatten:
             raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
                              "averages the weights in place, in the buckets the parameters are views of")
@@ -198,7 +200,7 @@ class BaguaDistributedDataParallel:
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         try:
             self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)),
-                                           lanes=self._settings.engine_lanes)
+                                           lanes=self._settings.engine_lanes, device=self._engine_device)
             self.step_info = self.engine.check_step(self.plan)
             if self.background_plan is not None:
                 steps.check_plan(self.background_plan, group)
@@ -225,11 +227,33 @@ class BaguaDistributedDataParallel:
         if not params:
             raise ValueError("the model has no parameter that requires grad (and is not ignored): nothing to train")
         for n, p in params:
-            if p.device.type != self.process_group.device_type:
-                raise ValueError(f"parameter '{n}' is on {p.device} but the process group communicates on "
-                                 f"{self.process_group.device_type}")
             as_dtype(p.dtype)  # TypeError for dtypes the engine cannot carry
         return params
+
+    def _model_device(self) -> torch.device:
+        """The one device of the parameters and buffers the engine handles."""
+        tensors = list(self.params) + [(n, b) for n, b in self.module.named_buffers() if n not in self.ignored]
+        found: Dict[torch.device, str] = {}
+        for n, t in tensors:
+            found.setdefault(t.device, n)
+        if len(found) > 1:
+            seen = ", ".join(f"'{n}' on {d}" for d, n in found.items())
+            raise ValueError(f"the model's tensors are on {len(found)} devices ({seen}); Bagua trains one device "
+                             "per process: move the model with model.to(device) before with_bagua")
+        device = next(iter(found))
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"the model is on {device}; Bagua trains on CPU and CUDA devices")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    def _stream(self) -> Optional[int]:
+        """The framework's current stream on the model's device (the producer
+        of what is marked ready, the consumer of what wait() hands back), or
+        None on the host."""
+        if self.device.type == "cuda":
+            return torch.cuda.current_stream(self.device).cuda_stream
+        return None
 
     def _check_own_optimizer(self) -> None:
         """Algorithms that share their optimizer's state (QAdam's momentum)
@@ -508,7 +532,7 @@ class BaguaDistributedDataParallel:
             # The weights are handed to the engine as forward starts; the step
             # averages a copy on the comm thread while forward and backward read them.
             self.copy_weights_to_slots()
-            self.engine.mark_all_ready()
+            self.engine.mark_all_ready(self._stream())
             self.step_pending = True
 
     def _grad_hook(self, name: str, param: torch.nn.Parameter) -> None:
@@ -563,7 +587,7 @@ class BaguaDistributedDataParallel:
                 p.grad = slot
         self._marked.add(name)
         self.step_pending = True
-        self.engine.mark_ready(name)
+        self.engine.mark_ready(name, self._stream())
 
     def mark_unused_gradients_ready(self) -> List[str]:
         """End of backward: marks ready the gradients of parameters that got
@@ -596,7 +620,7 @@ class BaguaDistributedDataParallel:
         if self._closed or self.plan.phase != AFTER_OPTIMIZER_STEP or not self.require_backward_grad_sync:
             return
         self.copy_weights_to_slots()
-        self.engine.mark_all_ready()
+        self.engine.mark_all_ready(self._stream())
         self.step_pending = True
         self.finish_step()
 
@@ -607,7 +631,7 @@ class BaguaDistributedDataParallel:
             return
         self.step_pending = False
         try:
-            self.engine.wait()
+            self.engine.wait(self._stream())
             if self._tracer is not None:
                 self._trace_step()
             self._apply_results()
@@ -623,7 +647,8 @@ class BaguaDistributedDataParallel:
             if any(op.last_communicated for op in self.impl.ops):
                 self.copy_slots_to_weights()
             return
-        copied = [op.copy_back() for op in self.impl.ops]
+        stream = self._stream()
+        copied = [op.copy_back(stream) for op in self.impl.ops]
         if any(copied):
             self.copy_slots_to_weights()
 
