@@ -221,7 +221,8 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
                   case_names: Callable[[str], Sequence[str]], *, timeout: float = 90.0,
                   test_timeout: float = 180.0, requires: Sequence[str] = (),
                   reporting_ranks: Optional[Callable[[str, str], int]] = None,
-                  returncode: Optional[Callable[[str, int], int]] = None):
+                  returncode: Optional[Callable[[str, int], int]] = None,
+                  skip_reason: Optional[Callable[[], Optional[str]]] = None, marks: Sequence = ()):
     """The two pytest tests of a case-based test file (which is also the
     worker script, started as ``script SESSION_NAME``):
 
@@ -231,7 +232,8 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
       with 0 (or ``returncode(session, rank)``).
 
     Each session runs once, on first use. ``requires`` names modules whose
-    absence skips the tests. Use as
+    absence skips the tests, as does a reason from ``skip_reason()``;
+    ``marks`` (e.g. ``pytest.mark.gpu``) go on both tests. Use as
     ``test_case, test_session_exits_cleanly = session_tests(__file__, ...)``.
     """
     import pytest
@@ -243,18 +245,28 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
     def session(name: str) -> Run:
         for module in requires:
             pytest.importorskip(module)
+        why = skip_reason() if skip_reason else None
+        if why:
+            pytest.skip(why)
         spec = specs[name]
         return launch(script, spec.world_size, timeout=timeout, args=[name],
                       local_world_size=spec.local_world_size, env=spec.env)
 
     params = [pytest.param(n, c, id=f"{n}-{c}") for n in specs for c in case_names(n)]
 
+    def marked(test):
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    @marked
     @pytest.mark.timeout(test_timeout)
     @pytest.mark.parametrize("name,case", params)
     def test_case(name, case):
         ranks = reporting_ranks(name, case) if reporting_ranks else specs[name].world_size
         session(name).check_case(case, ranks)
 
+    @marked
     @pytest.mark.timeout(test_timeout)
     @pytest.mark.parametrize("name", list(specs))
     def test_session_exits_cleanly(name):
