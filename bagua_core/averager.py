@@ -20,21 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from bagua_core import log
+from bagua_core import devices, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import as_dtype
 
 
-def weight_buckets(tensors: Sequence[tuple]) -> list:
-    """Zeroed host buckets (``_C.Bucket``), one per dtype, for ``(name, shape,
-    dtype)`` declarations, tensors in the order given; ``bucket.view(name)``
-    is a zero-copy view of one tensor."""
+def weight_buckets(tensors: Sequence[tuple], device=None) -> list:
+    """Zeroed buckets (``_C.Bucket``), one per dtype, for ``(name, shape,
+    dtype)`` declarations, tensors in the order given, in host memory or on
+    ``device`` (a ``_C.Device``); ``bucket.view(name)`` is a zero-copy view
+    of one tensor."""
     by_dtype: dict = {}
     for name, shape, dtype in tensors:
         by_dtype.setdefault(int(as_dtype(dtype)), []).append((str(name), tuple(int(d) for d in shape)))
-    return [_C.Bucket(f"weights{i}", dt, ts, 1) for i, (dt, ts) in enumerate(by_dtype.items())]
+    return [_C.Bucket(f"weights{i}", dt, ts, 1, device) for i, (dt, ts) in enumerate(by_dtype.items())]
 
 
 def _release(core, group) -> None:
@@ -48,14 +49,27 @@ class AsyncAverager:
     """The background averaging of ``buckets`` (``_C.Bucket`` objects holding
     the weights, one dtype each) over every rank of ``group``, as ``plan`` (an
     ``AsyncModelAverage`` plan) says. ``timeout_s`` bounds ``abort()``'s wait
-    for the other ranks (default: the group's timeout)."""
+    for the other ranks (default: the group's timeout).
 
-    def __init__(self, group, buckets: Sequence, plan, timeout_s: Optional[float] = None):
+    Buckets on a device (``device``, the buckets' ``_C.Device``): the loop
+    averages them on a stream of its own, in device memory, after the
+    training stream's last change; ``producer_stream()`` names that stream
+    (called when the weight lock is released), None for host work."""
+
+    def __init__(self, group, buckets: Sequence, plan, timeout_s: Optional[float] = None, device=None,
+                 producer_stream: Optional[Callable[[], Optional[int]]] = None):
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
+        if device is not None:
+            devices.check_group_serves(group, device.type, "the averaged weights", device.index)
+            if group.device_type == "cuda":
+                raise NotImplementedError("asynchronous model average on an NCCL group: its stop flags need a "
+                                          "host control communicator; use BAGUA_BACKEND=gloo")
+        self._producer_stream = producer_stream or (lambda: None)
         own = group.clone()
         try:
-            self._core = _C.AsyncAverager(own.comm, list(buckets), dict(plan.params), timeout_s)
+            comm = own.comm if device is None else devices.staged(own.comm, device)
+            self._core = _C.AsyncAverager(comm, list(buckets), dict(plan.params), timeout_s, control=own.comm)
         except BaseException:
             own.close()
             raise
@@ -87,7 +101,7 @@ class AsyncAverager:
     def unlock(self) -> None:
         if self._held:
             self._held = False
-            self._core.unlock_weights()
+            self._core.unlock_weights(self._producer_stream())
 
     @contextlib.contextmanager
     def weights_locked(self):

@@ -81,10 +81,10 @@ def staged(comm, device):
     key = (id(comm), id(device))
     with _lock:
         hit = _staged.get(key)
-        if hit is None or hit[0] is not comm:
-            hit = (comm, _C.stage_through_host(comm, device))
+        if hit is None:  # the entry holds both: their ids stay theirs
+            hit = (comm, device, _C.stage_through_host(comm, device))
             _staged[key] = hit
-        return hit[1]
+        return hit[2]
 
 
 def forget(comm) -> None:

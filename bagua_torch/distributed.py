@@ -184,9 +184,6 @@ class BaguaDistributedDataParallel:
         # background loop the weights' plan (see _build_weight_buckets)
         self.background_plan = getattr(self.impl, "background_plan", None)
         self.averager = None
-        if self.background_plan is not None and self._engine_device is not None:
-            raise NotImplementedError(f"{type(self.algorithm).__name__}: the background averaging keeps the weights "
-                                      f"in host memory; train this model on CPU (it is on {self.device})")
         if self.background_plan is not None and not self.do_flatten:
             raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
                              "averages the weights in place, in the buckets the parameters are views of")
@@ -382,7 +379,8 @@ class BaguaDistributedDataParallel:
         """Asynchronous model average: one bucket per dtype holds the weights
         (the parameters become views of it), averaged in place by the
         background loop on its own clone of the group."""
-        self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)])
+        self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)],
+                                             self._engine_device)
         self.weight_slots: Dict[str, torch.Tensor] = {
             n: _torch_view(b.view(n)) for b in self.weight_buckets for n in b.slot_names}
         with torch.no_grad():
@@ -390,7 +388,8 @@ class BaguaDistributedDataParallel:
                 slot = self.weight_slots[n]
                 slot.copy_(p.detach())
                 p.data = slot
-        self.averager = AsyncAverager(self.process_group, self.weight_buckets, self.background_plan)
+        self.averager = AsyncAverager(self.process_group, self.weight_buckets, self.background_plan,
+                                      device=self._engine_device, producer_stream=self._stream)
         self.impl.averager = self.averager
         self.impl.after_abort = self._broadcast_buffers_after_abort
 

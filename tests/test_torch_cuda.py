@@ -11,8 +11,8 @@ without a CUDA device and run in tests/gpu/run.sh).
   NCCL refuses two ranks on one device), staged through pinned host memory:
   every algorithm against the same training on CPU; torch and CuPy arrays
   through the collectives against numpy.
-* Asynchronous model average on CUDA is refused with a clear error (its
-  background loop averages host memory).
+* Asynchronous model average averages on the GPU until abort() leaves
+  every rank with the same weights.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ STEPS = 5
 
 
 def case_names(session: str):
-    names = [f"{a}_cuda_matches_cpu" for a in ALGORITHMS] + ["async_model_average_refused_on_cuda"]
+    names = [f"{a}_cuda_matches_cpu" for a in ALGORITHMS]
     if session == "ws1":
         names.append("gradient_allreduce_equals_plain_torch_bitwise")
     else:
-        names += ["torch_cuda_collectives_match_numpy", "cupy_collectives_match_numpy"]
+        names += ["async_model_average_ends_equal_everywhere", "torch_cuda_collectives_match_numpy",
+                  "cupy_collectives_match_numpy"]
     return names
 
 
@@ -84,11 +85,24 @@ class Worker(TorchWorker):
         plain = self.train("gradient_allreduce", "cuda:0", wrap=False)
         assert self.torch.equal(wrapped, plain), f"max difference {(wrapped - plain).abs().max().item():.3g}"
 
-    def async_model_average_refused_on_cuda(self):
-        model = self.mlp(3).cuda()
-        opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        algo = self.A.async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=50)
-        self.expect_error(NotImplementedError, lambda: model.with_bagua([opt], algo), "host memory")
+    def async_model_average_ends_equal_everywhere(self):
+        import time
+
+        torch = self.torch
+        model = self.mlp(3 + self.rank).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        algo = self.A.async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=5, warmup_steps=2)
+        model = model.with_bagua([opt], algo)
+        for step in range(12):
+            x, y = self.batch(step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+            opt.step()
+            time.sleep(0.01)
+        assert model.bagua_ddp.averager.rounds > 0, "the loop never averaged"
+        algo.abort(model)
+        self.same_everywhere(self.flat(model).cpu())
+        model.bagua_ddp.close()
 
     def torch_cuda_collectives_match_numpy(self):
         import numpy as np

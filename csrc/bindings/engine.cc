@@ -313,7 +313,7 @@ Asynchronous model average's background loop over weight buckets (see
 csrc/sched/async_averager.h): rounds of averaging every sync_interval_ms on its
 own communicator, a weight lock for the training thread, start/abort.)doc")
       .def(py::init([](CommunicatorPtr comm, const std::vector<BucketPtr>& weights, const py::dict& params,
-                       std::optional<double> timeout_s) {
+                       std::optional<double> timeout_s, CommunicatorPtr control) {
              if (!comm) throw InvalidArgument("AsyncAverager: comm is required");
              std::chrono::milliseconds timeout = comm->timeout();
              if (timeout_s) {
@@ -324,13 +324,19 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
              const std::string name = "async_model_average";
              auto step = std::dynamic_pointer_cast<const AsyncModelAverageStep>(
                  make_step(name, CommSet{comm, nullptr, nullptr}, step_params(name, params)));
-             return std::make_shared<AsyncAverager>(std::move(step), weights, timeout);
+             return std::make_shared<AsyncAverager>(std::move(step), weights, timeout, std::move(control));
            }),
-           py::arg("comm"), py::arg("weights"), py::arg("params") = py::dict(), py::arg("timeout_s") = py::none())
+           py::arg("comm"), py::arg("weights"), py::arg("params") = py::dict(), py::arg("timeout_s") = py::none(),
+           py::arg("control") = nullptr,
+           "Device weights: comm serves device memory (NCCL, or staged) and control is a host communicator of "
+           "the same ranks for the stop flags.")
       .def("start", &AsyncAverager::start, py::call_guard<py::gil_scoped_release>())
       .def("abort", &AsyncAverager::abort, py::call_guard<py::gil_scoped_release>())
       .def("lock_weights", &AsyncAverager::lock_weights, py::call_guard<py::gil_scoped_release>())
-      .def("unlock_weights", &AsyncAverager::unlock_weights)
+      .def("unlock_weights", [](AsyncAverager& a, std::optional<uintptr_t> stream) {
+             a.unlock_weights(stream_arg(stream));
+           }, py::arg("stream") = py::none(),
+           "stream: on a device, the training stream that changed the weights (the loop waits for it).")
       .def("check", &AsyncAverager::check)
       .def_property_readonly("running", &AsyncAverager::running)
       .def_property_readonly("rounds", &AsyncAverager::rounds)

@@ -41,10 +41,10 @@ void AsyncModelAverageStep::apply(const ExecContext& ctx, Span weights, Span sna
   step_kernels::apply_average(ctx, weights.data, snapshot.data, average.data, weights.count, weights.dtype);
 }
 
-bool AsyncModelAverageStep::all_stopped(bool stopped) const {
+bool AsyncModelAverageStep::all_stopped(Communicator& control, bool stopped) const {
   int32_t flag = stopped ? 1 : 0;
   int32_t all = 0;
-  comms_.global->allreduce(&flag, &all, 1, DType::kInt32, ReduceOp::kMin, nullptr);
+  control.allreduce(&flag, &all, 1, DType::kInt32, ReduceOp::kMin, nullptr);
   return all != 0;
 }
 

@@ -35,8 +35,10 @@ class AsyncModelAverageStep : public Step {
 
   // weights <- average + (weights - snapshot).
   void apply(const ExecContext& ctx, Span weights, Span snapshot, Span average) const;
-  // Collective: true when every rank passed stopped = true.
-  bool all_stopped(bool stopped) const;
+  // Collective over `control`, a host communicator of the same ranks (the
+  // step's own when it is one): true when every rank passed stopped = true.
+  // The flag is host memory, so it never travels on a device communicator.
+  bool all_stopped(Communicator& control, bool stopped) const;
 
   int64_t sync_interval_ms() const { return interval_ms_; }
   const CommunicatorPtr& comm() const { return comms_.global; }

@@ -5,6 +5,7 @@
 
 #include "bucket/host_memory.h"
 #include "common/error.h"
+#include "ops/kernels.h"
 
 namespace bagua {
 namespace {
@@ -40,15 +41,28 @@ class AsyncAverager::LoopLock {
 };
 
 AsyncAverager::AsyncAverager(std::shared_ptr<const AsyncModelAverageStep> step, std::vector<BucketPtr> weights,
-                             std::chrono::milliseconds timeout)
+                             std::chrono::milliseconds timeout, CommunicatorPtr control)
     : step_(std::move(step)), weights_(std::move(weights)), timeout_(timeout) {
   if (!step_) throw InvalidArgument("AsyncAverager: no step");
   if (weights_.empty()) throw InvalidArgument("AsyncAverager: no weights to average");
+  control_ = control ? std::move(control) : step_->comm();
+  if (control_->device_type() != DeviceType::kCPU)
+    throw InvalidArgument("AsyncAverager: the stop flags need a host communicator (pass control=)");
   for (const auto& b : weights_) {
     if (!b) throw InvalidArgument("AsyncAverager: a weight bucket is None");
+    if (b->device() != weights_[0]->device())
+      throw InvalidArgument("AsyncAverager: the weight buckets are on different devices");
+  }
+  device_ = weights_[0]->device();
+  if (device_) {
+    stream_ = device_->new_stream();
+    training_done_ = device_->new_event();
+    scratch_ = GrowOnlyScratch(device_);
+  }
+  for (const auto& b : weights_) {
     step_->check(b->dtype(), b->numel());
-    snapshots_.push_back(allocate_host_memory(b->nbytes()));
-    averages_.push_back(allocate_host_memory(b->nbytes()));
+    snapshots_.push_back(device_ ? device_->allocate(b->nbytes()) : allocate_host_memory(b->nbytes()));
+    averages_.push_back(device_ ? device_->allocate(b->nbytes()) : allocate_host_memory(b->nbytes()));
   }
 }
 
@@ -122,9 +136,13 @@ void AsyncAverager::lock_weights() {
   held_ = true;
 }
 
-void AsyncAverager::unlock_weights() {
+void AsyncAverager::unlock_weights(std::optional<Stream> producer) {
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (device_ && producer) {
+      device_->record(training_done_, *producer);
+      training_recorded_ = true;
+    }
     held_ = false;
   }
   cv_.notify_all();
@@ -161,7 +179,15 @@ void AsyncAverager::test_release_held() {
 }
 
 void AsyncAverager::round() {
-  const ExecContext ctx{DeviceType::kCPU, nullptr, &scratch_};
+  const ExecContext ctx{device_ ? device_->type() : DeviceType::kCPU, stream_, &scratch_, device_.get()};
+  // Under the weight lock, on a device: after the training stream's last
+  // change, and done before the lock is released.
+  auto after_training = [&] {
+    if (device_ && training_recorded_) device_->wait(stream_, training_done_);
+  };
+  auto done_before_unlock = [&] {
+    if (device_) device_->synchronize(stream_, timeout_);
+  };
   std::vector<Span> w, snap, avg;
   for (size_t i = 0; i < weights_.size(); ++i) {
     const auto& b = weights_[i];
@@ -171,7 +197,9 @@ void AsyncAverager::round() {
   }
   {
     LoopLock hold(*this);
-    for (size_t i = 0; i < w.size(); ++i) std::memcpy(snap[i].data, w[i].data, w[i].nbytes());
+    after_training();
+    for (size_t i = 0; i < w.size(); ++i) step_kernels::copy(ctx, snap[i].data, w[i].data, w[i].nbytes());
+    done_before_unlock();
   }
   {
     std::unique_lock<std::mutex> l(mu_);
@@ -186,7 +214,9 @@ void AsyncAverager::round() {
   for (size_t i = 0; i < w.size(); ++i) step_->run(ctx, snap[i], avg[i], 0);
   {
     LoopLock hold(*this);
+    after_training();
     for (size_t i = 0; i < w.size(); ++i) step_->apply(ctx, w[i], snap[i], avg[i]);
+    done_before_unlock();
   }
   std::lock_guard<std::mutex> l(mu_);
   ++rounds_;
@@ -206,7 +236,7 @@ void AsyncAverager::loop() {
         stop = stop_requested_;
         deciding_ = true;
       }
-      const bool all = step_->all_stopped(stop);
+      const bool all = step_->all_stopped(*control_, stop);
       {
         std::lock_guard<std::mutex> l(mu_);
         deciding_ = false;

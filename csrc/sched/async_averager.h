@@ -4,9 +4,17 @@
 //
 // It owns one thread and runs on communicators nobody else uses (the
 // frontends give it a clone of the training group), so it never interleaves
-// with the training thread's collectives. The weights are host buckets the
+// with the training thread's collectives. The weights are buckets the
 // frontend trains with (torch: the parameters are views of them; JAX: the
-// transform's copy of the weights).
+// transform's copy of the weights), in host memory or all on one Device.
+//
+// On a Device the loop has a stream of its own: the snapshot and the apply
+// are enqueued there, after an event the training thread records on its
+// stream when it releases the weight lock (its last optimizer step), and the
+// loop waits for its stream before it releases the lock, so the training
+// stream never sees half an average. The step's communicator then serves
+// device memory (NCCL, or a host one staged: comm/staged_communicator.h);
+// the ranks' stop flags travel on `control`, a host communicator.
 //
 // The weight lock keeps an optimizer step whole: the training thread holds it
 // (lock_weights / unlock_weights) around every change of the weights; the loop
@@ -28,6 +36,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -39,8 +48,10 @@ namespace bagua {
 class AsyncAverager {
  public:
   // `timeout` bounds abort()'s wait for the other ranks to abort too.
+  // `control`: a host communicator over the same ranks, used by nobody else
+  // (default: the step's own, which must then be a host one).
   AsyncAverager(std::shared_ptr<const AsyncModelAverageStep> step, std::vector<BucketPtr> weights,
-                std::chrono::milliseconds timeout);
+                std::chrono::milliseconds timeout, CommunicatorPtr control = nullptr);
   ~AsyncAverager();  // close()
   AsyncAverager(const AsyncAverager&) = delete;
   AsyncAverager& operator=(const AsyncAverager&) = delete;
@@ -59,7 +70,8 @@ class AsyncAverager {
   // The weight lock, for the training thread. lock_weights() raises the
   // loop's failure instead of blocking once the loop failed.
   void lock_weights();
-  void unlock_weights();
+  // `producer`: on a Device, the training stream that changed the weights.
+  void unlock_weights(std::optional<Stream> producer = std::nullopt);
   // Raises the loop's failure, if any.
   void check() const;
 
@@ -90,6 +102,11 @@ class AsyncAverager {
   std::shared_ptr<const AsyncModelAverageStep> step_;
   std::vector<BucketPtr> weights_;
   std::vector<std::shared_ptr<void>> snapshots_, averages_;
+  CommunicatorPtr control_;
+  DevicePtr device_;               // null: host memory
+  Stream stream_ = nullptr;        // the loop's, on device_
+  DeviceEventPtr training_done_;   // recorded by unlock_weights(producer)
+  bool training_recorded_ = false;
   GrowOnlyScratch scratch_;
   const std::chrono::milliseconds timeout_;
 
