@@ -1,6 +1,4 @@
-// CUDA availability, the NCCL communicator (csrc/comm/nccl/) and, in
-// `_C.kernels`, the element kernels on raw addresses (CUDA launches and the
-// host loops over the same element functions).
+// CUDA availability and the NCCL communicator (csrc/comm/nccl/).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -14,14 +12,12 @@
 #include "bindings/bindings.h"
 #include "comm/communicator.h"
 #include "common/error.h"
-#include "kernels/scale.h"
 #include "store/store.h"
 
 #ifdef BAGUA_WITH_CUDA
 #include "comm/nccl/cuda_util.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "comm/nccl/nccl_library.h"
-#include "kernels/cuda_kernels.h"
 #endif
 
 namespace py = pybind11;
@@ -36,19 +32,12 @@ namespace {
               "rebuild it on a machine with nvcc to use NCCL");
 }
 
-DType to_dtype(int code) {
-  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
 [[maybe_unused]] std::chrono::milliseconds to_timeout(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) {
     throw InvalidArgument("timeout must be a positive number of seconds, got " + std::to_string(seconds));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
-
-void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 CommunicatorPtr create_nccl_communicator(const StorePtr& store, const std::string& prefix, int rank,
                                          int size, int device, double timeout_s,
@@ -72,53 +61,6 @@ CommunicatorPtr create_nccl_communicator(const StorePtr& store, const std::strin
   });
 #else
   no_cuda("create_nccl_communicator");
-#endif
-}
-
-void bind_kernels(py::module_& m) {
-  py::module_ k = m.def_submodule(
-      "kernels",
-      "Element kernels on raw addresses (ints) with a count and a dtype code: host loops, and "
-      "CUDA launches on a stream (int, 0 = the legacy default stream) that the caller "
-      "synchronizes. The same element functions run on both (kernels/scale.h).");
-  auto release = py::call_guard<py::gil_scoped_release>();
-  k.def("host_scale", [](uintptr_t data, size_t count, int dtype, double factor) {
-    scale_host(as_ptr(data), count, to_dtype(dtype), factor);
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), release);
-  k.def("host_divide", [](uintptr_t data, size_t count, int dtype, double divisor) {
-    divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
-#ifdef BAGUA_WITH_CUDA
-  // The kernel runs on the device that holds `data` (else the current one).
-  auto device_of = [](uintptr_t data) {
-    cudaPointerAttributes attr;
-    cudaError_t err = cudaPointerGetAttributes(&attr, as_ptr(data));
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      int current = 0;
-      cuda::check(cudaGetDevice(&current), "cudaGetDevice");
-      return current;
-    }
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-      throw InvalidArgument("the kernel needs device memory, got a host pointer");
-    }
-    return attr.device;
-  };
-  k.def("cuda_scale", [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
-    DType t = to_dtype(dtype);
-    if (count == 0) return;
-    cuda::DeviceGuard guard(device_of(data));
-    cuda::launch_scale(as_ptr(data), count, t, factor, static_cast<cudaStream_t>(as_ptr(stream)));
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0, release);
-  k.def("cuda_divide", [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
-    DType t = to_dtype(dtype);
-    if (count == 0) return;
-    cuda::DeviceGuard guard(device_of(data));
-    cuda::launch_divide(as_ptr(data), count, t, divisor, static_cast<cudaStream_t>(as_ptr(stream)));
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0, release);
-#else
-  k.def("cuda_scale", [](py::args, py::kwargs) { no_cuda("cuda_scale"); });
-  k.def("cuda_divide", [](py::args, py::kwargs) { no_cuda("cuda_divide"); });
 #endif
 }
 
@@ -160,7 +102,6 @@ void bind_cuda(py::module_& m) {
         "passed to them and return; the caller synchronizes that stream (stream 0: the "
         "communicator's own stream, and the call waits). `native_avg=False` computes AVG as "
         "SUM + a divide kernel. See csrc/comm/nccl/nccl_communicator.h.");
-  bind_kernels(m);
 }
 
 }  // namespace bindings

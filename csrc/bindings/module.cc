@@ -12,5 +12,6 @@ PYBIND11_MODULE(_C, m) {
   bagua::bindings::bind_cuda(m);
   bagua::bindings::bind_compression(m);
   bagua::bindings::bind_kernels_test(m);
+  bagua::bindings::bind_kernels(m);
   bagua::bindings::bind_engine(m);
 }

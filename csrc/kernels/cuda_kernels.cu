@@ -1,12 +1,16 @@
-// CUDA kernels over the element functions shared with the CPU (kernels/*.h).
+// CUDA kernels over the element functions shared with the CPU (kernels/*.h,
+// ops/elementwise.h).
 #include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include "common/error.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/scale.h"
+#include "ops/elementwise.h"
 
 namespace bagua {
 namespace cuda {
@@ -35,6 +39,54 @@ __global__ void divide_kernel(T* data, size_t count, typename ScaleMath<T>::Divi
   }
 }
 
+// Runs op(i) for every i < count, one grid-stride loop. Op is a small struct
+// of pointers with a __device__ operator() (the element functions are BAGUA_HD).
+template <typename Op>
+__global__ void for_each_kernel(size_t count, Op op) {
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) op(i);
+}
+
+template <typename T>
+struct AverageOp {
+  T* acc;
+  const T* other;
+  __device__ void operator()(size_t i) const { acc[i] = AverageMath<T>::average(acc[i], other[i]); }
+};
+
+template <typename T>
+struct ReplicaDiffOp {
+  T* t;
+  const T* w;
+  const T* l;
+  const T* r;
+  __device__ void operator()(size_t i) const { t[i] = ReplicaMath<T>::diff(t[i], w[i], l[i], r[i]); }
+};
+
+template <typename T>
+struct AddOp {
+  T* acc;
+  const T* other;
+  __device__ void operator()(size_t i) const { acc[i] = ReplicaMath<T>::add(acc[i], other[i]); }
+};
+
+template <typename T>
+struct ApplyAverageOp {
+  T* w;
+  const T* snapshot;
+  const T* avg;
+  __device__ void operator()(size_t i) const { w[i] = AsyncAverageMath<T>::apply(w[i], snapshot[i], avg[i]); }
+};
+
+template <typename T>
+struct MomentumOp {
+  T* m;
+  const T* g;
+  T beta;
+  T one_minus_beta;
+  __device__ void operator()(size_t i) const { m[i] = MomentumMath<T>::update(m[i], g[i], beta, one_minus_beta); }
+};
+
 void check_args(void* data, size_t count, DType dtype) {
   if (!is_valid_dtype(static_cast<int>(dtype))) {
     throw InvalidArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
@@ -48,6 +100,19 @@ void check_launch(const char* kernel, DType dtype) {
     throw Error(std::string("launching the ") + kernel + " kernel (" + dtype_name(dtype) +
                 ") failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
   }
+}
+
+void check_buffers(size_t count, std::initializer_list<const void*> buffers) {
+  if (count == 0) return;
+  for (const void* b : buffers) {
+    if (b == nullptr) throw InvalidArgument("null buffer with a non-zero count");
+  }
+}
+
+template <typename Op>
+void launch_for_each(const char* kernel, DType dtype, size_t count, Op op, cudaStream_t stream) {
+  for_each_kernel<Op><<<blocks_for(count), kThreads, 0, stream>>>(count, op);
+  check_launch(kernel, dtype);
 }
 
 }  // namespace
@@ -76,6 +141,63 @@ void launch_divide(void* data, size_t count, DType dtype, double divisor, cudaSt
                                                                   ScaleMath<T>::divisor(divisor));
   });
   check_launch("divide", dtype);
+}
+
+void launch_average_into(void* acc, const void* other, size_t count, DType dtype, cudaStream_t stream) {
+  with_floating(dtype, "averaging", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {acc, other});
+    if (count == 0) return;
+    launch_for_each("average", dtype, count, AverageOp<T>{static_cast<T*>(acc), static_cast<const T*>(other)},
+                    stream);
+  });
+}
+
+void launch_replica_diff(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype,
+                         cudaStream_t stream) {
+  with_floating(dtype, "the replica difference", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {t, w, l, r});
+    if (count == 0) return;
+    launch_for_each("replica difference", dtype, count,
+                    ReplicaDiffOp<T>{static_cast<T*>(t), static_cast<const T*>(w), static_cast<const T*>(l),
+                                     static_cast<const T*>(r)},
+                    stream);
+  });
+}
+
+void launch_add_into(void* acc, const void* other, size_t count, DType dtype, cudaStream_t stream) {
+  with_floating(dtype, "adding", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {acc, other});
+    if (count == 0) return;
+    launch_for_each("add", dtype, count, AddOp<T>{static_cast<T*>(acc), static_cast<const T*>(other)}, stream);
+  });
+}
+
+void launch_apply_average(void* w, const void* snapshot, const void* avg, size_t count, DType dtype,
+                          cudaStream_t stream) {
+  with_floating(dtype, "applying a model average", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {w, snapshot, avg});
+    if (count == 0) return;
+    launch_for_each("apply average", dtype, count,
+                    ApplyAverageOp<T>{static_cast<T*>(w), static_cast<const T*>(snapshot),
+                                      static_cast<const T*>(avg)},
+                    stream);
+  });
+}
+
+void launch_momentum_update(void* m, const void* g, size_t count, DType dtype, double beta, cudaStream_t stream) {
+  with_momentum_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {m, g});
+    if (count == 0) return;
+    launch_for_each("momentum update", dtype, count,
+                    MomentumOp<T>{static_cast<T*>(m), static_cast<const T*>(g), MomentumMath<T>::beta(beta),
+                                  MomentumMath<T>::one_minus_beta(beta)},
+                    stream);
+  });
 }
 
 }  // namespace cuda

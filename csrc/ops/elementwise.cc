@@ -3,8 +3,6 @@
 #include <string>
 #include <type_traits>
 
-#include "common/error.h"
-
 namespace bagua {
 namespace {
 
@@ -26,22 +24,10 @@ void add_loop(T* __restrict acc, const T* __restrict other, size_t count) {
   for (size_t i = 0; i < count; ++i) acc[i] = ReplicaMath<T>::add(acc[i], other[i]);
 }
 
-// Calls f(T*) with T the element type of a floating dtype.
-template <typename F>
-void with_floating(DType dtype, const char* what, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(static_cast<float*>(nullptr));
-    case DType::kFloat64: return f(static_cast<double*>(nullptr));
-    case DType::kFloat16: return f(static_cast<Half*>(nullptr));
-    case DType::kBFloat16: return f(static_cast<BFloat16*>(nullptr));
-    default: throw InvalidArgument(std::string(what) + " needs a floating dtype, got " + dtype_name(dtype));
-  }
-}
-
 template <typename T, typename A>
 void momentum_loop(T* __restrict m, const T* __restrict g, size_t count, double beta) {
-  const A b = static_cast<A>(beta);
-  const A c = static_cast<A>(1.0 - beta);
+  const A b = MomentumMath<A>::beta(beta);
+  const A c = MomentumMath<A>::one_minus_beta(beta);
   for (size_t i = 0; i < count; ++i)
     m[i] = static_cast<T>(MomentumMath<A>::update(static_cast<A>(to_acc(m[i])), static_cast<A>(to_acc(g[i])), b, c));
 }
@@ -61,14 +47,10 @@ void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t co
 }
 
 void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return momentum_loop<float, float>(static_cast<float*>(m), static_cast<const float*>(g), count, beta);
-    case DType::kFloat64:
-      return momentum_loop<double, double>(static_cast<double*>(m), static_cast<const double*>(g), count, beta);
-    default:
-      throw InvalidArgument(std::string("QAdam's momentum needs float32 or float64, got ") + dtype_name(dtype));
-  }
+  with_momentum_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    momentum_loop<T, T>(static_cast<T*>(m), static_cast<const T*>(g), count, beta);
+  });
 }
 
 void replica_diff_cpu(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype) {

@@ -1,10 +1,14 @@
 // Element math of the decentralized ops, written once for CPU loops and CUDA
-// kernels. float16/bfloat16 compute in float32 and round once on store.
+// kernels (kernels/cuda_kernels.h). float16/bfloat16 compute in float32 and
+// round once on store. Neither side contracts a * b + c into an FMA
+// (CMakeLists.txt), so the kernels give the host loops' bits (NaN payloads aside).
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/dtype.h"
+#include "common/error.h"
 #include "kernels/half.h"
 #include "kernels/hd.h"
 
@@ -52,6 +56,9 @@ struct ReplicaMath<BFloat16> {
 //   m = beta * m + (1 - beta) * g, with beta and 1 - beta rounded to that type once.
 template <typename T>
 struct MomentumMath {
+  // The two coefficients from the step's beta (host side, once per call).
+  static T beta(double beta) { return static_cast<T>(beta); }
+  static T one_minus_beta(double beta) { return static_cast<T>(1.0 - beta); }
   static BAGUA_HD T update(T m, T g, T beta, T one_minus_beta) { return beta * m + one_minus_beta * g; }
 };
 
@@ -73,6 +80,30 @@ struct AsyncAverageMath<BFloat16> {
     return to_bfloat16(to_float(a) + (to_float(w) - to_float(s)));
   }
 };
+
+// Calls f(T*) (a null tag) with T the element type of a floating dtype (float,
+// double, Half, BFloat16); InvalidArgument naming `what` for other dtypes.
+// The host loops and the CUDA launchers (kernels/cuda_kernels.cu) dispatch
+// through these, so both accept the same dtypes.
+template <typename F>
+void with_floating(DType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case DType::kFloat64: return f(static_cast<double*>(nullptr));
+    case DType::kFloat16: return f(static_cast<Half*>(nullptr));
+    case DType::kBFloat16: return f(static_cast<BFloat16*>(nullptr));
+    default: throw InvalidArgument(std::string(what) + " needs a floating dtype, got " + dtype_name(dtype));
+  }
+}
+// As with_floating for QAdam's momentum, which takes float32 and float64 only.
+template <typename F>
+void with_momentum_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case DType::kFloat64: return f(static_cast<double*>(nullptr));
+    default: throw InvalidArgument(std::string("QAdam's momentum needs float32 or float64, got ") + dtype_name(dtype));
+  }
+}
 
 // w[i] = AsyncAverageMath::apply(w[i], snapshot[i], avg[i]) on host memory (floating dtypes).
 void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t count, DType dtype);

@@ -9,19 +9,20 @@
 #include "ops/elementwise.h"
 #ifdef BAGUA_WITH_CUDA
 #include "kernels/compress_cuda.h"
+#include "kernels/cuda_kernels.h"
 #endif
 
 namespace bagua {
 namespace step_kernels {
 namespace {
 
-[[noreturn]] void no_cuda(const char* what) {
 #ifdef BAGUA_WITH_CUDA
-  throw InvalidArgument(std::string(what) + " has no CUDA kernel yet");
+cudaStream_t cuda_stream(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 #else
+[[noreturn]] void no_cuda(const char* what) {
   throw InvalidArgument(std::string(what) + ": this build has no CUDA support");
-#endif
 }
+#endif
 
 // Plain host: `work` runs now. On a Device whose memory the host touches (the
 // host implementation): it is enqueued on the context's stream, so it runs in
@@ -66,29 +67,49 @@ void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, si
 
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { average_into_cpu(acc, other, count, dtype); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_average_into(acc, other, count, dtype, cuda_stream(ctx));
+#else
   no_cuda("weight averaging");
+#endif
 }
 
 void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l, const void* r, size_t count,
                   DType dtype) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { replica_diff_cpu(t, w, l, r, count, dtype); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_replica_diff(t, w, l, r, count, dtype, cuda_stream(ctx));
+#else
   no_cuda("the replica difference");
+#endif
 }
 
 void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { add_into_cpu(acc, other, count, dtype); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_add_into(acc, other, count, dtype, cuda_stream(ctx));
+#else
   no_cuda("adding");
+#endif
 }
 
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { momentum_update_cpu(m, g, count, dtype, beta); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_momentum_update(m, g, count, dtype, beta, cuda_stream(ctx));
+#else
   no_cuda("QAdam's momentum update");
+#endif
 }
 
 void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count,
                    DType dtype) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { apply_average_cpu(w, snapshot, avg, count, dtype); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_apply_average(w, snapshot, avg, count, dtype, cuda_stream(ctx));
+#else
   no_cuda("applying a model average");
+#endif
 }
 
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {

@@ -1,9 +1,10 @@
 // The element math a step needs, dispatched on the context's device: the host
-// loops of kernels/*_cpu.* on CPU, the launchers of kernels/*_cuda.* on CUDA
-// (enqueued on the context's stream), and on the host implementation of a
-// Device the host loops enqueued on its stream's queue (ExecContext::dev).
-// Only this dispatch differs by device;
-// the steps themselves are written once.
+// loops (kernels/compress_cpu.h, ops/elementwise.h) on CPU, the launchers of
+// kernels/compress_cuda.h and kernels/cuda_kernels.h on CUDA (enqueued on the
+// context's stream; same bits as the host, NaN payloads aside), and on the
+// host implementation of a Device the host loops enqueued on its stream's
+// queue (ExecContext::dev). Only this dispatch differs by device; the steps
+// themselves are written once.
 #pragma once
 
 #include <cstddef>

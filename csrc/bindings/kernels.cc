@@ -1,0 +1,332 @@
+// `_C.kernels`: the element kernels for tests, on two kinds of arguments.
+//   * host_scale / host_divide / cuda_scale / cuda_divide (kernels/scale.h) on
+//     raw addresses (ints) with a count and a dtype code; CUDA launches go on a
+//     stream (int, 0 = the legacy default stream) that the caller synchronizes.
+//   * The step kernels of ops/kernels.h on arrays (anything with the buffer
+//     protocol, C-contiguous; element arrays of the dtype's item size, record
+//     arrays of bytes), run on device "cpu" (a plain host ExecContext on the
+//     arrays themselves) or "cuda" (copies in CUDA device 0's memory, the
+//     outputs copied back and the stream synchronized before returning; Error
+//     naming why when there is no usable CUDA device). Sizes are checked here,
+//     so a bad call raises instead of touching memory it does not own.
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "device/device.h"
+#include "kernels/compress_cpu.h"
+#include "kernels/minmax_uint8.h"
+#include "kernels/scale.h"
+#include "ops/kernels.h"
+#include "ops/step.h"
+
+#ifdef BAGUA_WITH_CUDA
+#include "comm/nccl/cuda_util.h"
+#include "kernels/cuda_kernels.h"
+#endif
+
+namespace py = pybind11;
+
+namespace bagua {
+namespace bindings {
+namespace {
+
+DType to_dtype(int code) {
+  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
+  return static_cast<DType>(code);
+}
+
+size_t to_size(int64_t v, const char* what) {
+  if (v < 0) throw InvalidArgument(std::string(what) + " must not be negative");
+  return static_cast<size_t>(v);
+}
+
+void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// ---- the step kernels on arrays ----------------------------------------------------------------
+
+struct Array {
+  py::buffer_info info;
+  bool output;  // written by the kernel (copied back from the device)
+  size_t nbytes() const { return static_cast<size_t>(info.size) * static_cast<size_t>(info.itemsize); }
+};
+
+// BufferError (from the buffer protocol) when an output is read-only.
+Array array_of(const py::buffer& b, const char* name, bool output) {
+  Array a{b.request(output), output};
+  py::ssize_t expect = a.info.itemsize;
+  for (py::ssize_t d = a.info.ndim - 1; d >= 0; --d) {
+    if (a.info.shape[d] != 1 && a.info.strides[d] != expect)
+      throw InvalidArgument(std::string(name) + " must be C-contiguous");
+    expect *= a.info.shape[d];
+  }
+  return a;
+}
+
+// Number of `dtype` elements of an element array.
+size_t elements(const Array& a, DType dtype, const char* name) {
+  if (static_cast<size_t>(a.info.itemsize) != dtype_size(dtype)) {
+    throw InvalidArgument(std::string(name) + ": " + dtype_name(dtype) + " needs items of " +
+                          std::to_string(dtype_size(dtype)) + " bytes, got " + std::to_string(a.info.itemsize));
+  }
+  return static_cast<size_t>(a.info.size);
+}
+
+// The common element count of arrays that all hold `dtype` elements.
+size_t same_count(const std::vector<Array>& arrays, const std::vector<const char*>& names, DType dtype) {
+  const size_t n = elements(arrays[0], dtype, names[0]);
+  for (size_t i = 1; i < arrays.size(); ++i) {
+    if (elements(arrays[i], dtype, names[i]) != n) {
+      throw InvalidArgument(std::string(names[i]) + " has " + std::to_string(arrays[i].info.size) + " elements, " +
+                            names[0] + " " + std::to_string(n));
+    }
+  }
+  return n;
+}
+
+void check_nbytes(const Array& a, size_t expected, const char* name) {
+  if (a.nbytes() != expected) {
+    throw InvalidArgument(std::string(name) + " must have " + std::to_string(expected) + " bytes, got " +
+                          std::to_string(a.nbytes()));
+  }
+}
+
+#ifdef BAGUA_WITH_CUDA
+// One stream for all calls (the device, one per index, owns it).
+Stream test_stream(Device& dev) {
+  static Stream stream = dev.new_stream();
+  return stream;
+}
+#endif
+
+// Runs op(ctx, pointers), one pointer per array, on `device` (see the top of the file).
+template <typename Op>
+void run_on(const std::string& device, const std::vector<Array>& arrays, Op&& op) {
+  std::vector<void*> ptrs;
+  if (device == "cpu") {
+    for (const Array& a : arrays) ptrs.push_back(a.info.ptr);
+    py::gil_scoped_release release;
+    op(ExecContext{}, ptrs);
+    return;
+  }
+  if (device != "cuda") throw InvalidArgument("device must be 'cpu' or 'cuda', got '" + device + "'");
+  py::gil_scoped_release release;
+  DevicePtr dev = cuda_device(0);  // Error naming why without a usable GPU
+#ifdef BAGUA_WITH_CUDA
+  const Stream stream = test_stream(*dev);
+  std::vector<std::shared_ptr<void>> memory;
+  for (const Array& a : arrays) {
+    memory.push_back(dev->allocate(std::max<size_t>(a.nbytes(), 1)));
+    ptrs.push_back(memory.back().get());
+    dev->copy_async(ptrs.back(), a.info.ptr, a.nbytes(), stream);
+  }
+  ExecContext ctx;
+  ctx.device = DeviceType::kCUDA;
+  ctx.stream = stream;
+  ctx.dev = dev.get();
+  op(ctx, ptrs);
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    if (arrays[i].output) dev->copy_async(arrays[i].info.ptr, ptrs[i], arrays[i].nbytes(), stream);
+  }
+  dev->synchronize(stream, std::chrono::seconds(60));
+#else
+  (void)dev;
+#endif
+}
+
+using Ptrs = const std::vector<void*>&;
+
+void bind_step_kernels(py::module_& k) {
+  const auto dev = py::arg("device") = "cpu";
+  k.def(
+      "average_into",
+      [](py::buffer acc, py::buffer other, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(acc, "acc", true));
+        a.push_back(array_of(other, "other", false));
+        const size_t n = same_count(a, {"acc", "other"}, t);
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) { step_kernels::average_into(ctx, p[0], p[1], n, t); });
+      },
+      py::arg("acc"), py::arg("other"), py::arg("dtype"), dev, "acc = (acc + other) / 2 (ops/elementwise.h).");
+  k.def(
+      "replica_diff",
+      [](py::buffer t, py::buffer w, py::buffer l, py::buffer r, int dtype, const std::string& device) {
+        const DType dt = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(t, "t", true));
+        a.push_back(array_of(w, "w", false));
+        a.push_back(array_of(l, "l", false));
+        a.push_back(array_of(r, "r", false));
+        const size_t n = same_count(a, {"t", "w", "l", "r"}, dt);
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { step_kernels::replica_diff(ctx, p[0], p[1], p[2], p[3], n, dt); });
+      },
+      py::arg("t"), py::arg("w"), py::arg("l"), py::arg("r"), py::arg("dtype"), dev,
+      "t = t + l/3 + r/3 - w*5/3 (ops/elementwise.h ReplicaMath).");
+  k.def(
+      "add_into",
+      [](py::buffer acc, py::buffer other, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(acc, "acc", true));
+        a.push_back(array_of(other, "other", false));
+        const size_t n = same_count(a, {"acc", "other"}, t);
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) { step_kernels::add_into(ctx, p[0], p[1], n, t); });
+      },
+      py::arg("acc"), py::arg("other"), py::arg("dtype"), dev, "acc = acc + other.");
+  k.def(
+      "momentum_update",
+      [](py::buffer m, py::buffer g, int dtype, double beta, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(m, "m", true));
+        a.push_back(array_of(g, "g", false));
+        const size_t n = same_count(a, {"m", "g"}, t);
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { step_kernels::momentum_update(ctx, p[0], p[1], n, t, beta); });
+      },
+      py::arg("m"), py::arg("g"), py::arg("dtype"), py::arg("beta"), dev,
+      "m = beta * m + (1 - beta) * g (ops/elementwise.h MomentumMath).");
+  k.def(
+      "apply_average",
+      [](py::buffer w, py::buffer snapshot, py::buffer avg, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(w, "w", true));
+        a.push_back(array_of(snapshot, "snapshot", false));
+        a.push_back(array_of(avg, "avg", false));
+        const size_t n = same_count(a, {"w", "snapshot", "avg"}, t);
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { step_kernels::apply_average(ctx, p[0], p[1], p[2], n, t); });
+      },
+      py::arg("w"), py::arg("snapshot"), py::arg("avg"), py::arg("dtype"), dev,
+      "w = avg + (w - snapshot) (ops/elementwise.h AsyncAverageMath).");
+
+  namespace mm = minmax_uint8;
+  k.def(
+      "compress",
+      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk,
+         const std::string& device) {
+        const DType t = to_dtype(dtype);
+        const size_t chunks = to_size(n_chunks, "n_chunks");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[0], t, "src");
+        mm::check_compress_args(n, t, chunks, target_chunk);
+        check_nbytes(a[1], mm::compressed_size(n, chunks), "dst");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::compress(ctx, p[0], n, t, chunks, p[1], target_chunk);
+        });
+      },
+      py::arg("src"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk") = -1, dev,
+      "MinMaxUInt8: src's elements into dst's records (kernels/minmax_uint8.h).");
+  k.def(
+      "decompress",
+      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk,
+         const std::string& device) {
+        const DType t = to_dtype(dtype);
+        const size_t chunks = to_size(n_chunks, "n_chunks");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[1], t, "dst");
+        mm::check_compress_args(n, t, chunks, target_chunk);
+        check_nbytes(a[0], mm::compressed_size(n, chunks), "src");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::decompress(ctx, p[0], n, t, chunks, p[1], target_chunk);
+        });
+      },
+      py::arg("src"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk") = -1, dev,
+      "MinMaxUInt8: src's records decoded into dst's elements.");
+  k.def(
+      "reduce_chunks",
+      [](py::buffer src, int64_t n_records, int dtype, bool average, py::buffer dst, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        const size_t records = to_size(n_records, "n_records");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t len = elements(a[1], t, "dst");
+        mm::check_reduce_args(len, records, t);
+        check_nbytes(a[0], records * mm::record_bytes(len), "src");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::reduce_chunks(ctx, p[0], len, records, t, average, p[1]);
+        });
+      },
+      py::arg("src"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"), dev,
+      "MinMaxUInt8: the sum (or mean) of n_records records of len(dst) codes into dst.");
+}
+
+// ---- scale and divide on raw addresses ---------------------------------------------------------
+
+[[noreturn, maybe_unused]] void no_cuda(const char* what) {
+  throw Error(std::string(what) + ": bagua_core was built without CUDA (no CUDA toolkit was found at build time)");
+}
+
+void bind_scale(py::module_& k) {
+  auto release = py::call_guard<py::gil_scoped_release>();
+  k.def("host_scale", [](uintptr_t data, size_t count, int dtype, double factor) {
+    scale_host(as_ptr(data), count, to_dtype(dtype), factor);
+  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), release);
+  k.def("host_divide", [](uintptr_t data, size_t count, int dtype, double divisor) {
+    divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
+  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
+#ifdef BAGUA_WITH_CUDA
+  // The kernel runs on the device that holds `data` (else the current one).
+  auto device_of = [](uintptr_t data) {
+    cudaPointerAttributes attr;
+    cudaError_t err = cudaPointerGetAttributes(&attr, as_ptr(data));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      int current = 0;
+      cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+      return current;
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+      throw InvalidArgument("the kernel needs device memory, got a host pointer");
+    }
+    return attr.device;
+  };
+  k.def("cuda_scale", [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
+    DType t = to_dtype(dtype);
+    if (count == 0) return;
+    cuda::DeviceGuard guard(device_of(data));
+    cuda::launch_scale(as_ptr(data), count, t, factor, static_cast<cudaStream_t>(as_ptr(stream)));
+  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0, release);
+  k.def("cuda_divide", [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
+    DType t = to_dtype(dtype);
+    if (count == 0) return;
+    cuda::DeviceGuard guard(device_of(data));
+    cuda::launch_divide(as_ptr(data), count, t, divisor, static_cast<cudaStream_t>(as_ptr(stream)));
+  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0, release);
+#else
+  k.def("cuda_scale", [](py::args, py::kwargs) { no_cuda("cuda_scale"); });
+  k.def("cuda_divide", [](py::args, py::kwargs) { no_cuda("cuda_divide"); });
+#endif
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  py::module_ k = m.def_submodule(
+      "kernels",
+      "Element kernels for tests: scale/divide on raw addresses (host loops, and CUDA launches on a "
+      "stream the caller synchronizes), and the step kernels (ops/kernels.h) on arrays, on device "
+      "'cpu' or 'cuda'. Host and CUDA run the same element functions.");
+  bind_scale(k);
+  bind_step_kernels(k);
+}
+
+}  // namespace bindings
+}  // namespace bagua
