@@ -19,6 +19,24 @@ Gradient algorithms go before the optimizer in the chain; weight algorithms
 ``jax.jit`` (a background loop averages host copies of the weights; see
 ``bagua_jax._src.async_average``).
 
+On GPUs: collectives and transform steps on arrays on a CUDA device run
+through the CUDA handlers (built when bagua_core was built with CUDA;
+``bagua_core._C.has_cuda_ffi``), which enqueue their work on XLA's stream
+inside the jitted program. The process group must then serve CUDA memory
+(``group.device_type == "cuda"``: NCCL, or Gloo staged through host memory,
+which first waits for XLA's stream); an array on another platform than the
+group's is refused with a ValueError. The step number of a transform is counted
+on the host per bucket (read from the device once, then checked against it
+asynchronously; see csrc/ffi/cuda_handlers.cc), so the step never waits for
+XLA's stream.
+
+GPU memory: XLA preallocates 75% of the GPU's memory when JAX first uses it,
+but NCCL (its communicators' buffers) and Bagua (step scratch, gathered
+buckets, pinned staging of Gloo groups) allocate outside XLA's pool. Leave them
+room: set ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (allocate on demand) or
+lower ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (e.g. ``.6``) before JAX initialises
+the GPU, or NCCL and Bagua fail with CUDA out-of-memory errors.
+
 Sharp bits:
 
 - Collectives keep program order on every rank (an ordered effect threads a

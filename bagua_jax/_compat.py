@@ -151,4 +151,10 @@ def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
 
 
 def register_ffi_target(name: str, capsule: Any, platform: str) -> None:
+    """Registers a typed-FFI handler for ``platform`` ("cpu" or "CUDA").
+
+    Public API. For a platform whose plugin is not loaded (the CUDA handlers on
+    a CPU-only jaxlib) JAX keeps the registration pending and hands it over if
+    the plugin loads later; nothing fails (tests/test_jax_cuda_registration.py).
+    """
     jax.ffi.register_ffi_target(name, capsule, platform=platform, api_version=1)

@@ -1,8 +1,14 @@
 """Registers the engine's XLA FFI handlers with JAX, once per process.
 
 The handlers live in the extension module (csrc/ffi/); ``_C.ffi_targets()``
-returns them as capsules grouped by platform. Every platform registers the same
-target names, so a collective's lowering does not depend on the platform.
+returns them as capsules grouped by platform: "cpu" always, "CUDA" when the
+module was built with CUDA (``_C.has_cuda_ffi``; csrc/ffi/cuda_handlers.cc).
+Every platform registers the same target names, so a collective's lowering
+does not depend on the platform.
+
+Registering the CUDA handlers with a jaxlib that has no CUDA plugin is
+harmless: JAX keeps registrations for a platform it has not loaded and hands
+them over if that platform's plugin loads later.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ STEP = "bagua_step"  # algorithm steps on a bucket's leaves (csrc/ffi/steps.h)
 # jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
 _JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}
 
+HAS_CUDA_HANDLERS = bool(getattr(_C, "has_cuda_ffi", False))
+
 _lock = threading.Lock()
 _registered: dict = {}
 
@@ -34,10 +42,14 @@ def register_targets() -> dict:
             raise ImportError(
                 "bagua_core was built without XLA FFI handlers (jax was not importable "
                 "when it was built); reinstall bagua with jax installed")
+        registered: dict = {}
         for platform, targets in _C.ffi_targets().items():
+            if platform == "CUDA" and not HAS_CUDA_HANDLERS:
+                continue
             for name, capsule in targets.items():
                 _compat.register_ffi_target(name, capsule, platform=platform)
-                _registered.setdefault(_JAX_PLATFORM[platform], set()).add(name)
+                registered.setdefault(_JAX_PLATFORM[platform], set()).add(name)
+        _registered.update(registered)
         return _registered
 
 

@@ -1,8 +1,11 @@
 // Exposes the XLA FFI handlers (csrc/ffi/) as capsules for jax.ffi.register_ffi_target.
 //
 //   _C.has_xla_ffi        True when the module was built with the handlers
+//   _C.has_cuda_ffi       True when it has the CUDA handlers too (CUDA and the
+//                         FFI headers at build time); the "CUDA" entries of
+//                         ffi_targets() exist exactly then
 //   _C.ffi_targets()      {platform: {target name: capsule}}, e.g.
-//                         {"cpu": {"bagua_allreduce": <capsule>, ...}}
+//                         {"cpu": {"bagua_allreduce": <capsule>, ...}, "CUDA": {...}}
 //   _C.set_ffi_step_timings(on), _C.ffi_step_timings_on()
 //                         record the times of every "bagua_step" call (BAGUA_TRACE)
 //   _C.drain_ffi_step_timings()
@@ -25,6 +28,11 @@ namespace bindings {
 void bind_ffi(py::module_& m) {
 #ifdef BAGUA_WITH_XLA_FFI
   m.attr("has_xla_ffi") = true;
+#ifdef BAGUA_WITH_XLA_FFI_CUDA
+  m.attr("has_cuda_ffi") = true;
+#else
+  m.attr("has_cuda_ffi") = false;
+#endif
   m.def(
       "ffi_targets",
       [] {
@@ -52,6 +60,7 @@ void bind_ffi(py::module_& m) {
   });
 #else
   m.attr("has_xla_ffi") = false;
+  m.attr("has_cuda_ffi") = false;
   m.def("ffi_targets", [] { return py::dict(); },
         "Empty: this build has no XLA FFI handlers (jax was not found at build time).");
   m.def("set_ffi_step_timings", [](bool) {}, py::arg("on"));

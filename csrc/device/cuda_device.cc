@@ -81,6 +81,9 @@ class CudaDevice : public Device {
     void* p = nullptr;
     cuda::check(cudaMalloc(&p, nbytes == 0 ? 1 : nbytes), "cudaMalloc(" + std::to_string(nbytes) + " bytes)");
     cudaError_t err = cudaMemset(p, 0, nbytes);
+    // cudaMemset runs on the legacy default stream, which non-blocking streams
+    // (XLA's, the lanes') do not wait for: finish it before handing out the memory
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
     if (err != cudaSuccess) {
       cudaFree(p);
       cuda::check(err, "cudaMemset");

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "ops/kernels.h"
 
 namespace bagua {
 namespace ffi {
@@ -63,7 +64,7 @@ xffi::Error broadcast(const Platform& p, int64_t comm, int64_t root, xffi::AnyBu
     // in the output buffer (other ranks' copies are overwritten anyway).
     void* buf = out->untyped_data();
     if (buf != in.untyped_data() && c->rank() == root && count > 0) {
-      p.copy(buf, in.untyped_data(), count * dtype_size(dtype), p.stream);
+      step_kernels::copy(p.context(), buf, in.untyped_data(), count * dtype_size(dtype));
     }
     c->broadcast(buf, count, dtype, static_cast<int>(root), p.stream);
   });

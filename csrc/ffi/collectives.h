@@ -1,9 +1,10 @@
 // Bodies of the collective FFI handlers, shared by every platform.
 //
-// A platform handler (cpu_handlers.cc now; a CUDA one beside it later) decodes
-// its buffers, token and attributes, then calls these with a Platform that says
-// which device the buffers live on, which stream to enqueue on (null on CPU),
-// and how to copy device memory. The communicator must live on the same device.
+// A platform handler (cpu_handlers.cc, cuda_handlers.cc) decodes its buffers,
+// token and attributes, then calls these with a Platform that says which device
+// the buffers live on and which stream to enqueue on. The communicator must
+// live on the same device; it gets the Platform's stream (NCCL enqueues on it,
+// a staged Gloo communicator waits for it first: comm/staged_communicator.h).
 //
 // Outputs may alias inputs (the lowering sets input_output_aliases {0: 0} when
 // asked), so every body works in place when in == out.
@@ -13,15 +14,23 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "device/device.h"
 #include "ffi/ffi_common.h"
+#include "ops/step.h"
 
 namespace bagua {
 namespace ffi {
 
+// Where a handler's buffers live and its work goes. The only thing in which
+// the CPU and CUDA handlers differ: every copy, memset and element kernel of
+// the shared bodies goes through context() (ops/kernels.h), so on CPU it runs
+// at once on host memory and on CUDA it is enqueued on XLA's stream.
 struct Platform {
-  DeviceType device;
-  Stream stream;  // cudaStream_t of XLA on CUDA, null on CPU
-  void (*copy)(void* dst, const void* src, size_t bytes, Stream stream);
+  DeviceType device = DeviceType::kCPU;
+  Stream stream = nullptr;  // XLA's cudaStream_t on CUDA; null on CPU
+  Device* dev = nullptr;    // the CUDA Device of that stream; null on CPU (plain host memory)
+
+  ExecContext context(Scratch* scratch = nullptr) const { return ExecContext{device, stream, scratch, dev}; }
 };
 
 // out = op over all ranks of in (same shape and dtype).

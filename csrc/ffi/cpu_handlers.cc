@@ -1,5 +1,4 @@
 // CPU handlers: buffers are host memory, the communicator is Gloo.
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -13,9 +12,13 @@ namespace bagua {
 namespace ffi {
 namespace {
 
-void host_copy(void* dst, const void* src, size_t bytes, Stream) { std::memcpy(dst, src, bytes); }
+const Platform kCpu{DeviceType::kCPU, nullptr, nullptr};
 
-const Platform kCpu{DeviceType::kCPU, nullptr, host_copy};
+// The step thread's memory (only that thread runs steps; freed when it exits).
+StepMemory& step_memory() {
+  thread_local StepMemory memory;
+  return memory;
+}
 
 xffi::Error allreduce_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                           xffi::Result<xffi::Token>, int64_t comm, int64_t op) {
@@ -60,7 +63,7 @@ xffi::Future run_async(std::string_view name, std::string_view model, int64_t bu
   }
   run_on_step_thread([call, promise, what, timing]() mutable {
     if (timing) timing->timing.start_ns = monotonic_ns();
-    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call); });
+    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call, step_memory()); });
     if (timing) {
       timing->timing.end_ns = monotonic_ns();
       record_step_timing(std::move(*timing));
@@ -80,7 +83,9 @@ xffi::Future step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs arg
                       xffi::RemainingRets rets, std::string_view name, std::string_view params, int64_t comm,
                       int64_t intra, int64_t inter, int64_t n_data, std::string_view model, int64_t bucket) {
   return run_async(name, model, bucket, [&] {
-    return prepare_step(kCpu, name, params, comm, intra, inter, n_data, step, args, rets);
+    PreparedStep call = prepare_step(kCpu, name, params, comm, intra, inter, n_data, step, args, rets);
+    call.number = read_host_step(step);  // host memory, final when XLA calls the handler
+    return call;
   });
 }
 

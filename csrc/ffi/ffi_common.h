@@ -1,7 +1,7 @@
 // Shared pieces of the XLA FFI handlers: dtype mapping, communicator lookup,
 // and the translation of engine exceptions into ffi::Error.
 //
-// Handlers for every platform (CPU now, CUDA later) call the same collective
+// Handlers for every platform (CPU, and CUDA in CUDA builds) call the same collective
 // bodies in collectives.h; a platform only decides which stream to pass.
 #pragma once
 

@@ -3,12 +3,11 @@
 // the int64 attribute "comm" (a handle from bagua::register_communicator) plus
 // "op" (allreduce) or "root" (broadcast).
 //
-// Adding CUDA (NCCL on XLA's stream): a cuda_handlers.cu/.cc beside
-// cpu_handlers.cc whose handlers add .Ctx<xffi::PlatformStream<cudaStream_t>>()
-// to the same binding and call the bodies in collectives.h with
-// Platform{DeviceType::kCUDA, stream, <cudaMemcpyAsync on stream>}; declare the
-// symbols here under BAGUA_WITH_CUDA and list them in targets.cc with platform
-// "CUDA" and the same target names. The Python lowering needs no change.
+// CPU handlers (cpu_handlers.cc) are in every build with the FFI headers; the
+// CUDA ones (cuda_handlers.cc: the same bindings with XLA's stream first, via
+// .Ctx<xffi::PlatformStream<cudaStream_t>>()) only where CUDA is built too
+// (BAGUA_WITH_XLA_FFI_CUDA). targets.cc lists both under the same target
+// names, so the Python lowering is the same on every platform.
 #pragma once
 
 #include "xla/ffi/api/api.h"
@@ -19,3 +18,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
 // Algorithm steps (ffi/steps.h): the token first, then the step number and a
 // bucket's leaves (and state) as remaining operands and results.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
+
+#ifdef BAGUA_WITH_XLA_FFI_CUDA
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allreduce_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_broadcast_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cuda);
+#endif

@@ -4,42 +4,14 @@
 #include <string>
 
 #include "common/error.h"
+#include "ops/kernels.h"
 #include "ops/registry.h"
 
 namespace bagua {
 namespace ffi {
 namespace {
 
-// Scratch memory of the steps run by this thread, and the adapter's own
-// (gathered buckets), kept apart so their slots never collide.
-GrowOnlyScratch& step_scratch() {
-  thread_local GrowOnlyScratch scratch;
-  return scratch;
-}
-GrowOnlyScratch& bucket_scratch() {
-  thread_local GrowOnlyScratch scratch;
-  return scratch;
-}
 enum BucketSlot { kDataSlot = 0, kResultSlot = 1, kStateSlot = 2 };
-
-// The step number lives in host memory on CPU; a CUDA handler must first
-// copy it to the host (Platform::copy copies within one device).
-int64_t read_step(const Platform& p, const xffi::AnyBuffer& step) {
-  if (p.device != DeviceType::kCPU) throw InvalidArgument("algorithm steps run on CPU buffers only in this build");
-  if (step.element_count() != 1) throw InvalidArgument("the step number must be a scalar");
-  int64_t value = 0;
-  if (step.element_type() == xffi::DataType::S32) {
-    int32_t v = 0;
-    p.copy(&v, step.untyped_data(), sizeof v, p.stream);
-    value = v;
-  } else if (step.element_type() == xffi::DataType::S64) {
-    p.copy(&value, step.untyped_data(), sizeof value, p.stream);
-  } else {
-    throw InvalidArgument("the step number must be int32 or int64");
-  }
-  if (value < 0) throw InvalidArgument("the step number must be >= 0, got " + std::to_string(value));
-  return value;
-}
 
 CommunicatorPtr optional_communicator(int64_t handle, DeviceType device) {
   return handle < 0 ? nullptr : communicator_for(handle, device);
@@ -80,34 +52,60 @@ bool is_own_bucket(const std::vector<Span>& leaves, size_t padded) {
 // The bucket the step works on in place: `out` itself when it is one
 // unpadded leaf (holding `in` after a copy), else scratch gathered from `in`
 // with the padding zeroed.
-Span working_bucket(const Platform& p, const std::vector<Span>& in, const std::vector<Span>& out, size_t padded,
-                    DType dtype, BucketSlot slot) {
+Span working_bucket(const ExecContext& ctx, Scratch& buckets, const std::vector<Span>& in,
+                    const std::vector<Span>& out, size_t padded, DType dtype, BucketSlot slot) {
   if (is_own_bucket(out, padded)) {
-    if (out[0].data != in[0].data) p.copy(out[0].data, in[0].data, in[0].nbytes(), p.stream);
+    if (out[0].data != in[0].data) step_kernels::copy(ctx, out[0].data, in[0].data, in[0].nbytes());
     return out[0];
   }
   const size_t elem = dtype_size(dtype);
-  char* bucket = static_cast<char*>(bucket_scratch().get(slot, padded * elem));
+  char* bucket = static_cast<char*>(buckets.get(slot, padded * elem));
   size_t offset = 0;
   for (const Span& leaf : in) {
-    p.copy(bucket + offset, leaf.data, leaf.nbytes(), p.stream);
+    step_kernels::copy(ctx, bucket + offset, leaf.data, leaf.nbytes());
     offset += leaf.nbytes();
   }
-  std::memset(bucket + offset, 0, padded * elem - offset);
+  step_kernels::fill_zero(ctx, bucket + offset, padded * elem - offset);
   return Span{bucket, padded, dtype};
 }
 
 // Copies `bucket` back into the leaves `out` unless it is their own memory.
-void scatter(const Platform& p, const Span& bucket, const std::vector<Span>& out) {
+void scatter(const ExecContext& ctx, const Span& bucket, const std::vector<Span>& out) {
   if (is_own_bucket(out, bucket.count) && out[0].data == bucket.data) return;
   const char* src = static_cast<const char*>(bucket.data);
   for (const Span& leaf : out) {
-    p.copy(leaf.data, src, leaf.nbytes(), p.stream);
+    step_kernels::copy(ctx, leaf.data, src, leaf.nbytes());
     src += leaf.nbytes();
   }
 }
 
 }  // namespace
+
+StepMemory::StepMemory(DevicePtr device) : step(device), buckets(device), device_(std::move(device)) {}
+
+void check_step_operand(const xffi::AnyBuffer& step) {
+  if (step.element_count() != 1) throw InvalidArgument("the step number must be a scalar");
+  if (step.element_type() != xffi::DataType::S32 && step.element_type() != xffi::DataType::S64)
+    throw InvalidArgument("the step number must be int32 or int64");
+}
+
+int64_t step_value(const void* data, xffi::DataType type) {
+  int64_t value = 0;
+  if (type == xffi::DataType::S32) {
+    int32_t v = 0;
+    std::memcpy(&v, data, sizeof v);
+    value = v;
+  } else {
+    std::memcpy(&value, data, sizeof value);
+  }
+  if (value < 0) throw InvalidArgument("the step number must be >= 0, got " + std::to_string(value));
+  return value;
+}
+
+int64_t read_host_step(const xffi::AnyBuffer& step) {
+  check_step_operand(step);
+  return step_value(step.untyped_data(), step.element_type());
+}
 
 PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
                           int64_t intra, int64_t inter, int64_t n_data, xffi::AnyBuffer step,
@@ -123,7 +121,10 @@ PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_
     throw InvalidArgument(s->describe() + ": " + std::to_string(args.size()) + " operands but " +
                           std::to_string(rets.size()) + " results");
 
-  PreparedStep call{s, p};
+  check_step_operand(step);
+  PreparedStep call;
+  call.step = s;
+  call.platform = p;
   auto first = args.get<xffi::AnyBuffer>(0);
   if (!first || !to_engine_dtype(first->element_type(), &call.dtype))
     throw InvalidArgument(s->describe() + ": unsupported element type");
@@ -167,43 +168,42 @@ PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_
                             std::to_string(n_state_args) + " state operands for " + std::to_string(n) + " leaves");
     }
   }
-  call.number = read_step(p, step);
   return call;
 }
 
-void run_prepared(const PreparedStep& call) {
-  const Platform& p = call.platform;
-  const ExecContext ctx{p.device, p.stream, &step_scratch()};
+void run_prepared(const PreparedStep& call, StepMemory& memory) {
+  const ExecContext ctx = call.platform.context(&memory.step);
+  Scratch& buckets = memory.buckets;
   const Step& step = *call.step;
 
   std::vector<Span> state;
   Span state_bucket;
   if (call.state_block_out.count > 0) {
     if (call.state_block_out.data != call.state_block_in.data)
-      p.copy(call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes(), p.stream);
+      step_kernels::copy(ctx, call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes());
     state = state_spans(call.state_block_out.data, step.num_state(), call.padded, call.dtype);
   } else if (!call.state_in.empty()) {
-    state_bucket = working_bucket(p, call.state_in, call.state_out, call.padded, call.dtype, kStateSlot);
+    state_bucket = working_bucket(ctx, buckets, call.state_in, call.state_out, call.padded, call.dtype, kStateSlot);
     state = {state_bucket};
   }
 
   if (!step.has_result()) {
-    const Span bucket = working_bucket(p, call.data_in, call.data_out, call.padded, call.dtype, kDataSlot);
+    const Span bucket = working_bucket(ctx, buckets, call.data_in, call.data_out, call.padded, call.dtype, kDataSlot);
     step.run_with_state(ctx, bucket, bucket, state, call.number);
-    scatter(p, bucket, call.data_out);
+    scatter(ctx, bucket, call.data_out);
   } else {
     // the weights are only read: one unpadded leaf is used as it is
     const Span data = is_own_bucket(call.data_in, call.padded)
                           ? call.data_in[0]
-                          : working_bucket(p, call.data_in, call.data_in, call.padded, call.dtype, kDataSlot);
+                          : working_bucket(ctx, buckets, call.data_in, call.data_in, call.padded, call.dtype, kDataSlot);
     const Span result = is_own_bucket(call.data_out, call.padded)
                             ? call.data_out[0]
-                            : Span{bucket_scratch().get(kResultSlot, call.padded * dtype_size(call.dtype)),
+                            : Span{buckets.get(kResultSlot, call.padded * dtype_size(call.dtype)),
                                    call.padded, call.dtype};
     // a weight step that did not communicate hands the weights back unchanged
-    scatter(p, step.run_with_state(ctx, data, result, state, call.number) ? result : data, call.data_out);
+    scatter(ctx, step.run_with_state(ctx, data, result, state, call.number) ? result : data, call.data_out);
   }
-  if (state_bucket.count > 0) scatter(p, state_bucket, call.state_out);
+  if (state_bucket.count > 0) scatter(ctx, state_bucket, call.state_out);
 }
 
 }  // namespace ffi

@@ -22,10 +22,18 @@
 // bucket back into the results. Gathering here, on the step thread, instead of
 // concatenating in XLA keeps the copies off XLA's critical path.
 //
-// A call is checked when XLA calls the handler (prepare_step) and runs later
-// (run_prepared) on another thread: the CPU handler runs it on the step thread
-// (step_thread.h) and returns an ffi::Future, so XLA computes what does not
-// depend on it (the rest of backward) while the step communicates.
+// A call is checked when XLA calls the handler (prepare_step) and run by
+// run_prepared, whose copies, memsets, kernels and collectives go through the
+// Platform's ExecContext:
+//   * CPU (cpu_handlers.cc): it runs later on the step thread (step_thread.h)
+//     and the handler returns an ffi::Future, so XLA computes what does not
+//     depend on it (the rest of backward) while the step communicates;
+//   * CUDA (cuda_handlers.cc): it runs at once, enqueuing everything on XLA's
+//     stream (NCCL on that stream; a staged Gloo communicator waits for it),
+//     and the handler returns when the work is enqueued.
+// The step number is the platform's business: prepare_step only checks its
+// operand; the CPU handler reads it (read_host_step), the CUDA handler keeps a
+// host-side count (see cuda_handlers.cc).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +46,21 @@
 namespace bagua {
 namespace ffi {
 
+// Memory a step call uses besides its operands: the step's scratch and the
+// adapter's gathered buckets (kept apart so their slots never collide), on
+// `device` (null: plain host memory). Grow-only: once every slot reached its
+// largest size, calls allocate nothing. One caller at a time; work still in
+// flight on a stream must be ordered before the next call using it (same
+// stream, or the CPU step thread's sequential runs).
+struct StepMemory {
+  explicit StepMemory(DevicePtr device = nullptr);
+  GrowOnlyScratch step;
+  GrowOnlyScratch buckets;
+
+ private:
+  DevicePtr device_;  // keeps the allocations' Device alive
+};
+
 // Everything a step call needs once its buffers are known, by value: XLA's
 // call frame is gone when an asynchronous handler's work runs.
 struct PreparedStep {
@@ -45,7 +68,7 @@ struct PreparedStep {
   Platform platform;
   DType dtype = DType::kFloat32;
   size_t padded = 0;  // elements of the gathered bucket
-  int64_t number = 0;
+  int64_t number = 0;  // the step number: set by the platform handler
   std::vector<Span> data_in;   // the data leaves
   std::vector<Span> data_out;  // their results (may alias data_in)
   // State as one block: its operand and result (may alias); count 0 if none.
@@ -54,13 +77,22 @@ struct PreparedStep {
   std::vector<Span> state_in, state_out;
 };
 
-// Checks the call and decodes it; throws InvalidArgument naming the problem.
+// Throws InvalidArgument unless `step` is an int32 or int64 scalar.
+void check_step_operand(const xffi::AnyBuffer& step);
+// The step number at `data` (host memory) of `type` (S32 or S64); throws
+// InvalidArgument when it is negative.
+int64_t step_value(const void* data, xffi::DataType type);
+// The step operand's value, read from host memory (CPU buffers).
+int64_t read_host_step(const xffi::AnyBuffer& step);
+
+// Checks the call and decodes it (number left 0); throws InvalidArgument
+// naming the problem.
 PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_view params, int64_t comm,
                           int64_t intra, int64_t inter, int64_t n_data, xffi::AnyBuffer step,
                           const xffi::RemainingArgs& args, const xffi::RemainingRets& rets);
 
-// Runs a prepared call with this thread's scratch memory.
-void run_prepared(const PreparedStep& call);
+// Runs a prepared call with `memory` (on the call's device).
+void run_prepared(const PreparedStep& call, StepMemory& memory);
 
 }  // namespace ffi
 }  // namespace bagua

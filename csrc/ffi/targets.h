@@ -1,6 +1,7 @@
 // The table of FFI targets the module exports, for jax.ffi.register_ffi_target.
 // One name per collective; each platform registers its own handler under that
-// name, so the Python lowering is the same on every platform.
+// name, so the Python lowering is the same on every platform: "cpu" always,
+// "CUDA" in builds with CUDA (BAGUA_WITH_XLA_FFI_CUDA).
 #pragma once
 
 #include <vector>
