@@ -182,6 +182,31 @@ def case_control_promises():
     c.close()
 
 
+def case_control_engine():
+    """Engine steps (which promise their calls) on groups built like NCCL
+    groups, flat and hierarchical, with the lanes the backend gives."""
+    from bagua_core.engine import Engine
+
+    for hierarchical in (False, True):
+        eng = Engine.for_group(bc.get_default_group(), hierarchical=hierarchical)
+        assert eng.num_lanes == 2 and eng.group.control_group is not eng.group
+        buckets = eng.create_buckets([("a", (5,), "float32"), ("b", (7,), "float32"), ("c", (3,), "float32")],
+                                     bucket_bytes=6 * 4)
+        assert len(buckets) >= 2
+        for b in buckets:
+            b.append_op("centralized_allreduce", hierarchical=hierarchical, average=False)
+        for step in range(3):
+            for b in buckets:
+                for n in b.tensor_names:
+                    np.asarray(b.view(n))[...] = RANK + step
+            eng.mark_all_ready()
+            eng.wait()
+            for b in buckets:
+                for n in b.tensor_names:
+                    assert np.all(np.asarray(b.view(n)) == 1 + 2 * step), (n, np.asarray(b.view(n)))
+        eng.close()
+
+
 def case_control_close():
     g = bc.get_default_group()
     c = g.clone()
@@ -205,6 +230,7 @@ def control_cases():
         ("control_plumbing", case_control_plumbing),
         ("control_agreement_helpers", case_control_agreement_helpers),
         ("control_mismatch_raises_everywhere", case_control_mismatch),
+        ("control_engine_steps", case_control_engine),
         ("control_close_closes_both", case_control_close),
         ("control_promises", case_control_promises),  # last: it breaks a clone on purpose
     ]
