@@ -12,8 +12,8 @@
 // Communicator::agreement_allgather) per collective. expect_calls() promises
 // the next calls, as on Gloo: the promise travels with the first call's
 // agreement and, when every rank promised the same calls, they run without
-// an agreement, so an engine step (which promises its whole step) costs one
-// exchange, not one per bucket. A rank that then breaks its promise raises
+// an agreement, so an engine lane's step (the engine promises each lane's
+// calls on the group's communicator) costs one exchange, not one per bucket. A rank that then breaks its promise raises
 // bagua::Error and this communicator refuses every later call (its peers,
 // already inside NCCL, fail on NCCL's timeout).
 //
