@@ -1,7 +1,9 @@
 """Checking that every rank of a group holds the same thing (a model's tensor
 names, shapes and dtypes; a pytree's structure) before anything is exchanged,
 so a mismatch is a clear error on every rank rather than a hang or a wrong
-pairing of collectives. Framework-neutral: a signature is a list of tuples."""
+pairing of collectives. Framework-neutral: a signature is a list of tuples.
+The exchange runs on the group's host control communicator
+(``group.control_group``: Gloo, also for NCCL groups)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ def check_same_everywhere(signature: Sequence[tuple], group: ProcessGroup, what:
     difference."""
     if group.size == 1:
         return
+    group = group.control_group  # host metadata: the Gloo control communicator, also on NCCL groups
     signature = [tuple(s) for s in signature]
     reference = core_comm.broadcast_object(signature if group.rank == 0 else None, 0, group)
     mine = "" if group.rank == 0 else first_difference(reference, signature, f"rank {group.rank}")

@@ -532,8 +532,10 @@ def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
     then the bytes). It unpickles what ``src`` sent, so it trusts its peers
     (ranks of the same job; see the README's security model). An object that
-    cannot be pickled raises on ``src`` and ValueError on the others."""
-    g = _group(group)
+    cannot be pickled raises on ``src`` and ValueError on the others. The
+    bytes travel on the group's host control communicator (Gloo, also on NCCL
+    groups)."""
+    g = _group(group).control_group
     if not g.is_member:
         return obj
     src = _root("broadcast_object", "src", src, g)

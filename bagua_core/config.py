@@ -29,8 +29,17 @@ Settings (all optional):
                                  instead of TCP (default on); 0 keeps them on TCP.
                                  Every rank must set the same value, or the group
                                  stays on TCP
-``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (default: the
-                                 ``nvidia-nccl`` wheel, else the copy torch loaded)
+``BAGUA_BACKEND``                communicator of process groups: ``auto`` (default:
+                                 NCCL when this build has CUDA, every rank sees a
+                                 CUDA device for its ``LOCAL_RANK`` and finds an NCCL
+                                 library; Gloo otherwise), ``nccl`` (an error on every
+                                 rank when one of them cannot) or ``gloo``. The
+                                 ``backend`` argument of ``init_process_group()`` /
+                                 ``new_group()`` overrides it
+``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (or its directory);
+                                 used when torch has not loaded an NCCL in this
+                                 process already, before the ``nvidia-nccl`` wheel
+                                 (see :mod:`bagua_core._nccl`)
 ``BAGUA_LOG_LEVEL``              level of the ``bagua`` logger: DEBUG, INFO, WARNING,
                                  ERROR or CRITICAL (default: as the application set it;
                                  see :mod:`bagua_core.log`)
@@ -66,7 +75,10 @@ Settings (all optional):
 ``BAGUA_ENGINE_LANES``           comm threads of each wrapped model's engine, each on its
                                  own clone of the group; consecutive buckets alternate
                                  between them, so one computes while the other's bytes
-                                 travel (default: 2 on CPU groups, 1 on CUDA groups)
+                                 travel (default: 2 on Gloo groups, 1 on NCCL groups:
+                                 NCCL kernels of two communicators launched at once can
+                                 wait for each other on the device; see
+                                 :func:`engine_lanes_for`)
 ``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
                                  online (see :mod:`bagua_core.autotune`); default 0
 ``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans measured before the best one is kept (default 60)
@@ -232,6 +244,7 @@ class Settings:
     autotune_log: bool = False
     wire_packing: Optional[str] = None  # None: the engine's default (auto)
     engine_lanes: Optional[int] = None  # None: by device (Engine.for_group)
+    backend: str = "auto"  # BACKENDS; resolved per job by bagua_core.backend
 
     @property
     def store_limits(self) -> dict:
@@ -324,7 +337,31 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         autotune_log=parse_bool("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", g("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"), False),
         wire_packing=_wire_packing(g("BAGUA_WIRE_PACKING")),
         engine_lanes=parse_int("BAGUA_ENGINE_LANES", g("BAGUA_ENGINE_LANES"), None, minimum=1),
+        backend=parse_backend("BAGUA_BACKEND", g("BAGUA_BACKEND")),
     )
+
+
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def parse_backend(name: str, value: Optional[str], default: str = "auto") -> str:
+    """``auto``, ``nccl`` or ``gloo`` (any case; unset or empty: ``default``).
+    ``name`` says where the value came from, for the error message."""
+    if value is None or value.strip() == "":
+        return default
+    v = value.strip().lower()
+    if v not in BACKENDS:
+        raise ConfigError(f"{name} must be one of {', '.join(BACKENDS)}, got {value!r}")
+    return v
+
+
+def engine_lanes_for(settings: Settings, backend: str) -> int:
+    """Comm lanes of an engine on a group of ``backend`` ("nccl" or "gloo"):
+    ``BAGUA_ENGINE_LANES`` when set, else 1 on NCCL (two NCCL communicators
+    launched concurrently can deadlock on the device) and 2 on Gloo."""
+    if settings.engine_lanes is not None:
+        return settings.engine_lanes
+    return 1 if backend == "nccl" else 2
 
 
 WIRE_PACKING_MODES = ("auto", "on", "off")

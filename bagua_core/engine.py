@@ -217,13 +217,9 @@ def _on_device(comm, group, device):
 
 
 def default_lanes(group) -> int:
-    """``BAGUA_ENGINE_LANES``, else 2 on CPU groups and 1 on CUDA groups (NCCL
-    kernels of two communicators launched concurrently may wait for each
-    other on the device)."""
-    configured = config.load().engine_lanes
-    if configured is not None:
-        return configured
-    return 1 if group.device_type == "cuda" else 2
+    """Lanes of an engine on ``group``: :func:`bagua_core.config.engine_lanes_for`
+    (``BAGUA_ENGINE_LANES``, else 1 on NCCL groups and 2 on Gloo groups)."""
+    return config.engine_lanes_for(config.load(), getattr(group, "backend", "gloo"))
 
 
 class Engine:

@@ -33,11 +33,29 @@ only their members rendezvous.
 Ranks passed to primitives (``src``, ``dst``, ``peer``) are ranks within the
 group, as in the original Bagua; ``group.ranks[i]`` is the global rank of group
 rank ``i``.
+
+Backends (:mod:`bagua_core.backend`; setting ``BAGUA_BACKEND`` or the
+``backend`` argument of ``init_process_group()`` / ``new_group()``): a Gloo
+group communicates host memory; an NCCL group communicates CUDA memory of
+device ``LOCAL_RANK`` (``group.device_type == "cuda"``, ``group.device_index``).
+``auto`` (the default) is NCCL when every rank of the job can run it, else
+Gloo. ``new_group()`` defaults to the world group's backend; clones and
+intra/inter-node groups keep their group's. An NCCL group has two
+communicators: the NCCL one (rendezvous: rank 0 publishes NCCL's unique id in
+the job's store) and a Gloo *control* communicator over the same ranks
+(``group.control_group``, a host-memory view of the group) that carries what
+the ranks exchange about host data: node identities, the agreement checks of
+:mod:`bagua_core.agreement`, ``broadcast_object``, and the cross-rank
+agreement on every NCCL collective before it runs (comm/agreed_communicator.h:
+one small Gloo allgather per call, or one per engine step through
+``expect_calls``). On a Gloo group ``control_group`` is the group itself.
+``close()`` closes both.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import ipaddress
 import socket
 import threading
@@ -47,7 +65,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from bagua_core import config, log
+from bagua_core import _nccl, backend as backends, config, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
@@ -81,12 +99,16 @@ class ProcessGroup:
 
     Attributes: ``name`` (its store prefix), ``ranks`` (sorted global ranks),
     ``size``, ``rank`` (this process's rank in the group, -1 when not a member),
-    ``is_member``, ``device_type`` ("cpu" for Gloo).
+    ``is_member``, ``backend`` ("nccl" or "gloo"), ``device_type`` ("cuda" on
+    NCCL, "cpu" on Gloo), ``device_index`` (the CUDA device of an NCCL group:
+    ``LOCAL_RANK``; None on Gloo and on non-members), ``control_group``.
     """
 
-    def __init__(self, ctx: "_Context", name: str, ranks: Sequence[int]):
+    def __init__(self, ctx: "_Context", name: str, ranks: Sequence[int], backend: str = "gloo",
+                 register: bool = True):
         self._ctx = ctx
         self.name = name
+        self.backend = backend
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         me = ctx.settings.rank
@@ -99,7 +121,9 @@ class ProcessGroup:
         self._closed = False
         # run by close() before the communicators go, e.g. to stop an engine's comm thread
         self._on_close: List[Callable[[], None]] = []
-        ctx.groups.append(self)
+        self._control: Optional[ProcessGroup] = None  # the Gloo control view, when separate
+        if register:
+            ctx.groups.append(self)
 
     @property
     def is_member(self) -> bool:
@@ -108,6 +132,20 @@ class ProcessGroup:
     @property
     def device_type(self) -> str:
         return "cuda" if self.comm is not None and self.comm.device_type == 1 else "cpu"
+
+    @property
+    def device_index(self) -> Optional[int]:
+        comm = self.comm
+        return None if comm is None else comm.device_index
+
+    @property
+    def control_group(self) -> "ProcessGroup":
+        """The group's ranks over its host control communicator (Gloo): for
+        host metadata (numpy arrays, ``broadcast_object``), never for device
+        memory. On a Gloo group, the group itself; on an NCCL group a view
+        closed with it (no clones or sub-groups of its own)."""
+        self._check_alive()
+        return self._control if self._control is not None else self
 
     @property
     def comm(self):
@@ -137,7 +175,7 @@ class ProcessGroup:
         if self._intra is None:
             node = self._ctx.node_of[self._ctx.settings.rank]
             ranks = [r for r in self.ranks if self._ctx.node_of[r] == node]
-            self._intra = self._ctx.make_group(f"{self.name}/intra{node}", ranks)
+            self._intra = self._ctx.make_group(f"{self.name}/intra{node}", ranks, self.backend)
         return self._intra
 
     def inter_node_group(self) -> "ProcessGroup":
@@ -149,7 +187,7 @@ class ProcessGroup:
             leaders: Dict[int, int] = {}
             for r in self.ranks:
                 leaders.setdefault(self._ctx.node_of[r], r)
-            self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()))
+            self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()), self.backend)
         return self._inter
 
     @property
@@ -168,7 +206,7 @@ class ProcessGroup:
         self._check_alive()
         with _lock:
             self._clones += 1
-            return self._ctx.make_group(f"{self.name}/clone{self._clones}", self.ranks)
+            return self._ctx.make_group(f"{self.name}/clone{self._clones}", self.ranks, self.backend)
 
     @property
     def closed(self) -> bool:
@@ -198,7 +236,7 @@ class ProcessGroup:
         callbacks, self._on_close = self._on_close, []
         for fn in callbacks:
             fn()
-        for sub in (self._intra, self._inter):
+        for sub in (self._intra, self._inter, self._control):
             if sub is not None:
                 sub._close()
         if self._handle is not None:
@@ -212,7 +250,7 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         who = f"rank {self.rank}/{self.size}" if self.is_member else f"non-member, size {self.size}"
-        return f"<ProcessGroup '{self.name}' {who} ranks={list(self.ranks)}>"
+        return f"<ProcessGroup '{self.name}' {self.backend} {who} ranks={list(self.ranks)}>"
 
 
 class _Context:
@@ -230,6 +268,11 @@ class _Context:
         self.local_of: List[int] = []
         self.alive = True
         self.world: Optional[ProcessGroup] = None
+        self.availability: Optional[List[backends.Availability]] = None  # NCCL, per global rank
+        self.local_server = None  # a single process's store for NCCL's unique id
+        self.local_store = None
+        # For tests: Gloo groups also get a separate control communicator, as NCCL groups do.
+        self.separate_control = _separate_control
 
     def connect_store(self) -> None:
         s = self.settings
@@ -324,17 +367,99 @@ class _Context:
             pause = min(2 * pause, 0.1)
         return [self.store.get(k) for k in keys]
 
+    def exchange_then_meet(self, prefix: str, value: bytes, what: str) -> List[bytes]:
+        """:meth:`exchange`, then once more so that every rank has read
+        everyone's value: a decision that fails initialisation (whose ranks
+        then close the store, rank 0 its server) reaches every rank."""
+        values = self.exchange(prefix, value, what)
+        self.exchange(f"{prefix}/read", b"1", what)
+        return values
+
     def _missing(self, keys: List[str]) -> List[int]:
         return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
-    def make_group(self, name: str, ranks: Sequence[int]) -> ProcessGroup:
-        g = ProcessGroup(self, name, ranks)
-        if g.is_member:
-            g._comm = _C.create_gloo_communicator(
-                self.store, name, g.rank, g.size, self.settings.timeout_s, self.hostname,
-                self.settings.debug_checks, shm=self.settings.shm, wire_packing=self.settings.wire_packing or "",
-            )
+    def _gloo(self, name: str, g: ProcessGroup):
+        return _C.create_gloo_communicator(
+            self.store, name, g.rank, g.size, self.settings.timeout_s, self.hostname,
+            self.settings.debug_checks, shm=self.settings.shm, wire_packing=self.settings.wire_packing or "",
+        )
+
+    def nccl_store(self):
+        """The store NCCL's unique ids go through: the job's, or for a single
+        process a private one on loopback."""
+        if self.store is not None:
+            return self.store
+        if self.local_store is None:
+            self.local_server = _C.TcpStoreServer("127.0.0.1", 0)
+            self.local_store = _C.TcpStore("127.0.0.1", self.local_server.port, 0, self.settings.timeout_s)
+        return self.local_store
+
+    def make_group(self, name: str, ranks: Sequence[int], backend: str = "gloo") -> ProcessGroup:
+        g = ProcessGroup(self, name, ranks, backend)
+        if not g.is_member:
+            return g
+        if backend != "nccl" and not self.separate_control:
+            g._comm = self._gloo(name, g)
+            return g
+        # The control communicator first, under its own prefix; then the data one.
+        control = self._gloo(f"{name}/control", g)
+        try:
+            if backend == "nccl":
+                data = _nccl.create_communicator(self.nccl_store(), name, g.rank, g.size,
+                                                 self.settings.local_rank, self.settings.timeout_s)
+            else:
+                data = self._gloo(name, g)
+            g._comm = _C.agree_over_control(data, control)
+        except BaseException:
+            control.close()
+            if g in self.groups:
+                self.groups.remove(g)
+            raise
+        g._control = ProcessGroup(self, f"{name}/control", ranks, "gloo", register=False)
+        g._control._comm = control
         return g
+
+    def nccl_availability(self) -> List[backends.Availability]:
+        """Every rank's answer to "can you run NCCL?" (collective over the job
+        on first use; every rank then holds the same list)."""
+        if self.availability is None:
+            mine = backends.local_availability(self.settings)
+            if self.settings.world_size == 1:
+                self.availability = [mine]
+            else:
+                values = self.exchange_then_meet("bagua/nccl_available", mine.encode(),
+                                                "say whether it can run NCCL")
+                self.availability = [backends.Availability.decode(v) for v in values]
+        return self.availability
+
+    def choose_world_backend(self) -> str:
+        """The world group's backend. Every rank's request must be the same;
+        one store exchange carries the requests and (unless Gloo was asked
+        for) whether each rank can run NCCL."""
+        s = self.settings
+        mine = backends.local_availability(s) if s.backend != "gloo" else None
+        if s.world_size == 1:
+            if mine is not None:
+                self.availability = [mine]
+        else:
+            value = s.backend.encode() + b"|" + (b"-" if mine is None else mine.encode())
+            values = self.exchange_then_meet("bagua/backend", value, "choose the backend")
+            asked = [v.split(b"|", 1) for v in values]
+            for r, (theirs, _) in enumerate(asked):
+                if theirs != asked[0][0]:
+                    raise config.ConfigError(
+                        f"rank {r} asked for backend '{theirs.decode()}' while rank 0 asked for "
+                        f"'{asked[0][0].decode()}' (BAGUA_BACKEND or init_process_group(backend=)): every rank "
+                        "must ask for the same")
+            if mine is not None:
+                self.availability = [backends.Availability.decode(a) for _, a in asked]
+        if s.backend == "gloo":
+            return "gloo"
+        everyone = self.nccl_availability()
+        chosen = backends.choose(s.backend, everyone, range(s.world_size), "init_process_group")
+        if chosen == "gloo":
+            log.logger.info("bagua: backend auto chose Gloo: %s", backends.fallback_reason(everyone, range(s.world_size)))
+        return chosen
 
     def exchange_node_identities(self) -> None:
         s = self.settings
@@ -343,7 +468,8 @@ class _Context:
         if s.world_size == 1:
             everyone[0] = mine
         else:
-            self.world.comm.allgather(mine.ctypes.data, everyone.ctypes.data, 2, int(DType.int64))
+            control = self.world.control_group.comm  # host memory: never on an NCCL communicator
+            control.allgather(mine.ctypes.data, everyone.ctypes.data, 2, int(DType.int64))
         self.node_of = [int(n) for n in everyone[:, 0]]
         self.local_of = [int(l) for l in everyone[:, 1]]
         seen: Dict[tuple, int] = {}
@@ -368,6 +494,10 @@ class _Context:
             if self.server is not None:
                 self.server.close()
                 self.server = None
+            if self.local_store is not None:
+                self.local_store.close()
+                self.local_server.close()
+                self.local_store = self.local_server = None
 
 
 def _ranks_str(ranks: Sequence[int]) -> str:
@@ -388,6 +518,7 @@ def _warn_if_unauthenticated(s: config.Settings) -> None:
 
 
 _warned_secret = False
+_separate_control = False  # for tests: see _Context.separate_control
 _lock = threading.RLock()
 _ctx: Optional[_Context] = None
 _generation = 0
@@ -406,12 +537,16 @@ def _local_address(master_addr: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGroup:
+def init_process_group(settings: Optional[config.Settings] = None, backend: Optional[str] = None) -> ProcessGroup:
     """Joins the job described by the environment (or ``settings``) and returns
-    the world group. A repeated call with the same settings returns the same
+    the world group. ``backend`` ("auto", "nccl" or "gloo") overrides
+    ``BAGUA_BACKEND``; every rank must ask for the same (see the module
+    docstring). A repeated call with the same settings returns the same
     group; with different ones it raises ``RuntimeError``."""
     global _ctx, _generation
     settings = config.load() if settings is None else settings
+    if backend is not None:
+        settings = dataclasses.replace(settings, backend=config.parse_backend("backend", backend))
     with _lock:
         if _ctx is not None:
             if _ctx.settings != settings:
@@ -425,7 +560,7 @@ def init_process_group(settings: Optional[config.Settings] = None) -> ProcessGro
         try:
             ctx.connect_store()
             ctx.wait_for_everyone()
-            ctx.world = ctx.make_group("world", range(settings.world_size))
+            ctx.world = ctx.make_group("world", range(settings.world_size), ctx.choose_world_backend())
             ctx.exchange_node_identities()
         except BaseException:
             ctx.close()
@@ -492,9 +627,11 @@ def get_default_group() -> ProcessGroup:
     return _context().world
 
 
-def new_group(ranks: Optional[Sequence[int]] = None) -> ProcessGroup:
+def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = None) -> ProcessGroup:
     """A group of the given global ranks (default: all). Every rank must call it,
-    in the same order; ranks are validated and sorted."""
+    in the same order, with the same ranks and backend; ranks are validated and
+    sorted. ``backend``: "auto" (NCCL when every member can run it), "nccl" or
+    "gloo"; default: the world group's."""
     with _lock:
         ctx = _context()
         world = ctx.settings.world_size
@@ -509,26 +646,36 @@ def new_group(ranks: Optional[Sequence[int]] = None) -> ProcessGroup:
             members.append(int(r))
         if not members:
             raise ValueError("new_group: ranks is empty")
+        requested = config.parse_backend("new_group backend", backend, default=ctx.world.backend)
         if len(set(members)) != len(members):
             raise ValueError(f"new_group: duplicate ranks in {list(ranks)}")
         name = f"group{ctx.next_group_id}"
         ctx.next_group_id += 1
         members.sort()
         if world > 1:
-            _agree_on_members(ctx, name, members)
-        return ctx.make_group(name, members)
+            _agree_on_members(ctx, name, members, requested)
+        chosen = "gloo" if requested == "gloo" else backends.choose(
+            requested, ctx.nccl_availability(), members, f"new_group ({name})")
+        return ctx.make_group(name, members, chosen)
 
 
-def _agree_on_members(ctx: "_Context", name: str, members: List[int]) -> None:
-    """Every rank of the job compares the member lists all ranks passed to
-    this ``new_group`` call; on any difference every rank raises
-    ``MismatchError`` naming a rank whose list differs from rank 0's."""
-    lists = ctx.exchange(f"{name}/members", ",".join(map(str, members)).encode(), "call new_group()")
+def _agree_on_members(ctx: "_Context", name: str, members: List[int], backend: str) -> None:
+    """Every rank of the job compares the member lists (and backends) all
+    ranks passed to this ``new_group`` call; on any difference every rank
+    raises ``MismatchError`` naming a rank whose call differs from rank 0's."""
+    lists = ctx.exchange(f"{name}/members", (",".join(map(str, members)) + "|" + backend).encode(),
+                         "call new_group()")
     for r, theirs in enumerate(lists):
         if theirs != lists[0]:
+            ours_ranks, ours_backend = lists[0].decode().split("|")
+            their_ranks, their_backend = theirs.decode().split("|")
+            if their_ranks != ours_ranks:
+                raise _C.MismatchError(
+                    f"new_group ({name}): rank {r} passed ranks [{their_ranks}] while rank 0 passed "
+                    f"[{ours_ranks}]; every rank must call new_group() with the same ranks, in the same order")
             raise _C.MismatchError(
-                f"new_group ({name}): rank {r} passed ranks [{theirs.decode()}] while rank 0 passed "
-                f"[{lists[0].decode()}]; every rank must call new_group() with the same ranks, in the same order")
+                f"new_group ({name}): rank {r} asked for backend '{their_backend}' while rank 0 asked for "
+                f"'{ours_backend}'; every rank must call new_group() with the same backend")
 
 
 def _settings() -> config.Settings:

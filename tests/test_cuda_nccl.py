@@ -24,6 +24,7 @@ from tests.gpu.nccl_cases import DTYPES, case_names
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CODE = dict(DTYPES)
+needs_cuda_build = pytest.mark.skipif(not _C.built_with_cuda, reason="built without CUDA")
 
 
 def _nvcc_available():
@@ -76,13 +77,13 @@ def test_find_library_reports_what_was_tried(tmp_path):
 
 def test_find_library_explicit_path(tmp_path):
     lib = _fake_lib(str(tmp_path / "lib"))
-    assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": lib}) == lib
-    assert _nccl.find_library(library=lib, env={}) == lib
-    assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path / "lib")}) == lib  # a directory
+    assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": lib}, maps_text="") == lib
+    assert _nccl.find_library(library=lib, env={}, maps_text="") == lib
+    assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path / "lib")}, maps_text="") == lib  # a directory
     with pytest.raises(_nccl.NcclNotFoundError, match="does not exist"):
-        _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path / "missing.so")})
+        _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path / "missing.so")}, maps_text="")
     with pytest.raises(_nccl.NcclNotFoundError, match="directory without"):
-        _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path)})
+        _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": str(tmp_path)}, maps_text="")
 
 
 def test_find_library_in_wheel_layout(tmp_path):
@@ -103,10 +104,60 @@ def test_find_library_already_mapped(tmp_path):
     assert _nccl.find_library(env={}, search_path=[], maps_text=maps) == lib
 
 
+def _maps_with(path):
+    return f"7f0000002000-7f0000003000 r-xp 00000000 08:01 456 {path}\n"
+
+
+def test_library_order_is_process_then_setting_then_wheel(tmp_path, caplog):
+    """One NCCL per process: the one torch loaded wins over BAGUA_NCCL_LIBRARY
+    (said in a warning), which wins over the wheel."""
+    assert _nccl.ORDER == ("process", "setting", "wheel")
+    torch_lib = _fake_lib(str(tmp_path / "torch" / "lib"))
+    setting = _fake_lib(str(tmp_path / "setting"))
+    wheel = _fake_lib(str(tmp_path / "site" / "nvidia" / "nccl" / "lib"))
+    site = [str(tmp_path / "site")]
+    env = {"BAGUA_NCCL_LIBRARY": setting}
+    with caplog.at_level("WARNING", logger="bagua"):
+        assert _nccl.find_library(env=env, search_path=site, maps_text=_maps_with(torch_lib)) == torch_lib
+    assert "BAGUA_NCCL_LIBRARY" in caplog.text and "is ignored" in caplog.text and torch_lib in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bagua"):  # the setting naming torch's own file: no warning
+        assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": torch_lib}, search_path=site,
+                                  maps_text=_maps_with(torch_lib)) == torch_lib
+    assert "ignored" not in caplog.text
+    assert _nccl.find_library(env=env, search_path=site, maps_text="") == setting
+    assert _nccl.find_library(env={}, search_path=site, maps_text="") == wheel
+    with pytest.raises(_nccl.NcclNotFoundError) as info:
+        _nccl.find_library(env={}, search_path=[str(tmp_path / "empty")], maps_text="")
+    msg = str(info.value)
+    assert msg.index("this process") < msg.index("BAGUA_NCCL_LIBRARY") < msg.index("nvidia-nccl wheel")
+    assert "import torch" in msg and "nvidia-nccl" in msg and "BAGUA_NCCL_LIBRARY" in msg
+
+
+@needs_cuda_build
+def test_communicators_use_one_library_per_process(tmp_path, monkeypatch):
+    ok = _stub_library(str(tmp_path), 22907, True)
+    other = _stub_library(str(tmp_path), 22801, True)
+    monkeypatch.setattr(_nccl, "_process_library", None)
+    monkeypatch.setattr(_nccl, "find_library", lambda library=None: library or ok)
+    assert _nccl.library_for_communicators() == ok and _nccl.process_library() == ok
+    assert _nccl.library_for_communicators(ok) == ok
+    with pytest.raises(_C.BaguaError, match="one NCCL library per process"):
+        _nccl.library_for_communicators(other)
+
+
+@needs_cuda_build
+def test_library_refused_before_it_is_remembered(tmp_path, monkeypatch):
+    too_old = _stub_library(str(tmp_path), 21300, True)
+    monkeypatch.setattr(_nccl, "_process_library", None)
+    with pytest.raises(_C.BaguaError, match="needs NCCL >= 2.14.0"):
+        _nccl.library_for_communicators(too_old)
+    assert _nccl.process_library() is None
+
+
 # ---------------------------------------------------------------------------
 # Loading the library (C++: dlopen + dlsym of every function)
 
-needs_cuda_build = pytest.mark.skipif(not _C.built_with_cuda, reason="built without CUDA")
 
 
 @needs_cuda_build
@@ -156,6 +207,10 @@ def test_nccl_library_checks_with_stub(tmp_path):
         _C.nccl_check_library(too_old)
     ok = _stub_library(str(tmp_path), 22907, True)
     assert _C.nccl_check_library(ok) == 22907
+    # ncclConfig_t is NCCL 2's layout: another major version is refused, naming both
+    nccl3 = _stub_library(str(tmp_path), 30000, True)
+    with pytest.raises(_C.BaguaError, match=r"is NCCL 3.0.0; Bagua passes NCCL 2's ncclConfig_t layout"):
+        _nccl.check_library(nccl3)
     assert _nccl.version_string(22907) == "2.29.7" and _nccl.version_string(2708) == "2.7.8"
 
 

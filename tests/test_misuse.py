@@ -120,6 +120,15 @@ def case_new_group_lists(most, rank2):
         assert np.all(y == 2), y
 
 
+def case_control_is_separate():
+    world = bc.get_default_group()
+    assert world.control_group is not world and world.control_group.comm is not world.comm
+    sub = bc.new_group([0, 1])
+    if sub.is_member:
+        assert sub.control_group is not sub
+        sub.close()
+
+
 def case_bool_root():
     try:
         bc.broadcast(np.ones(2, np.float32), True)
@@ -300,10 +309,17 @@ def worker_main(mode: str) -> int:
     from tests.worker import run_cases
 
     np, bc = numpy, bagua_core
+    if mode == "sizes_control":
+        # Gloo groups built like NCCL groups: every call agreed on over a
+        # separate control communicator (comm/agreed_communicator.h)
+        from bagua_core import process_group
+        process_group._separate_control = True
     bc.init_process_group()
     RANK = bc.get_rank()
     if mode == "sizes":
         cases = size_mismatch_cases()
+    elif mode == "sizes_control":
+        cases = [("control_is_separate", case_control_is_separate)] + size_mismatch_cases()
     elif mode == "alias_neg":
         cases = [("alltoall_send_aliases_recv", case_alias), ("torch_neg_bit", case_neg_bit)]
     elif mode == "assign":
@@ -348,6 +364,19 @@ def test_size_mismatch_is_an_exception_on_every_rank(case):
 @pytest.mark.timeout(150)
 def test_size_mismatch_session_never_aborts():
     session("sizes").check()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", ["control_is_separate"] + SIZE_CASES)
+def test_size_mismatch_over_a_separate_control_communicator(case):
+    """The same cases with every call agreed on over a Gloo control
+    communicator beside the data one, as on NCCL groups."""
+    session("sizes_control").check_case(case, WS)
+
+
+@pytest.mark.timeout(150)
+def test_separate_control_session_never_aborts():
+    session("sizes_control").check()
 
 
 @pytest.mark.timeout(150)

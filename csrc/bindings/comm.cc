@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "bindings/bindings.h"
-#include "comm/staged_communicator.h"
+#include "comm/agreed_communicator.h"
 #include "comm/checked_communicator.h"
+#include "comm/staged_communicator.h"
 #include "comm/communicator.h"
 #include "comm/gloo/packed_allreduce.h"
 #include "comm/gloo_communicator.h"
@@ -82,6 +83,12 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
                              [](const Communicator& c) { return c.timeout().count() / 1000.0; })
       .def_property_readonly("device_type",
                              [](const Communicator& c) { return static_cast<int>(c.device_type()); })
+      .def_property_readonly("device_index",
+                             [](const Communicator& c) -> py::object {
+                               const int d = c.device_index();
+                               return d < 0 ? py::object(py::none()) : py::object(py::int_(d));
+                             },
+                             "CUDA device index of a device communicator (NCCL); None on host ones.")
       .def("describe", &Communicator::describe)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>(),
            "Releases connections and threads now (after the operation in progress); later calls raise. "
@@ -280,6 +287,17 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
   m.def("stage_through_host", &make_staged_communicator, py::arg("comm"), py::arg("device"),
         "A host communicator (Gloo) serving `device`'s buffers in the order of the call's stream "
         "(comm/staged_communicator.h).");
+  m.def("agree_over_control", &make_agreed_communicator, py::arg("comm"), py::arg("control"),
+        "`comm` whose collectives the ranks first agree on over `control`, a host communicator over "
+        "the same ranks (comm/agreed_communicator.h); closing it closes both.");
+  m.def(
+      "_agreement_allgather",
+      [](Communicator& c, uintptr_t words, int64_t n, uintptr_t all) {
+        c.agreement_allgather(reinterpret_cast<const int64_t*>(words), to_count(n, "n"),
+                              reinterpret_cast<int64_t*>(all));
+      },
+      py::arg("comm"), py::arg("words_ptr"), py::arg("n"), py::arg("all_ptr"), Release(),
+      "For tests and benchmarks: Communicator::agreement_allgather of n int64 words (host memory).");
   m.def("wrap_debug_checks", &make_checked_communicator, py::arg("comm"),
         "Wraps a communicator in cross-rank agreement checks (raises MismatchError).");
   m.def("register_communicator", &register_communicator, py::arg("comm"),

@@ -91,6 +91,10 @@ class CheckedCommunicator : public Communicator {
     inner_->barrier(stream);
   }
   void close() override { inner_->close(); }
+  // Agreement words of a communicator this one controls: already a check.
+  void agreement_allgather(const int64_t* words, size_t n, int64_t* all) override {
+    inner_->agreement_allgather(words, n, all);
+  }
 
  private:
   std::string who(int r) const { return "rank " + std::to_string(r); }

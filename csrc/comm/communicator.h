@@ -70,6 +70,21 @@ class Communicator {
   // Timeout of every blocking call on this communicator.
   virtual std::chrono::milliseconds timeout() const = 0;
 
+  // CUDA device index of a device communicator (NCCL); -1 on host communicators.
+  virtual int device_index() const { return -1; }
+
+  // The agreement traffic of another communicator this one is the control
+  // channel of (comm/agreed_communicator.h): every rank passes `n` int64
+  // words of host memory (the same `n` on every rank, a fixed-size wire form)
+  // and receives everyone's, in rank order, in `all` (size() * n words). It
+  // takes a place in this communicator's collective order like any call.
+  // Default: allgather. Gloo skips its own call agreement for it (the words
+  // are an agreement already), so agreeing on a device call costs one small
+  // host allgather.
+  virtual void agreement_allgather(const int64_t* words, size_t n, int64_t* all) {
+    allgather(words, all, n, DType::kInt64);
+  }
+
   // Releases connections and threads now, after the operation in progress;
   // every later call raises bagua::Error. Idempotent. Called when the process
   // group (or the engine) owning the communicator is closed, so that threads

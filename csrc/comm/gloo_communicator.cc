@@ -641,6 +641,22 @@ class GlooCommunicator : public Communicator {
     promised_ = calls;
   }
 
+  // A control channel's agreement words (Communicator::agreement_allgather):
+  // no agreement of its own, since the wire size never depends on the call.
+  void agreement_allgather(const int64_t* words, size_t n, int64_t* all) override {
+    const OpDesc d{OpKind::kAllgather, DType::kInt64, static_cast<int64_t>(n)};
+    std::lock_guard<std::mutex> g(mu_);
+    check_not_broken(d);
+    const uint64_t seq = seq_++;
+    if (!agreed_.empty()) keep_promise(d, seq, -1);
+    if (size_ == 1) {
+      std::copy(words, words + n, all);
+      return;
+    }
+    const uint32_t tag = static_cast<uint32_t>(seq) | 0x80000000u;
+    guarded(d, seq, -1, [&] { allgather_words(words, n, all, tag); });
+  }
+
  private:
   void allgather_words(const int64_t* mine, size_t words, int64_t* all, uint32_t tag) {
     gloo::AllgatherOptions o(main());

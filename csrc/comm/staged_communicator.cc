@@ -26,6 +26,9 @@ class StagedCommunicator : public Communicator {
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   void close() override { inner_->close(); }
   void expect_calls(const std::vector<OpDesc>& calls) override { inner_->expect_calls(calls); }
+  void agreement_allgather(const int64_t* words, size_t n, int64_t* all) override {
+    inner_->agreement_allgather(words, n, all);
+  }
 
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     const size_t n = count * dtype_size(dtype);

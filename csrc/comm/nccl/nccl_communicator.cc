@@ -120,14 +120,17 @@ NcclCommunicator::NcclCommunicator(Store& store, const std::string& prefix, int 
   }
 }
 
-NcclCommunicator::~NcclCommunicator() {
+NcclCommunicator::~NcclCommunicator() { close(); }
+
+void NcclCommunicator::close() {
+  std::lock_guard<std::mutex> once(close_mu_);
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stop_ = true;
   }
   watch_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  release_resources();
+  release_resources();  // comm_ becomes null: later calls say "is closed"
 }
 
 void NcclCommunicator::release_resources() noexcept {

@@ -65,6 +65,11 @@ class NcclCommunicator : public Communicator {
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
   int device() const { return device_; }
+  int device_index() const override { return device_; }
+  // Stops the watchdog, then finalizes and destroys the NCCL communicator
+  // (abort if that fails or outlasts the timeout) and frees its streams and
+  // events; every later call throws bagua::Error. Idempotent.
+  void close() override;
   int nccl_version() const { return lib_->version; }
   bool native_avg() const { return native_avg_; }
 
@@ -156,6 +161,7 @@ class NcclCommunicator : public Communicator {
   std::vector<cudaEvent_t> free_events_;
   bool stop_ = false;
   std::thread watchdog_;
+  std::mutex close_mu_;  // close() once, from any thread
 };
 
 }  // namespace bagua

@@ -123,6 +123,11 @@ std::shared_ptr<const Library> load_library(const std::string& path) {
     throw Error("the NCCL library '" + path + "' is NCCL " + version_to_string(v) +
                 "; Bagua needs NCCL >= " + version_to_string(kMinVersion));
   }
+  if (v / 10000 != kConfigLayoutMajor) {
+    throw Error("the NCCL library '" + path + "' is NCCL " + version_to_string(v) +
+                "; Bagua passes NCCL " + std::to_string(kConfigLayoutMajor) +
+                "'s ncclConfig_t layout (2.14 to 2.28 fields) and cannot use another major version");
+  }
   loaded.emplace(path, lib);
   return lib;
 }

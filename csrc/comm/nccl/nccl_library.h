@@ -13,6 +13,11 @@ namespace nccl {
 
 // Oldest NCCL with ncclCommInitRankConfig and non-blocking communicators.
 constexpr int kMinVersion = version_code(2, 14, 0);
+// ncclConfig_t (nccl_api.h) is NCCL 2's layout, fields appended release by
+// release from 2.14 to the 2.28 fields Bagua fills in; NCCL reads the prefix
+// it knows. A library of another major version may lay it out differently:
+// load_library refuses it.
+constexpr int kConfigLayoutMajor = 2;
 // First NCCL with the ncclAvg reduction.
 constexpr int kAvgVersion = version_code(2, 10, 0);
 
