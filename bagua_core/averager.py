@@ -62,14 +62,15 @@ class AsyncAverager:
             raise ValueError(f"this process is not a member of {group!r}")
         if device is not None:
             devices.check_group_serves(group, device.type, "the averaged weights", device.index)
-            if group.device_type == "cuda":
-                raise NotImplementedError("asynchronous model average on an NCCL group: its stop flags need a "
-                                          "host control communicator; use BAGUA_BACKEND=gloo")
         self._producer_stream = producer_stream or (lambda: None)
         own = group.clone()
         try:
-            comm = own.comm if device is None else devices.staged(own.comm, device)
-            self._core = _C.AsyncAverager(comm, list(buckets), dict(plan.params), timeout_s, control=own.comm)
+            comm = own.comm
+            if device is not None and own.device_type != "cuda":
+                comm = devices.staged(comm, device)
+            # the stop flags are host memory: on NCCL groups they go on the Gloo control communicator
+            self._core = _C.AsyncAverager(comm, list(buckets), dict(plan.params), timeout_s,
+                                          control=own.control_group.comm)
         except BaseException:
             own.close()
             raise
