@@ -3,7 +3,7 @@ calls on CPU. Started by tests/test_jax_cuda.py through tests.mp.launch.
 
   jax_cuda_worker.py staged   the CUDA group's communicator is the Gloo one
                               staged through pinned host memory
-  jax_cuda_worker.py nccl     ... an NCCL communicator on the same GPU
+  jax_cuda_worker.py nccl     an NCCL process group (new_group(backend="nccl"))
 
 Every case runs the CPU reference on the default (Gloo, CPU) group and the same
 inputs on the GPU through the CUDA FFI handlers, and compares: collectives and
@@ -11,14 +11,14 @@ the transform steps bitwise (world size 1: the engine's CUDA kernels must equal
 its CPU loops), QAdam (whose optimizer arithmetic is XLA's on each platform)
 and the eager async average to a tight tolerance.
 
-Process groups make only Gloo communicators for now, so the worker puts the
-CUDA communicator into a clone of the world group itself (see make_cuda_group).
+A Gloo group serves JAX CUDA arrays only through an explicitly staged
+communicator, which process groups do not make: the staged session puts one
+into a clone of the world group itself (see make_cuda_group).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
@@ -33,7 +33,7 @@ import optax  # noqa: E402
 
 import bagua_core  # noqa: E402
 import bagua_jax  # noqa: E402
-from bagua_core import _C, _nccl  # noqa: E402
+from bagua_core import _C  # noqa: E402
 from tests.gpu.jax_cuda_cases import ALGORITHMS, case_names  # noqa: E402
 from tests.worker import run_cases  # noqa: E402
 
@@ -75,18 +75,13 @@ def assert_same(got, want, exact=True, what=""):
 
 def make_cuda_group(world):
     """A clone of the world group whose communicator serves CUDA memory."""
+    if KIND == "nccl":
+        g = bagua_core.new_group(backend="nccl")
+        assert g.device_type == "cuda" and g.device_index == GPU_INDEX, (g.device_type, g.device_index)
+        return g
     g = world.clone()
-    if KIND == "staged":
-        comm = _C.stage_through_host(g.comm, _C.Device.cuda(GPU_INDEX))
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = _C.TcpStoreServer("127.0.0.1", port)
-        store = _C.TcpStore("127.0.0.1", port, 0, 30.0)
-        _keep.extend([server, store, g.comm])
-        comm = _nccl.create_communicator(store, "jaxcuda/nccl", 0, 1, GPU_INDEX, timeout_s=30.0)
-    g._comm, g._handle = comm, None
+    _keep.append(g.comm)
+    g._comm, g._handle = _C.stage_through_host(g.comm, _C.Device.cuda(GPU_INDEX)), None
     assert g.device_type == "cuda", g.device_type
     return g
 
