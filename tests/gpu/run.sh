@@ -168,6 +168,18 @@ step_benchmarks() {  # dry run: what the real run would start
 
 # ---------------------------------------------------------------- driver
 
+# An editable install of some tree (pip install -e ., scikit-build-core) maps
+# bagua_core there ahead of PYTHONPATH; its finder steps aside for the build
+# folders listed in SKBUILD_EDITABLE_SKIP.
+skip_editable_installs() {
+  local paths
+  paths=$("$PYTHON" -c 'import sys; print(":".join(getattr(f, "path", "") for f in sys.meta_path
+                          if type(f).__module__.startswith("_editable_skbc")))' 2>/dev/null) || return 0
+  [ -n "$paths" ] && export SKBUILD_EDITABLE_SKIP=$paths${SKBUILD_EDITABLE_SKIP:+:$SKBUILD_EDITABLE_SKIP}
+  return 0
+}
+
+
 record() {  # NAME RESULT SECONDS NOTE
   printf '%-26s %-4s %5ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$OUTDIR/summary.txt"
   [ "$2" = pass ] || FAILED=$((FAILED + 1))
@@ -209,6 +221,7 @@ main() {
   fi
   FAILED=0
   mkdir -p "$BUILD"
+  skip_editable_installs
   {
     echo "bagua tests/gpu/run.sh $([ "$DRY" = 1 ] && echo --dry-run)  $(date -u +%FT%TZ)  $(hostname)"
     echo "commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)  python $PYTHON"
