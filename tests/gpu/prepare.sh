@@ -7,11 +7,15 @@
 #                 beyond the C/C++ runtime (apt-get download; nothing is installed)
 #   xla_include/  xla/ffi/ headers of jaxlib $JAXLIB_VERSION (the GPU image's jax),
 #                 taken from the cp312 manylinux x86_64 wheel
+#   wheels/       pure-Python wheels bagua_jax and its GPU tests need that the
+#                 image may lack (optax and its dependencies); run.sh unpacks
+#                 only those the image's Python cannot import
 # Files already there are kept, so a second run needs no network.
 # Exit status: 0 done, 1 a download failed.
 set -euo pipefail
 
 JAXLIB_VERSION=${JAXLIB_VERSION:-0.11.2}
+PURE_WHEELS="optax chex toolz absl-py typing_extensions"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEPS=$HERE/deps
 PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
@@ -83,6 +87,19 @@ EOF
   echo "jaxlib $JAXLIB_VERSION" >"$dir/VERSION"
 }
 
+download_python_wheels() {
+  local dir=$DEPS/wheels
+  if ls "$dir"/optax-*.whl >/dev/null 2>&1; then
+    log "Python wheels already there"
+    return
+  fi
+  mkdir -p "$dir"
+  log "downloading $PURE_WHEELS"
+  "$PYTHON" -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+    --python-version 3.12 -d "$dir" $PURE_WHEELS
+}
+
 download_debs
 download_xla_headers
+download_python_wheels
 log "done: $(du -sh "$DEPS" | cut -f1) in $DEPS"

@@ -10,6 +10,8 @@
 # stays under BAGUA_GPU_TOTAL_S, 450 s by default); a failed step is recorded and
 # the next one runs. OUTDIR/summary.txt lists each step: pass/fail, seconds.
 #   env         tool and library versions (and nvidia-smi)
+#   pylibs      unpack the pure-Python wheels of deps/wheels whose module the
+#               machine's Python cannot import into BUILD/pylib (on PYTHONPATH)
 #   gloo        unpack the debs into BUILD/gloo-prefix (never over /), point the
 #               packaged CMake config into it, link the libraries this system
 #               lacks into BUILD/gloo-prefix/lib-extra (on LD_LIBRARY_PATH)
@@ -36,7 +38,8 @@ BUILD=${BAGUA_GPU_BUILD_DIR:-$REPO/build/gpu}
 PREFIX=$BUILD/gloo-prefix
 EXTRA_LIBS=$PREFIX/lib-extra
 
-export PYTHON PYTHONPATH=$REPO CCACHE_BASEDIR=$REPO
+PYLIB=$BUILD/pylib
+export PYTHON PYTHONPATH=$REPO:$PYLIB CCACHE_BASEDIR=$REPO
 export LD_LIBRARY_PATH=$EXTRA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -d /usr/local/cuda/bin ] && export PATH=$PATH:/usr/local/cuda/bin
 
@@ -60,6 +63,22 @@ EOF
   nvcc --version | tail -2
   command -v ccache >/dev/null && ccache --version | head -1 || echo "no ccache"
   if [ "$DRY" = 0 ]; then nvidia-smi; fi
+}
+
+step_pylibs() {
+  local wheel module
+  mkdir -p "$PYLIB"
+  for wheel in "$DEPS"/wheels/*.whl; do
+    [ -e "$wheel" ] || { echo "no wheels in $DEPS/wheels: run tests/gpu/prepare.sh first"; return 1; }
+    module=$(basename "$wheel" | cut -d- -f1 | tr 'A-Z' 'a-z')
+    [ "$module" = absl_py ] && module=absl
+    if PYTHONPATH=$REPO "$PYTHON" -c "import $module" 2>/dev/null; then
+      echo "$module: the machine's own"
+    else
+      echo "$module: from $(basename "$wheel")"
+      "$PYTHON" -m zipfile -e "$wheel" "$PYLIB"
+    fi
+  done
 }
 
 step_gloo() {
@@ -228,6 +247,7 @@ main() {
   } | tee "$OUTDIR/summary.txt"
 
   run_step env 30
+  run_step pylibs 30
   run_step gloo 30
   run_step configure 90
   run_step build 240
