@@ -20,6 +20,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests import mp  # noqa: E402
+from tests.gpu.available import gpu_skip_reason  # noqa: E402
 
 WS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -389,16 +390,9 @@ def test_sessions_exit_cleanly():
 # --- GPU: NCCL groups at world size 1 (tests/gpu/nccl_group_worker.py) --------------------
 
 def _nccl_world_skip_reason():
-    if not _C.built_with_cuda:
-        return "built without CUDA"
-    if _C.cuda_device_count() == 0:
-        return f"no CUDA device: {_C.cuda_unavailable_reason()}"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "torch.cuda is unavailable"
+    why = gpu_skip_reason()
+    if why:
+        return why
     a = backend.local_availability(config.load({}))
     return "" if a.ok else a.reason
 

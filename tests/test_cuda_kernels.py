@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bagua_core import _C
+from tests.gpu.available import gpu_skip_reason
 from tests.reference import minmax_uint8 as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -188,15 +189,7 @@ def test_cuda_without_a_device_raises_clearly():
 # ---- GPU: the CUDA kernels against the host loops -------------------------------------------------
 
 
-def _no_cuda_reason():
-    if not _C.built_with_cuda:
-        return "bagua_core was built without CUDA"
-    if _C.cuda_device_count() == 0:
-        return f"no CUDA device: {_C.cuda_unavailable_reason()}"
-    return None
-
-
-NO_CUDA = _no_cuda_reason()
+NO_CUDA = gpu_skip_reason(torch_needed=False)
 
 
 def gpu(test):

@@ -19,6 +19,7 @@ import pytest
 
 from bagua_core import _C, _nccl
 from tests import mp
+from tests.gpu.available import gpu_skip_reason
 from tests.gpu.nccl_cases import DTYPES, case_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -334,17 +335,12 @@ def test_host_divide_rejects_bad_integer_divisor():
 
 def _gpu_world():
     """Ranks for the GPU tests (one per GPU, at most 4), or a skip reason."""
-    if not _C.built_with_cuda:
-        return None, "built without CUDA"
+    why = gpu_skip_reason()
+    if why:
+        return None, why
+    import torch
+
     n = _C.cuda_device_count()
-    if n == 0:
-        return None, f"no CUDA device: {_C.cuda_unavailable_reason()}"
-    try:
-        import torch
-    except ImportError:
-        return None, "torch is not installed"
-    if not torch.cuda.is_available():
-        return None, "torch.cuda is unavailable"
     if _real_nccl() is None:
         return None, "no NCCL library (pip install the gpu extra or set BAGUA_NCCL_LIBRARY)"
     return min(n, torch.cuda.device_count(), 4), ""

@@ -15,6 +15,7 @@ import pytest
 
 from bagua_core import _C
 from tests import mp
+from tests.gpu.available import gpu_skip_reason
 from tests.gpu.jax_cuda_cases import KINDS, case_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,8 +33,9 @@ def skip_reason(kind: str):
     """Why the GPU session of ``kind`` cannot run here, or None."""
     if not getattr(_C, "has_cuda_ffi", False):
         return "bagua_core was built without the CUDA XLA FFI handlers (needs CUDA and jax at build time)"
-    if _C.cuda_device_count() == 0:
-        return f"no CUDA device: {_C.cuda_unavailable_reason()}"
+    why = gpu_skip_reason(torch_needed=False)
+    if why:
+        return why
     if not any(_has_module(m) for m in JAX_CUDA_PLUGINS):
         return "jax has no CUDA plugin (install jax[cuda13])"
     if kind == "nccl":
