@@ -45,24 +45,10 @@ def case_names(session: str):
 
 
 class Worker(TorchWorker):
-    def make(self, name, model):
-        A = self.A
-        if name == "qadam":
-            opt = A.q_adam.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
-            return opt, A.q_adam.QAdamAlgorithm(opt, hierarchical=False)
-        opt = self.torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        return opt, {
-            "gradient_allreduce": lambda: A.gradient_allreduce.GradientAllReduceAlgorithm(),
-            "bytegrad": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=False),
-            "decentralized": lambda: A.decentralized.DecentralizedAlgorithm(hierarchical=False),
-            "low_precision_decentralized": lambda: A.low_precision_decentralized.LowPrecisionDecentralizedAlgorithm(
-                hierarchical=False),
-        }[name]()
-
     def train(self, name, device, wrap=True):
         torch = self.torch
         model = self.mlp(11, hidden=32).to(device)
-        opt, algo = self.make(name, model)
+        opt, algo = self.optimizer_and_algorithm(name, model)
         if wrap:
             model = model.with_bagua([opt], algo)
         for step in range(STEPS):

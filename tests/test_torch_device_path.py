@@ -31,7 +31,7 @@ SESSIONS = {"w3": (3, None), "w4n2": (4, 2)}
 DELAY_US = 1500  # per queued task: a missing wait reads stale memory
 STEPS = 4
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized_all", "low_precision_decentralized", "qadam"]
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam"]
 # on 4 ranks as 2 nodes only (shift_one pairs peers: an even count)
 HIERARCHICAL = ["decentralized_shift_one", "gradient_allreduce_hierarchical", "bytegrad_hierarchical", "low_precision_decentralized_hierarchical"]
 
@@ -45,23 +45,8 @@ def case_names(session: str):
 
 class Worker(TorchWorker):
     def make(self, name, model):
-        A = self.A
-        if name == "qadam":
-            opt = A.q_adam.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
-            return opt, A.q_adam.QAdamAlgorithm(opt, hierarchical=False)
-        opt = self.torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        hier = name.endswith("_hierarchical")
         base = name.removesuffix("_hierarchical")
-        algo = {
-            "gradient_allreduce": lambda: A.gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=hier),
-            "bytegrad": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hier),
-            "decentralized_all": lambda: A.decentralized.DecentralizedAlgorithm(hierarchical=False),
-            "decentralized_shift_one": lambda: A.decentralized.DecentralizedAlgorithm(
-                hierarchical=False, peer_selection_mode="shift_one"),
-            "low_precision_decentralized": lambda: A.low_precision_decentralized.LowPrecisionDecentralizedAlgorithm(
-                hierarchical=hier),
-        }[base]()
-        return opt, algo
+        return self.optimizer_and_algorithm(base, model, hierarchical=name != base)
 
     def train(self, name, device_path):
         import bagua_core.devices as devices

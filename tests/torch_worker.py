@@ -30,6 +30,25 @@ class TorchWorker:
         self.torch.manual_seed(seed)
         return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3, bias=out_bias))
 
+    def optimizer_and_algorithm(self, name, model, hierarchical=False):
+        """(optimizer, algorithm) for ``model``, by short name: gradient_allreduce,
+        bytegrad, decentralized (all), decentralized_shift_one,
+        low_precision_decentralized, qadam (which brings its own optimizer)."""
+        A = self.A
+        if name == "qadam":
+            opt = A.q_adam.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
+            return opt, A.q_adam.QAdamAlgorithm(opt, hierarchical=hierarchical)
+        opt = self.torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        return opt, {
+            "gradient_allreduce": lambda: A.gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=hierarchical),
+            "bytegrad": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hierarchical),
+            "decentralized": lambda: A.decentralized.DecentralizedAlgorithm(hierarchical=hierarchical),
+            "decentralized_shift_one": lambda: A.decentralized.DecentralizedAlgorithm(
+                hierarchical=hierarchical, peer_selection_mode="shift_one"),
+            "low_precision_decentralized": lambda: A.low_precision_decentralized.LowPrecisionDecentralizedAlgorithm(
+                hierarchical=hierarchical),
+        }[name]()
+
     def batch(self, step, n=8):
         g = self.torch.Generator().manual_seed(1000 * step + self.rank)
         return self.torch.randn(n, 4, generator=g), self.torch.randint(0, 3, (n,), generator=g)
