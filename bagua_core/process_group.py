@@ -345,6 +345,12 @@ class _Context:
         s = self.settings
         self.store.set(f"{prefix}/{s.rank}", value)
         keys = [f"{prefix}/{r}" for r in range(s.world_size)]
+        self._wait_for(keys, what)
+        return [self.store.get(k) for k in keys]
+
+    def _wait_for(self, keys: List[str], what: str) -> None:
+        """Returns once every key is in the store (see :meth:`exchange`)."""
+        s = self.settings
         deadline = time.monotonic() + s.timeout_s
         waiting = None
         pause = 0.005
@@ -365,18 +371,24 @@ class _Context:
             waiting.tick()
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
-        return [self.store.get(k) for k in keys]
 
     def exchange_then_meet(self, prefix: str, value: bytes, what: str) -> List[bytes]:
-        """:meth:`exchange`, then once more so that every rank has read
+        """:meth:`exchange`, and rank 0 returns only once every rank has read
         everyone's value: a decision that fails initialisation (whose ranks
-        then close the store, rank 0 its server) reaches every rank."""
+        then close the store, rank 0 its server) reaches every rank. The
+        others only say they have read and never wait on the store again for
+        it, so rank 0 closing the server cannot cut one of them off."""
         values = self.exchange(prefix, value, what)
-        self.exchange(f"{prefix}/read", b"1", what)
+        s = self.settings
+        if s.rank == 0:
+            self._wait_for([f"{prefix}/read/{r}" for r in range(1, s.world_size)], what)
+        else:
+            self.store.set(f"{prefix}/read/{s.rank}", b"1")
         return values
 
     def _missing(self, keys: List[str]) -> List[int]:
-        return [r for r, k in enumerate(keys) if not self.store.check([k])]
+        """The ranks whose key (``.../<rank>``) is not in the store yet."""
+        return [int(k.rsplit("/", 1)[1]) for k in keys if not self.store.check([k])]
 
     def _gloo(self, name: str, g: ProcessGroup):
         return _C.create_gloo_communicator(
