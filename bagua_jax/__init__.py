@@ -22,10 +22,10 @@ Gradient algorithms go before the optimizer in the chain; weight algorithms
 On GPUs: collectives and transform steps on arrays on a CUDA device run
 through the CUDA handlers (built when bagua_core was built with CUDA;
 ``bagua_core._C.has_cuda_ffi``), which enqueue their work on XLA's stream
-inside the jitted program. The process group must then serve CUDA memory
-(``group.device_type == "cuda"``: NCCL, or Gloo staged through host memory,
-which first waits for XLA's stream); an array on another platform than the
-group's is refused with a ValueError. The step number of a transform is counted
+inside the jitted program, on an NCCL group or on a Gloo group, whose
+communicator is then staged through pinned host memory on this process's
+first GPU (it first waits for XLA's stream; a warning once). CPU arrays on an
+NCCL group are refused with a ValueError. The step number of a transform is counted
 on the host per bucket (read from the device once, then checked against it
 asynchronously; see csrc/ffi/cuda_handlers.cc), so the step never waits for
 XLA's stream.

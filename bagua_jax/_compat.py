@@ -107,6 +107,15 @@ def register_lowering(prim: Primitive, rule: Callable[..., Any]) -> None:
     mlir.register_lowering(prim, rule)
 
 
+def cuda_device_index() -> int:
+    """The CUDA ordinal of this process's first local GPU (JAX device ids are
+    not CUDA ordinals). RuntimeError when JAX has no GPU backend."""
+    import jax
+
+    device = jax.local_devices(backend="gpu")[0]
+    return int(getattr(device, "local_hardware_id", None) or 0)
+
+
 def lowering_platforms(ctx: Any) -> Sequence[str]:
     """Platforms being lowered for, e.g. ('cpu',) or ('cuda',)."""
     return tuple(ctx.platforms or ctx.module_context.platforms)

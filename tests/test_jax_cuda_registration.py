@@ -7,6 +7,8 @@ wrong group."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bagua_core import _C
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.skipif(not _C.has_xla_ffi, reason="bagua_core was built
 needs_cuda_handlers = pytest.mark.skipif(not getattr(_C, "has_cuda_ffi", False),
                                          reason="bagua_core was built without CUDA: no CUDA handlers")
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step"}
 
 
@@ -104,3 +107,37 @@ def test_cuda_lowering_on_a_cpu_group_is_refused():
     g = _group("cpu")
     with pytest.raises(ValueError, match="is on cuda but the process group communicates cpu memory"):
         _cuda_text(lambda x: bagua_jax.allreduce(x, group=g), jnp.ones(3))
+
+
+STAGED_SCRIPT = """
+import jax, jax.numpy as jnp, bagua_core, bagua_jax
+g = bagua_jax.init_process_group()
+assert g.device_type == "cpu"
+text = jax.jit(lambda x: bagua_jax.allreduce(x, group=g)).trace(jnp.ones(3)).lower(lowering_platforms=("cpu",)).as_text()
+assert "bagua_allreduce" in text
+try:
+    jax.jit(lambda x: bagua_jax.allreduce(x, group=g)).trace(jnp.ones(3)).lower(lowering_platforms=("cuda",))
+except ValueError as e:
+    print("REFUSED", e)
+bagua_core.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(150)
+@needs_cuda_handlers
+def test_cuda_arrays_on_a_gloo_group_need_a_visible_gpu_to_be_staged():
+    """A real Gloo group lowers CUDA collectives through a staged
+    communicator on this process's GPU; without one the refusal says why."""
+    import subprocess
+    import sys
+
+    from tests import mp
+
+    port = mp.free_port_pair()
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", STAGED_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED bagua_jax.allreduce: the array is on cuda" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "cannot be staged" in out.stdout and "gpu" in out.stdout.lower(), out.stdout

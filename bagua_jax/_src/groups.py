@@ -4,13 +4,23 @@ A collective needs, at trace time, the engine handle of the group's
 communicator (a static attribute of the FFI call), the group's size (output
 shapes), this process's rank in it (autodiff rules) and the platform its
 memory lives on (to reject arrays on another device with a clear error).
+
+CUDA arrays on a Gloo group travel through host memory: their lowering passes
+the handle of the group's communicator staged on this process's GPU
+(``bagua_core.devices``; a warning once), made on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import bagua_core
+from bagua_core import devices
+from bagua_core._loader import _C
+from bagua_jax import _compat
+
+_groups: Dict[int, Any] = {}  # communicator handle -> its ProcessGroup (for staging)
+_staged: Dict[Tuple[int, int], int] = {}  # (handle, CUDA index) -> the staged communicator's handle
 
 
 class GroupInfo(NamedTuple):
@@ -66,4 +76,44 @@ def resolve(group: Optional[Any]) -> GroupInfo:
     group = process_group(group)
     # The handle is read when tracing: a jitted function keeps using this
     # communicator; after destroy_process_group() it fails with a clear error.
-    return GroupInfo(int(group.handle), group.size, group.rank, _platform_of(group))
+    return GroupInfo(handle_of(group), group.size, group.rank, _platform_of(group))
+
+
+def handle_of(group: Any) -> int:
+    """The engine handle of ``group``'s communicator (remembered for staging)."""
+    handle = int(group.handle)
+    _groups[handle] = group
+    return handle
+
+
+def _is_cuda(platform: str) -> bool:
+    return platform in ("cuda", "gpu")
+
+
+def handle_for(handle: int, platforms: Sequence[str], group_platform: str) -> int:
+    """The communicator handle a lowering for ``platforms`` passes: ``handle``
+    itself, or for CUDA arrays on a Gloo group (``group_platform`` "cpu") its
+    staged communicator."""
+    if handle < 0 or group_platform != "cpu" or not any(_is_cuda(p) for p in platforms):
+        return handle
+    return staged_handle(handle)
+
+
+def staged_handle(handle: int, what: str = "bagua_jax") -> int:
+    """The handle of the Gloo communicator ``handle`` staged on this process's
+    first GPU (made on first use). ValueError when it cannot be: a group this
+    process did not make, no visible GPU."""
+    group = _groups.get(handle)
+    if group is None:
+        raise ValueError(f"{what}: the array is on cuda but the process group communicates cpu memory, and "
+                         "this process did not make that group: use a group of bagua_core")
+    try:
+        index = _compat.cuda_device_index()
+        devices.check_group_serves(group, "cuda", f"{what}: the array", index)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{what}: the array is on cuda but the process group communicates cpu memory, and "
+                         f"it cannot be staged: {e}") from None
+    key = (handle, index)
+    if key not in _staged:
+        _staged[key] = int(_C.register_communicator(devices.staged(group.comm, devices.cuda(index))))
+    return _staged[key]

@@ -201,8 +201,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
                                                      for g in (flat_group, intra, inter)))
     group_info = groups.resolve(group)
     bound = BoundStep(plan.step, plan.params_text(), group_info,
-                      -1 if intra is None else int(intra.handle),
-                      -1 if inter is None else int(inter.handle), info.has_result, info.num_state, name)
+                      -1 if intra is None else groups.handle_of(intra),
+                      -1 if inter is None else groups.handle_of(inter), info.has_result, info.num_state, name)
     core_trace.follow_ffi_steps()
     weights = plan.communicates == WEIGHTS
     after_step = plan.phase == AFTER_OPTIMIZER_STEP

@@ -10,6 +10,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from bagua_jax._src import groups
 from bagua_jax._src.groups import GroupInfo
 
 SUPPORTED_DTYPES = tuple(
@@ -55,7 +56,9 @@ def check_array(name: str, x: Any, group: GroupInfo) -> None:
 def check_platform(name: str, platforms: Any, group: GroupInfo) -> None:
     for p in platforms:
         p = "cuda" if p in ("cuda", "gpu", "rocm") else p
-        if p != group.platform:
+        if p == "cuda" and group.platform == "cpu":
+            groups.staged_handle(group.handle, f"bagua_jax.{name}")  # through host memory
+        elif p != group.platform:
             raise ValueError(
                 f"bagua_jax.{name}: the array is on {p} but the process group "
                 f"communicates {group.platform} memory; move the array with "

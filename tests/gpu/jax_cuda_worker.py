@@ -1,8 +1,8 @@
 """GPU worker: bagua_jax on a CUDA device at world size 1, against the same
 calls on CPU. Started by tests/test_jax_cuda.py through tests.mp.launch.
 
-  jax_cuda_worker.py staged   the CUDA group's communicator is the Gloo one
-                              staged through pinned host memory
+  jax_cuda_worker.py staged   a Gloo group, which bagua_jax stages through
+                              pinned host memory for CUDA arrays
   jax_cuda_worker.py nccl     an NCCL process group (new_group(backend="nccl"))
 
 Every case runs the CPU reference on the default (Gloo, CPU) group and the same
@@ -10,10 +10,6 @@ inputs on the GPU through the CUDA FFI handlers, and compares: collectives and
 the transform steps bitwise (world size 1: the engine's CUDA kernels must equal
 its CPU loops), QAdam (whose optimizer arithmetic is XLA's on each platform)
 and the eager async average to a tight tolerance.
-
-A Gloo group serves JAX CUDA arrays only through an explicitly staged
-communicator, which process groups do not make: the staged session puts one
-into a clone of the world group itself (see make_cuda_group).
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ SHAPES = [(4, 3), (3,), (5, 7)]
 NEVER_MS = 10 ** 7  # an async sync interval longer than the run
 
 groups: dict = {}
-_keep: list = []  # the store server and replaced communicators live as long as the process
 
 
 def on_gpu(x):
@@ -74,16 +69,19 @@ def assert_same(got, want, exact=True, what=""):
 
 
 def make_cuda_group(world):
-    """A clone of the world group whose communicator serves CUDA memory."""
+    """The group the GPU side uses: an NCCL group, or a clone of the (Gloo)
+    world group, whose communicator bagua_jax stages for CUDA arrays."""
     if KIND == "nccl":
         g = bagua_core.new_group(backend="nccl")
         assert g.device_type == "cuda" and g.device_index == GPU_INDEX, (g.device_type, g.device_index)
         return g
     g = world.clone()
-    _keep.append(g.comm)
-    g._comm, g._handle = _C.stage_through_host(g.comm, _C.Device.cuda(GPU_INDEX)), None
-    assert g.device_type == "cuda", g.device_type
+    assert g.device_type == "cpu", g.device_type
     return g
+
+
+def side(group):
+    return "cuda" if group is groups["cuda"] else "cpu"
 
 
 def rng_inputs(step, shapes=SHAPES, scale=1.0):
@@ -136,14 +134,18 @@ def case_jit_donated_and_ordered():
 
 
 def case_wrong_platform_refused():
-    for array, group, fragment in [(on_gpu(np.ones(3, np.float32)), groups["cpu"], "is on cuda"),
-                                   (on_cpu(np.ones(3, np.float32)), groups["cuda"], "is on cpu")]:
+    """CPU arrays on an NCCL group are refused; CUDA arrays on a Gloo group
+    are staged (the staged session's every case), here on the world group."""
+    x = np.arange(3, dtype=np.float32)
+    if KIND == "nccl":
         try:
-            bagua_jax.allreduce(array, group=group)
+            bagua_jax.allreduce(on_cpu(x), group=groups["cuda"])
         except ValueError as e:
-            assert fragment in str(e), e
+            assert "is on cpu" in str(e), e
         else:
-            raise AssertionError(f"allreduce accepted an array on the wrong platform ({fragment})")
+            raise AssertionError("allreduce accepted a CPU array on an NCCL group")
+    else:
+        assert_same(bagua_jax.allreduce(on_gpu(x), group=groups["cpu"]), x, what="staged on the world group")
 
 
 def make_algorithm(name):
@@ -171,7 +173,7 @@ def run_transform(name, group, put, steps=5):
     make, phase = make_algorithm(name)
     algo = make()
     try:
-        tx = bagua_jax.transform(algo, process_group=group, name=f"{name}-{group.device_type}")
+        tx = bagua_jax.transform(algo, process_group=group, name=f"{name}-{side(group)}")
     except ValueError as e:  # the algorithm cannot run on one rank: the same on both platforms
         return ("refused", type(e).__name__)
     params = [put(x) for x in rng_inputs(0)]
@@ -219,7 +221,7 @@ def case_step_number_restored_state():
     def run(group, put, numbers):
         tx = bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=False,
                                                                               communication_interval=2),
-                                 process_group=group, name=f"restore-{group.device_type}")
+                                 process_group=group, name=f"restore-{side(group)}")
         update = jax.jit(tx.update)
         params = [put(x) for x in rng_inputs(0)]
         state = saved = tx.init(params)

@@ -43,7 +43,7 @@ def _lowering(ctx, x, *, group: GroupInfo):
     ffi.check_lowerable("allgather", ffi.ALLGATHER, platforms)
     # The output is size() times larger than the input: no aliasing.
     return _compat.lower_ffi_with_token(ctx, ffi.ALLGATHER, x, alias=False,
-                                        comm=np.int64(group.handle))
+                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)))
 
 
 def _batching(args, dims, *, group: GroupInfo):

@@ -51,7 +51,7 @@ def _lowering(ctx, x, *, group: GroupInfo, op: int, alias: bool):
     validation.check_platform("allreduce", platforms, group)
     ffi.check_lowerable("allreduce", ffi.ALLREDUCE, platforms)
     return _compat.lower_ffi_with_token(ctx, ffi.ALLREDUCE, x, alias=alias,
-                                        comm=np.int64(group.handle), op=np.int64(op))
+                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)), op=np.int64(op))
 
 
 def _batching(args, dims, *, group: GroupInfo, op: int, alias: bool):

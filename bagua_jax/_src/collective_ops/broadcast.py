@@ -53,7 +53,7 @@ def _lowering(ctx, x, *, group: GroupInfo, root: int, alias: bool):
     validation.check_platform("broadcast", platforms, group)
     ffi.check_lowerable("broadcast", ffi.BROADCAST, platforms)
     return _compat.lower_ffi_with_token(ctx, ffi.BROADCAST, x, alias=alias,
-                                        comm=np.int64(group.handle), root=np.int64(root))
+                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)), root=np.int64(root))
 
 
 def _batching(args, dims, *, group: GroupInfo, root: int, alias: bool):

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from bagua_jax import _compat
-from bagua_jax._src import ffi, validation
+from bagua_jax._src import ffi, groups, validation
 from bagua_jax._src.groups import GroupInfo
 
 # (step, *data, *state) -> (*data, *state); the state is updated in place.
@@ -57,10 +57,14 @@ def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int, bucket:
     ffi.check_lowerable(f"transform ({bound.name})", ffi.STEP, platforms)
     # operand 0 is the step number; data leaf i is operand 1 + i, result i
     aliases = {1 + i: i for i in range(len(buffers)) if i >= n_data or not bound.has_result}
+
+    def handle(h):
+        return groups.handle_for(h, platforms, bound.group.platform)
+
     return _compat.lower_ffi_with_token(
         ctx, ffi.STEP, step_number, *buffers, alias=False, aliases=aliases, token_first=True,
-        step=bound.name, params=bound.params, comm=np.int64(bound.group.handle),
-        intra=np.int64(bound.intra), inter=np.int64(bound.inter), n_data=np.int64(n_data), model=bound.model,
+        step=bound.name, params=bound.params, comm=np.int64(handle(bound.group.handle)),
+        intra=np.int64(handle(bound.intra)), inter=np.int64(handle(bound.inter)), n_data=np.int64(n_data), model=bound.model,
         bucket=np.int64(bucket))
 
 
