@@ -7,6 +7,7 @@ truncation, and clear errors on bad input."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,6 +149,19 @@ def test_batch_sampler_pads_and_truncates_to_the_same_count():
         assert list(per_rank[0]) != first
 
 
+def test_complexity_as_a_tensor_or_numpy_scalar():
+    """0-d tensors and numpy scalars count as numbers, with the same order as
+    the plain ints (the original accepts them: it only sorts and subtracts)."""
+    ds = Lengths(10)
+    plain = LoadBalancingDistributedSampler(ds, len, num_replicas=2, rank=1, seed=3)
+    for fn in (lambda s: torch.tensor(len(s)), lambda s: np.int64(len(s)), lambda s: np.float32(len(s)),
+               lambda s: np.array(len(s))):
+        other = LoadBalancingDistributedSampler(ds, fn, num_replicas=2, rank=1, seed=3)
+        assert other.complexities == plain.complexities
+        assert all(type(c) in (int, float) for c in other.complexities)
+        assert list(other) == list(plain)
+
+
 def test_bad_input():
     ds = Lengths(10)
     with pytest.raises(ValueError, match="Invalid rank"):
@@ -161,8 +175,9 @@ def test_bad_input():
         return len(sample)
     with pytest.raises(ValueError, match="complexity_fn failed on sample"):
         LoadBalancingDistributedSampler(ds, broken, num_replicas=2, rank=0)
-    with pytest.raises(ValueError, match="must return a number"):
-        LoadBalancingDistributedSampler(ds, lambda s: "long", num_replicas=2, rank=0)
+    for bad in ("long", True, float("nan"), torch.tensor([1, 2]), torch.tensor(True), np.array([3.0])):
+        with pytest.raises(ValueError, match="must return a number"):
+            LoadBalancingDistributedSampler(ds, lambda s, b=bad: b, num_replicas=2, rank=0)
     dropping = LoadBalancingDistributedSampler(ds, len, num_replicas=2, rank=0, drop_last=True)
     with pytest.raises(ValueError, match="drop_last of sampler"):
         LoadBalancingDistributedBatchSampler(dropping, lambda ix: [ix])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterator, List, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
@@ -43,6 +44,20 @@ def _world_defaults(num_replicas: Optional[int], rank: Optional[int]):
                                "or torch.distributed first")
         world, me = dist.get_world_size(), dist.get_rank()
     return (world if num_replicas is None else num_replicas), (me if rank is None else rank)
+
+
+def _as_complexity(c, i: int):
+    """``complexity_fn``'s result as a Python int or float: numbers, numpy
+    scalars and 0-d tensors or arrays of them; anything else (bool, NaN, a
+    string, a tensor of several elements) is a ValueError."""
+    value = c
+    if isinstance(c, (torch.Tensor, np.ndarray)) and c.ndim == 0:
+        value = c.item()
+    elif isinstance(c, np.generic):
+        value = c.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"complexity_fn must return a number, got {c!r} for sample {i}")
+    return value
 
 
 class LoadBalancingDistributedSampler(Sampler[int]):
@@ -78,9 +93,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
                 c = complexity_fn(dataset[i])
             except Exception as e:
                 raise ValueError(f"complexity_fn failed on sample {i}: {type(e).__name__}: {e}") from e
-            if isinstance(c, bool) or not isinstance(c, (int, float)) or c != c:
-                raise ValueError(f"complexity_fn must return a number, got {c!r} for sample {i}")
-            complexities.append(c)
+            complexities.append(_as_complexity(c, i))
         self.complexities = complexities
         # stable ascending sort: equal complexities keep dataset order
         self.sorted_indices = sorted(range(n), key=lambda i: complexities[i])
