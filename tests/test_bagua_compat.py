@@ -171,6 +171,7 @@ CASES = [
     "v1_9_0_accepts_a_torch_group",
     "algorithm_by_name_trains",
     "checkpoint_round_trip",
+    "functional_all_reduce_and_its_gradient",
 ]
 
 
@@ -285,6 +286,36 @@ class Worker:
         z = torch.ones(2)
         b.allreduce_inplace(z, comm=ng)
         assert torch.equal(z, torch.full((2,), float(self.world)))
+
+    def functional_all_reduce_and_its_gradient(self):
+        """Forward against torch.distributed.all_reduce; the gradient against
+        the hand-derived one: with loss_r = sum(all_reduce(x_r) * w_r) on
+        every rank r, d(sum of losses)/d(x_r) = sum over ranks of w."""
+        torch, dist = self.torch, self.dist
+        from bagua.torch_api.data_parallel import functional as F
+
+        x = torch.arange(6, dtype=torch.float32).reshape(2, 3) + self.rank
+        x.requires_grad_(True)
+        w = torch.full((2, 3), float(self.rank + 1))
+        y = F.all_reduce(x)
+        want = x.detach().clone()
+        dist.all_reduce(want)
+        assert torch.equal(y, want) and torch.equal(x.detach(), torch.arange(6.0).reshape(2, 3) + self.rank)
+        (y * w).sum().backward()
+        assert torch.equal(x.grad, torch.full((2, 3), float(sum(r + 1 for r in range(self.world))))), x.grad
+        m = F.all_reduce(x.detach(), dist.ReduceOp.MAX)
+        assert torch.equal(m, torch.arange(6.0).reshape(2, 3) + self.world - 1)
+        members = [0, self.world - 1]
+        tg = dist.new_group(members)
+        z = F.all_reduce(torch.ones(3, requires_grad=True), group=tg)  # every rank: the first call makes the group
+        assert torch.equal(z.detach(), torch.full((3,), 2.0 if self.rank in members else 1.0))
+        assert F.torch_reduce_op_to_bagua(dist.ReduceOp.SUM) == F.ReduceOp.SUM
+        try:
+            F.all_reduce(x, dist.ReduceOp.PRODUCT)
+        except ValueError as e:
+            assert "SUM and MAX" in str(e)
+        else:
+            raise AssertionError("PRODUCT was accepted")
 
     def env_matches_the_job(self):
         e = self.bagua.env
