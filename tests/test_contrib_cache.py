@@ -290,6 +290,38 @@ def test_redis_started_alone_evicts_when_full():
     assert 0 < ds.cache_loader.num_keys() < 80 and ds.cache_loader.errors == 0
 
 
+START_CLI = """
+import sys, redis
+from bagua.torch_api.contrib.utils.redis_store import start_redis_server_cli
+port = int(sys.argv[1])
+start_redis_server_cli(port, 10 ** 7, "--maxmemory-policy", "allkeys-lru")
+r = redis.Redis(port=port)
+r.set("k", "v")
+assert r.get("k") == b"v"
+assert r.config_get("maxmemory")["maxmemory"] == "10000000"
+assert r.config_get("maxmemory-policy")["maxmemory-policy"] == "allkeys-lru"  # the extra arguments come last
+print("SERVED", flush=True)
+"""
+
+
+@needs_redis
+@pytest.mark.timeout(60)
+def test_start_redis_server_cli_serves_until_the_process_exits():
+    """Bagua 0.9.2's start_redis_server_cli(port, capacity, *args): a server at
+    that port, ready when it returns, gone with the process that started it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", START_CLI, str(port)], capture_output=True, text=True, timeout=50,
+                         env=dict(os.environ, PYTHONPATH=repo), cwd=repo)
+    assert out.returncode == 0 and "SERVED" in out.stdout, out.stdout + out.stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while _port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _port_open("127.0.0.1", port), "redis-server still runs after its process exited"
+
+
 @pytest.fixture
 def two_servers():
     if not HAVE_REDIS:

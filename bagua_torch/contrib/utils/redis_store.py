@@ -36,7 +36,7 @@ import numpy as np
 from bagua_torch.contrib.utils.lmdb_store import DEFAULT_CAPACITY
 from bagua_torch.contrib.utils.store import Store
 
-__all__ = ["RedisStore", "start_redis_server"]
+__all__ = ["RedisStore", "start_redis_server", "start_redis_server_cli"]
 
 _HOST_RECORD_BYTES = 256
 _bootstrapped: Optional[List[dict]] = None  # this process's view of the job's servers
@@ -81,31 +81,50 @@ def _free_port(host: str) -> int:
 
 def start_redis_server(host: str, capacity: int, timeout_s: float = 10.0) -> dict:
     """Starts ``redis-server`` on ``host`` at a free port; returns ``{"host", "port"}`` once it answers."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("backend='redis' without hosts= starts redis-server, which is not installed: "
-                           "apt-get install redis-server (or pass hosts=[...] of running servers)")
-    redis = _require_redis()
     last_error = ""
     for _ in range(3):  # the free port may be taken in between: try another
         port = _free_port(host)
-        cmd = [binary, "--bind", host, "--port", str(port), "--protected-mode", "no", "--daemonize", "no",
-               "--maxmemory", str(capacity), "--maxmemory-policy", "allkeys-random", "--appendonly", "no",
-               "--save", "", "--loglevel", "warning", "--dir", tempfile.gettempdir()]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=_die_with_parent)
-        client = redis.Redis(host=host, port=port, socket_connect_timeout=1)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                client.ping()
-                atexit.register(_stop_server, proc)
-                return {"host": host, "port": port}
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        _stop_server(proc)
-        last_error = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+        started, last_error = _launch(port, capacity, ["--bind", host], host, timeout_s)
+        if started:
+            return {"host": host, "port": port}
     raise RuntimeError(f"redis-server did not start on {host}: {last_error.strip() or 'no answer'}")
+
+
+def start_redis_server_cli(port: int, capacity: int, *args: str, timeout_s: float = 10.0) -> None:
+    """Bagua 0.9.2's name: starts ``redis-server`` at ``port`` (all interfaces,
+    as there) with ``capacity`` bytes of memory, random eviction and no
+    persistence, plus ``args`` (redis-server options), and returns once it
+    answers. Unlike the original's daemon, the server is this process's child:
+    it stops when the process exits. RuntimeError when it does not start."""
+    started, error = _launch(int(port), int(capacity), [str(a) for a in args], "127.0.0.1", timeout_s)
+    if not started:
+        raise RuntimeError(f"redis-server did not start at port {port}: {error.strip() or 'no answer'}")
+
+
+def _launch(port: int, capacity: int, extra: List[str], reach: str, timeout_s: float):
+    """(started, its error output): a redis-server child at ``port``, stopped
+    at exit, once a client at ``reach`` gets an answer."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("starting a Redis server needs redis-server, which is not installed: "
+                           "apt-get install redis-server (or pass hosts=[...] of running servers)")
+    redis = _require_redis()
+    cmd = [binary, "--port", str(port), "--protected-mode", "no", "--daemonize", "no",
+           "--maxmemory", str(capacity), "--maxmemory-policy", "allkeys-random", "--appendonly", "no",
+           "--save", "", "--loglevel", "warning", "--dir", tempfile.gettempdir(), *extra]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_die_with_parent)
+    client = redis.Redis(host=reach, port=port, socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            client.ping()
+            atexit.register(_stop_server, proc)
+            return True, ""
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.05)
+    _stop_server(proc)
+    return False, proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
 
 
 def _stop_server(proc: subprocess.Popen) -> None:
