@@ -95,6 +95,25 @@ def test_fuse_step_bitwise_equals_step(name, kwargs, set_to_none):
             assert torch.equal(torch.as_tensor(va), torch.as_tensor(vb)), f"state {k} differs"
 
 
+def test_calculate_mutual_groups():
+    """The original's helper: index groups contiguous in every list (memory order)."""
+    from bagua.torch_api.contrib.fuse.optimizer import calculate_mutual_groups
+
+    flat, other = torch.zeros(10), torch.zeros(2)
+    a, b, d = flat[0:3], flat[3:5], flat[5:10]
+    params = [a, other, d, b]
+    assert calculate_mutual_groups([params]) == [[0, 3, 2]]
+    g = torch.zeros(5)
+    grads_ab = [g[0:3], torch.zeros(2), torch.zeros(5), g[3:5]]  # only a and b back to back
+    assert calculate_mutual_groups([params, grads_ab]) == []
+    g2 = torch.zeros(10)
+    grads_same = [g2[0:3], torch.zeros(2), g2[5:10], g2[3:5]]
+    assert calculate_mutual_groups([params, grads_same]) == [[0, 3, 2]]
+    assert calculate_mutual_groups([]) == []
+    with pytest.raises(ValueError, match="equal lengths"):
+        calculate_mutual_groups([params, params[:2]])
+
+
 def test_weights_are_flattened_and_state_is_views():
     from bagua_torch.contrib import fuse_optimizer
 

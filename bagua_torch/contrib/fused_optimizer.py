@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["fuse_optimizer", "is_fused_optimizer"]
+__all__ = ["fuse_optimizer", "is_fused_optimizer", "calculate_mutual_groups"]
 
 _Key = Tuple[int, int, torch.dtype, torch.device]
 
@@ -96,6 +96,39 @@ def _contiguous_run(tensors: Sequence[Optional[torch.Tensor]]) -> bool:
     if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
         return False
     return all(_end(a) == b.data_ptr() for a, b in zip(tensors, tensors[1:]))
+
+
+def calculate_mutual_groups(tensors_list: Sequence[Sequence[torch.Tensor]]) -> List[List[int]]:
+    """Bagua 0.9.2's helper: the groups of indices (two or more each) whose
+    tensors lie back to back in memory in every list of ``tensors_list`` (e.g.
+    the parameters, their gradients, one optimizer state), each group in
+    memory order. ValueError when the lists differ in length."""
+    if not tensors_list:
+        return []
+    size = len(tensors_list[0])
+    if any(len(ts) != size for ts in tensors_list):
+        raise ValueError(f"calculate_mutual_groups: the lists must have equal lengths, got "
+                         f"{[len(ts) for ts in tensors_list]}")
+    groups = _adjacent_runs(tensors_list[0])
+    for tensors in tensors_list[1:]:
+        theirs = _adjacent_runs(tensors)
+        groups = [g for g in groups if g in theirs]
+    return groups
+
+
+def _adjacent_runs(tensors: Sequence[torch.Tensor]) -> List[List[int]]:
+    """Indices of the runs (two or more) of tensors that follow each other in memory."""
+    runs: List[List[int]] = []
+    run: List[int] = []
+    for i in sorted(range(len(tensors)), key=lambda i: tensors[i].data_ptr()):
+        if run and _end(tensors[run[-1]]) != tensors[i].data_ptr():
+            if len(run) > 1:
+                runs.append(run)
+            run = []
+        run.append(i)
+    if len(run) > 1:
+        runs.append(run)
+    return runs
 
 
 def _flat_view(first: torch.Tensor, numel: int) -> torch.Tensor:
