@@ -172,6 +172,7 @@ CASES = [
     "algorithm_by_name_trains",
     "checkpoint_round_trip",
     "functional_all_reduce_and_its_gradient",
+    "utils_apply_flattened_call_averages",
 ]
 
 
@@ -316,6 +317,18 @@ class Worker:
             assert "SUM and MAX" in str(e)
         else:
             raise AssertionError("PRODUCT was accepted")
+
+    def utils_apply_flattened_call_averages(self):
+        """apply_flattened_call with torch.distributed.all_reduce: the
+        original's average, against the ranks' values computed here."""
+        torch, dist = self.torch, self.dist
+        from bagua.torch_api.utils import apply_flattened_call
+
+        bucket = [torch.full((2, 2), float(self.rank)), torch.arange(3.0) * (self.rank + 1)]
+        apply_flattened_call(bucket, dist.all_reduce)
+        ranks = range(self.world)
+        assert torch.equal(bucket[0], torch.full((2, 2), sum(ranks) / self.world))
+        assert torch.allclose(bucket[1], torch.arange(3.0) * sum(r + 1 for r in ranks) / self.world)
 
     def env_matches_the_job(self):
         e = self.bagua.env
