@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,25 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from bagua_core.launcher.ports import free_port_pair  # noqa: F401  (tests use mp.free_port_pair)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_PREFIX = "BAGUA-CASE "
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p + 1 (the store port) are both free."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p >= 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair found")
 
 
 @dataclass
