@@ -3,8 +3,25 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/error.h"
+
 namespace bagua {
 namespace bindings {
+
+// Argument conversions the binding files share.
+inline DType to_dtype(int code) {
+  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
+  return static_cast<DType>(code);
+}
+inline size_t to_size(int64_t v, const char* what) {
+  if (v < 0) throw InvalidArgument(std::string(what) + " must not be negative");
+  return static_cast<size_t>(v);
+}
 
 void bind_errors(pybind11::module_& m);
 void bind_store(pybind11::module_& m);

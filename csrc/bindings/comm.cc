@@ -35,11 +35,6 @@ const void* cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
 void* mptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 Stream sptr(uintptr_t p) { return reinterpret_cast<Stream>(p); }
 
-DType to_dtype(int v) {
-  if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
-  return static_cast<DType>(v);
-}
-
 WirePacking to_wire_packing(const std::string& v) {
   for (WirePacking w : {WirePacking::kOff, WirePacking::kAuto, WirePacking::kOn})
     if (v == wire_packing_name(w)) return w;

@@ -19,16 +19,6 @@ namespace bagua {
 namespace bindings {
 namespace {
 
-DType to_dtype(int code) {
-  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
-size_t to_size(int64_t v, const char* what) {
-  if (v < 0) throw InvalidArgument(std::string(what) + " must not be negative");
-  return static_cast<size_t>(v);
-}
-
 const void* to_cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
 void* to_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 

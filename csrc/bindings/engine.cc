@@ -119,11 +119,6 @@ size_t slot_index(const Bucket& b, const py::handle& key) {
   return static_cast<size_t>(i);
 }
 
-DType to_dtype(int v) {
-  if (!is_valid_dtype(v)) throw InvalidArgument("unknown dtype code " + std::to_string(v));
-  return static_cast<DType>(v);
-}
-
 int dtype_code(DType t) { return static_cast<int>(t); }
 
 py::tuple timing_tuple(const BucketTiming& t) { return py::make_tuple(t.ready_ns, t.launch_ns, t.start_ns, t.end_ns); }

@@ -40,16 +40,6 @@ namespace bagua {
 namespace bindings {
 namespace {
 
-DType to_dtype(int code) {
-  if (!is_valid_dtype(code)) throw InvalidArgument("unknown dtype code " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
-size_t to_size(int64_t v, const char* what) {
-  if (v < 0) throw InvalidArgument(std::string(what) + " must not be negative");
-  return static_cast<size_t>(v);
-}
-
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 // ---- the step kernels on arrays ----------------------------------------------------------------
