@@ -1,8 +1,9 @@
 """Communication primitives on any DLPack array (numpy, torch, JAX, CuPy, Buffer).
 
 The original Bagua's primitives, with the same arguments, except that ``comm``
-is called ``group`` (a :class:`~bagua_core.ProcessGroup`, default: the world
-group) and that ``recv`` may be ``None`` for out-of-place operations: a
+is called ``group`` (a :class:`~bagua_core.ProcessGroup` or one of its
+communicators, ``group.get_global_communicator()`` and the like; default: the
+world group) and that ``recv`` may be ``None`` for out-of-place operations: a
 :class:`~bagua_core.Buffer` of the right shape and dtype is then allocated and
 returned (JAX arrays are immutable: view the result with
 ``jax.numpy.from_dlpack``). Out-of-place operations return ``recv``; in-place
@@ -38,6 +39,7 @@ from bagua_core import devices
 from bagua_core._loader import _C
 from bagua_core.buffer import Buffer
 from bagua_core.dlpack import DLPackView, _lazy_sign, import_array
+from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.one_caller import one_caller
 from bagua_core.process_group import ProcessGroup, get_default_group
 
@@ -82,11 +84,14 @@ def _op(op) -> int:
 # --- arguments ---------------------------------------------------------------
 
 
-def _group(group: Optional[ProcessGroup]) -> ProcessGroup:
+def _group(group) -> ProcessGroup:
     if group is None:
         return get_default_group()
+    if isinstance(group, GroupCommunicator):
+        return group.group
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group must be a bagua_core.ProcessGroup, got {type(group).__name__}")
+        raise TypeError("group must be a bagua_core.ProcessGroup or one of its communicators "
+                        f"(group.get_global_communicator(), ...), got {type(group).__name__}")
     return group
 
 

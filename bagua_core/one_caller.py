@@ -20,6 +20,7 @@ import threading
 import weakref
 
 from bagua_core.errors import ConcurrentUseError
+from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.process_group import ProcessGroup, get_default_group
 
 
@@ -90,6 +91,8 @@ def one_caller(fn):
         group = kwargs.get("group") if len(args) <= index else args[index]
         if group is None:
             group = get_default_group()
+        if isinstance(group, GroupCommunicator):
+            group = group.group
         if not isinstance(group, ProcessGroup):
             return fn(*args, **kwargs)  # which raises the TypeError
         guard = _guard(group)

@@ -69,6 +69,7 @@ from bagua_core import _nccl, backend as backends, config, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError
+from bagua_core.group_communicator import GroupCommunicator
 
 _GENERATION_KEY = "bagua/generation"
 _WORLD_SIZE_KEY = "bagua/world_size"
@@ -189,6 +190,21 @@ class ProcessGroup:
                 leaders.setdefault(self._ctx.node_of[r], r)
             self._inter = self._ctx.make_group(f"{self.name}/inter", sorted(leaders.values()), self.backend)
         return self._inter
+
+    def get_global_communicator(self) -> GroupCommunicator:
+        """This group as Bagua 0.9.2's communicator object (``rank()``,
+        ``nranks()``; accepted wherever a group is)."""
+        return GroupCommunicator(self, "global")
+
+    def get_inter_node_communicator(self) -> GroupCommunicator:
+        """:meth:`inter_node_group` as a communicator object (its first call
+        is made by every member of this group)."""
+        return GroupCommunicator(self.inter_node_group(), "inter")
+
+    def get_intra_node_communicator(self) -> GroupCommunicator:
+        """:meth:`intra_node_group` as a communicator object (its first call
+        is made by every member of this group)."""
+        return GroupCommunicator(self.intra_node_group(), "intra")
 
     @property
     def store(self):
@@ -637,6 +653,16 @@ def _context() -> _Context:
 
 def get_default_group() -> ProcessGroup:
     return _context().world
+
+
+def group_named(name: str) -> ProcessGroup:
+    """The live group called ``name`` (its :attr:`ProcessGroup.name`, e.g.
+    ``"world"``, ``"group1"``)."""
+    ctx = _context()
+    for g in ctx.groups:
+        if g.name == name and not g.closed:
+            return g
+    raise ValueError(f"no process group named {name!r} (live groups: {[g.name for g in ctx.groups]})")
 
 
 def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = None) -> ProcessGroup:

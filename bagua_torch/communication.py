@@ -29,7 +29,7 @@ __all__ = [
     "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
     "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
     "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall", "alltoall_inplace",
-    "alltoall_v", "alltoall_v_inplace", "barrier",
+    "alltoall_v", "alltoall_v_inplace", "barrier", "broadcast_coalesced", "allreduce_coalesced_inplace",
 ]
 
 
@@ -187,3 +187,34 @@ def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int], com
 
 def barrier(comm=None, *, group=None) -> None:
     _core.barrier(_g(comm, group))
+
+
+def _coalesced(fn: str, tensors, call) -> None:
+    """``call(flat)`` on the tensors flattened, one flat tensor per dtype (in
+    order of first appearance), then the results copied back."""
+    if isinstance(tensors, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{fn}: expected a list of tensors, got {type(tensors).__name__}")
+    by_kind: dict = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    for same in by_kind.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in same])
+        call(flat)
+        offset = 0
+        with torch.no_grad():
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+def broadcast_coalesced(tensors: Sequence[torch.Tensor], src: int = 0, comm=None, *, group=None) -> None:
+    """Rank ``src``'s ``tensors`` on every rank, in one broadcast per dtype."""
+    g = _g(comm, group)
+    _coalesced("broadcast_coalesced", tensors, lambda flat: _core.broadcast(flat, src, g))
+
+
+def allreduce_coalesced_inplace(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, comm=None, *,
+                                group=None) -> None:
+    """:func:`allreduce_inplace` of every tensor, in one allreduce per dtype."""
+    g = _g(comm, group)
+    _coalesced("allreduce_coalesced_inplace", tensors, lambda flat: _core.allreduce_inplace(flat, op, g))

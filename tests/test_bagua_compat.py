@@ -173,6 +173,8 @@ CASES = [
     "checkpoint_round_trip",
     "functional_all_reduce_and_its_gradient",
     "utils_apply_flattened_call_averages",
+    "communicators_of_groups_match_torch_ranks",
+    "coalesced_primitives_match_torch_distributed",
 ]
 
 
@@ -330,6 +332,86 @@ class Worker:
         assert torch.equal(bucket[0], torch.full((2, 2), sum(ranks) / self.world))
         assert torch.allclose(bucket[1], torch.arange(3.0) * sum(r + 1 for r in ranks) / self.world)
 
+    def communicators_of_groups_match_torch_ranks(self):
+        """Each group's global, intra- and inter-node communicators: ranks
+        against torch.distributed's for the same ranks, and every primitive
+        takes one as comm= (results against torch.distributed's)."""
+        torch, b, dist = self.torch, self.bagua, self.dist
+        c = b.communication
+        world_comm = c._get_default_group().get_global_communicator()
+        assert c._get_default_group() is self.group
+        assert (world_comm.rank(), world_comm.nranks()) == (dist.get_rank(), dist.get_world_size())
+        members = [self.world - 1, 0]  # torch sorts them, as new_group does
+        tg = dist.new_group(members)
+        bg = c.from_torch_group(tg)
+        gc = bg.get_global_communicator()
+        assert gc.rank() == dist.get_rank(tg) and gc.nranks() == 2  # torch: -1 on non-members, as here
+        if self.rank in members:
+            assert gc.nranks() == dist.get_world_size(tg)
+        assert c._rank_not_in_group(bg) is c._rank_not_in_comm(gc) is (self.rank not in members)
+        assert not c._rank_not_in_group(None) and not c._rank_not_in_comm(None)
+        assert c.get_communicator(bg.name, "global") == gc
+        x = torch.arange(4.0) + self.rank
+        ref = x.clone()
+        c.allreduce_inplace(x, comm=gc)
+        if self.rank in members:
+            dist.all_reduce(ref, group=tg)
+        assert torch.equal(x, ref), (x, ref)
+        got = c.allgather(torch.full((2,), float(self.rank)), comm=gc)
+        if self.rank in members:
+            assert torch.equal(got, torch.tensor([[0.0, 0.0], [self.world - 1.0] * 2]))
+        else:
+            assert got is None
+        y = torch.full((3,), float(self.rank))
+        c.broadcast(y, src=1, comm=gc)
+        assert torch.equal(y, torch.full((3,), float(self.world - 1 if self.rank in members else self.rank)))
+        c.barrier(comm=gc)
+        # one node here: the intra-node communicator is the group, the inter-node one its first rank
+        intra, inter = self.group.get_intra_node_communicator(), self.group.get_inter_node_communicator()
+        assert (intra.rank(), intra.nranks()) == (self.rank, self.world)
+        assert (inter.rank(), inter.nranks()) == ((0, 1) if self.rank == 0 else (-1, 1))
+        assert c.get_communicator("world", "intra") == intra and c.get_communicator("world", "inter") == inter
+        z = torch.ones(2)
+        c.allreduce_inplace(z, comm=intra)
+        c.allreduce_inplace(z, comm=inter)  # a no-op on the ranks that are not members
+        assert torch.equal(z, torch.full((2,), float(self.world)))
+        try:
+            c.get_communicator("world", "local")
+        except ValueError as e:
+            assert "'global', 'inter', 'intra'" in str(e)
+        else:
+            raise AssertionError("an unknown comm_name was accepted")
+
+    def coalesced_primitives_match_torch_distributed(self):
+        torch, b, dist = self.torch, self.bagua, self.dist
+        c = b.communication
+
+        def mine():
+            g = torch.Generator().manual_seed(self.rank)
+            def exact(*shape):  # eighths: every summation order gives the same float
+                return torch.randint(-99, 99, shape, generator=g).float() / 8
+
+            return [exact(2, 3), torch.randint(-9, 9, (4,), generator=g), exact(5),
+                    torch.randint(0, 200, (3,), generator=g).to(torch.uint8)]
+
+        got, ref = mine(), mine()
+        c.allreduce_coalesced_inplace(got)
+        for t in ref:
+            dist.all_reduce(t)
+        assert all(a.dtype == r.dtype and torch.equal(a, r) for a, r in zip(got, ref)), (got, ref)
+        got, ref = mine(), mine()
+        src = self.world - 1
+        c.broadcast_coalesced(got, src=src)
+        for t in ref:
+            dist.broadcast(t, src)
+        assert all(torch.equal(a, r) for a, r in zip(got, ref))
+        got = mine()
+        c.allreduce_coalesced_inplace(got, op=c.ReduceOp.MAX, comm=self.group.get_global_communicator())
+        ref = mine()
+        for t in ref:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert all(torch.equal(a, r) for a, r in zip(got, ref))
+
     def env_matches_the_job(self):
         e = self.bagua.env
         assert (e.get_rank(), e.get_world_size()) == (self.rank, self.world)
@@ -474,6 +556,41 @@ assert torch.equal(x, torch.full((2,), float(world)))
 dist.barrier()
 print("OK", os.environ.get("BAGUA_STORE_PORT"), os.environ.get("MASTER_PORT"))
 """
+
+TWO_NODES = """
+import torch, torch.distributed as dist
+import bagua.torch_api as bagua
+from bagua.torch_api import communication as c
+g = bagua.init_process_group()
+rank, world, local = g.rank, g.size, bagua.get_local_size()
+node = rank // local
+on_my_node = [r for r in range(world) if r // local == node]
+leaders = sorted({r - r % local for r in range(world)})
+intra, inter = g.get_intra_node_communicator(), g.get_inter_node_communicator()
+assert (intra.rank(), intra.nranks()) == (on_my_node.index(rank), len(on_my_node)), intra
+assert inter.nranks() == len(leaders) and inter.rank() == (leaders.index(rank) if rank in leaders else -1)
+torch_groups = [dist.new_group([r for r in range(world) if r // local == n]) for n in range(len(leaders))]
+torch_leaders = dist.new_group(leaders)
+x, ref = torch.full((3,), float(rank + 1)), torch.full((3,), float(rank + 1))
+c.allreduce_inplace(x, comm=intra)
+dist.all_reduce(ref, group=torch_groups[node])
+assert torch.equal(x, ref), (x, ref)
+assert intra.rank() == dist.get_rank(torch_groups[node]) and inter.rank() == dist.get_rank(torch_leaders)
+y, ref = torch.full((2,), float(rank)), torch.full((2,), float(rank))
+c.allreduce_inplace(y, comm=inter)
+if rank in leaders:
+    dist.all_reduce(ref, group=torch_leaders)
+assert torch.equal(y, ref), (y, ref)
+print("OK")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,local", [(3, 2), (4, 2)])
+def test_node_communicators_on_emulated_nodes(world, local):
+    run = launch(TWO_NODES, world, timeout=90, local_world_size=local)
+    assert run.ok() and all("OK" in w.stdout for w in run.workers), run.summary()
+
 
 ALONE = """
 import os, sys, torch, torch.distributed as dist

@@ -1,7 +1,11 @@
 """``bagua.torch_api.communication``: :mod:`bagua_torch.communication` under
 Bagua 0.9.2's names. ``init_process_group`` also initialises torch's default
 process group (as the original did); ``get_backend(name)`` is the engine of
-the default group kept under that name."""
+the default group kept under that name. Groups have the original's
+``get_global_communicator()``, ``get_inter_node_communicator()`` and
+``get_intra_node_communicator()`` (see :mod:`bagua_core.group_communicator`);
+what they return is accepted as ``comm=`` by every primitive, as is the group
+itself."""
 
 from __future__ import annotations
 
@@ -17,8 +21,10 @@ from bagua_torch.communication import (  # noqa: F401  (re-exported)
     alltoall_inplace,
     alltoall_v,
     alltoall_v_inplace,
+    allreduce_coalesced_inplace,
     barrier,
     broadcast,
+    broadcast_coalesced,
     broadcast_object,
     from_torch_group,
     gather,
@@ -36,6 +42,10 @@ from bagua_torch.communication import (  # noqa: F401  (re-exported)
     send,
 )
 from bagua_torch.communication import init_process_group as _init_process_group
+from bagua_core.group_communicator import GroupCommunicator
+from bagua_core.process_group import ProcessGroup, group_named
+
+BaguaProcessGroup = ProcessGroup  # the original's name for the groups new_group returns
 
 
 def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1):
@@ -43,6 +53,34 @@ def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_w
     torch's default process group too, unless the caller made one first
     (see :func:`bagua_torch.init_process_group`)."""
     return _init_process_group(store, rank, world_size, local_world_size, torch_distributed=True)
+
+
+def _get_default_group():
+    """The world group (Bagua 0.9.2's private name, which user code calls)."""
+    return get_default_group()
+
+
+_COMMUNICATOR_GETTERS = {"global": "get_global_communicator", "inter": "get_inter_node_communicator",
+                         "intra": "get_intra_node_communicator"}
+
+
+def get_communicator(group_name: str, comm_name: str) -> GroupCommunicator:
+    """The ``comm_name`` ("global", "inter" or "intra") communicator of the
+    group called ``group_name`` (its ``.name``)."""
+    getter = _COMMUNICATOR_GETTERS.get(comm_name)
+    if getter is None:
+        raise ValueError(f"comm_name should be one of {list(_COMMUNICATOR_GETTERS)}, got {comm_name!r}")
+    return getattr(group_named(group_name), getter)()
+
+
+def _rank_not_in_comm(comm=None) -> bool:
+    """True when this process is not a member of ``comm`` (None: the world)."""
+    return comm is not None and not comm.is_member
+
+
+def _rank_not_in_group(group=None) -> bool:
+    """True when this process is not a member of ``group`` (None: the world)."""
+    return group is not None and not group.is_member
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,5 +98,6 @@ __all__ = [
     "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
     "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
     "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall", "alltoall_inplace",
-    "alltoall_v", "alltoall_v_inplace", "barrier",
+    "alltoall_v", "alltoall_v_inplace", "barrier", "broadcast_coalesced", "allreduce_coalesced_inplace",
+    "get_communicator", "BaguaProcessGroup",
 ]
