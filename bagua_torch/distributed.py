@@ -64,6 +64,19 @@ def _torch_view(view) -> torch.Tensor:
     return torch.from_dlpack(view)
 
 
+def _bucket_tensors(bucket, names) -> Dict[str, torch.Tensor]:
+    """The named tensors of ``bucket`` as views of one torch tensor over the
+    whole bucket: one storage, like torch's own flattened buffers, so code
+    that checks storages (fuse_optimizer) sees one buffer, not its own
+    allocation per tensor."""
+    flat = _torch_view(bucket.flat_view())
+    out = {}
+    for n in names:
+        s = bucket.slot(n)
+        out[n] = flat.narrow(0, s["offset"], s["numel"]).view(s["shape"])
+    return out
+
+
 def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
     return a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
@@ -312,6 +325,12 @@ class BaguaDistributedDataParallel:
     def _buffers(self) -> List[torch.Tensor]:
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
 
+    def bucket_storages(self) -> set:
+        """Addresses of the allocations behind this wrapper's buckets (what a
+        tensor's ``untyped_storage().data_ptr()`` is when it lives in one)."""
+        slots = list(getattr(self, "slots", {}).values()) + list(getattr(self, "weight_slots", {}).values())
+        return {t.untyped_storage().data_ptr() for t in slots}
+
     def _signature(self) -> List[tuple]:
         sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
                ("setting", "BAGUA_AUTOTUNE", self._settings.autotune_level > 0, "BAGUA_AUTOTUNE_INTERVAL_STEPS",
@@ -355,8 +374,7 @@ class BaguaDistributedDataParallel:
         self.buckets = buckets
         self.slots: Dict[str, torch.Tensor] = {}
         for b in buckets:
-            for n in b.tensor_names:
-                self.slots[n] = _torch_view(b.view(n))
+            self.slots.update(_bucket_tensors(b, b.tensor_names))
 
         with torch.no_grad():
             for n, p in self.params:
@@ -382,7 +400,7 @@ class BaguaDistributedDataParallel:
         self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)],
                                              self._engine_device)
         self.weight_slots: Dict[str, torch.Tensor] = {
-            n: _torch_view(b.view(n)) for b in self.weight_buckets for n in b.slot_names}
+            n: t for b in self.weight_buckets for n, t in _bucket_tensors(b, b.slot_names).items()}
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.weight_slots[n]

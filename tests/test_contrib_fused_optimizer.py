@@ -2,7 +2,8 @@
 torch optimizer with an elementwise update, alternating with step(), with
 gradients kept or re-allocated (zero_grad set_to_none), and combined with a
 model wrapped by with_bagua on 2 and 3 processes (same numbers as the same
-training with the unfused optimizer). The reference is the same optimizer,
+training with the unfused optimizer, and Bagua 0.9.2's _bagua_fused_count for
+each combination of who flattens and of fusing before or after wrapping). The reference is the same optimizer,
 unfused, on an identical copy of the model."""
 
 from __future__ import annotations
@@ -261,8 +262,45 @@ def _wrapped_worker():
             assert all(torch.equal(allv[r], flat) for r in range(group.size)), "ranks differ"
         return run
 
+    def counted(algorithm, fuse_first, opt_flattens, bagua_flattens):
+        """Bagua 0.9.2's counts: fused groups only when this module flattens
+        and with_bagua does not; the same numbers as unfused in every case."""
+        from bagua_torch.algorithms import DecentralizedAlgorithm
+
+        def run():
+            models, opts = [], []
+            for fused in (False, True):
+                m = _model(seed=rank)
+                o = _optimizer(m, "SGD", dict(lr=0.05, momentum=0.9, weight_decay=0.01))
+                alg = GradientAllReduceAlgorithm() if algorithm == "allreduce" else DecentralizedAlgorithm()
+                if fused and fuse_first:
+                    o = fuse_optimizer(o, do_flatten=opt_flattens)
+                m = m.with_bagua([o], alg, do_flatten=bagua_flattens)
+                if fused and not fuse_first:
+                    o = fuse_optimizer(o, do_flatten=opt_flattens)
+                models.append(m)
+                opts.append(o)
+            for step in range(20):
+                g = torch.Generator().manual_seed(1000 * step + rank)
+                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+                for fused, (m, o) in enumerate(zip(models, opts)):
+                    o.zero_grad()
+                    torch.nn.functional.mse_loss(m(x), y).backward()
+                    (o.fuse_step if fused and step % 2 == 0 else o.step)()
+            for a, b in zip(models[0].parameters(), models[1].parameters()):
+                assert torch.equal(a, b), "fused and unfused training differ"
+            want = 2 * 10 if opt_flattens and not bagua_flattens else 0  # 2 groups, 10 fuse_steps
+            assert opts[1]._bagua_fused_count == want, (opts[1]._bagua_fused_count, want)
+            for m in models:
+                m.bagua_ddp.close()
+        return run
+
     cases = [(f"{n}-{'bagua' if bf else 'fuse'}_flattens", case(n, k, bf))
              for n, k in WRAPPED_CASES for bf in (False, True)]
+    cases += [(f"count-{a}-{'fuse_first' if ff else 'wrap_first'}-opt{int(of)}-bagua{int(bf)}",
+               counted(a, ff, of, bf))
+              for a in ("allreduce", "decentralized") for ff in (True, False) for of in (True, False)
+              for bf in (True, False)]
     sys.exit(1 if run_cases(cases) else 0)
 
 
@@ -274,6 +312,11 @@ def test_fused_optimizer_with_wrapped_model(world):
     for n, _ in WRAPPED_CASES:
         for who in ("fuse", "bagua"):
             run.check_case(f"{n}-{who}_flattens", world)
+    for a in ("allreduce", "decentralized"):
+        for first in ("fuse_first", "wrap_first"):
+            for of in (1, 0):
+                for bf in (1, 0):
+                    run.check_case(f"count-{a}-{first}-opt{of}-bagua{bf}", world)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["wrapped"]:

@@ -21,12 +21,18 @@ the flat state, so the next ``fuse_step`` finds it contiguous again.
 group (per dtype and device) are moved into one contiguous buffer, and at each
 ``fuse_step`` gradients and state that are not contiguous (e.g. gradients
 re-allocated after ``zero_grad(set_to_none=True)``) are copied into one.
-``check_flatten`` warns once when a group cannot be fused (e.g. a wrapper
-re-pointed the weights), so the user learns the step runs unfused.
+Only tensors that own their memory (or live in a buffer this module made) are
+ever moved; tensors that are views of someone else's buffer stay where they
+are. ``check_flatten`` warns once when a group cannot be fused, so the user
+learns the step runs unfused.
 
-With ``model.with_bagua``, whichever flattens the gradients wins: fusing still
-gives the same numbers, and fuses when the gradients it sees are contiguous
-(pass ``do_flatten=False`` to ``with_bagua`` to let this module flatten them).
+``optimizer._bagua_fused_count`` counts, as in Bagua 0.9.2, the groups that
+stepped at least one fused parameter, summed over ``fuse_step`` calls. With
+``model.with_bagua``: fusing gives the same numbers in every combination; it
+fuses when ``with_bagua`` gets ``do_flatten=False`` and this module
+``do_flatten=True`` (in either order), and not when ``with_bagua`` flattens
+(parameters whose weights or gradients live in its communication buckets
+step unfused: the buckets' layout is the wrapper's) or nobody does.
 """
 
 from __future__ import annotations
@@ -88,12 +94,23 @@ def _end(t: torch.Tensor) -> int:
     return t.data_ptr() + t.numel() * t.element_size()
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _owns_memory(t: torch.Tensor) -> bool:
+    """The tensor is its whole allocation (not a view into a larger buffer)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
 def _contiguous_run(tensors: Sequence[Optional[torch.Tensor]]) -> bool:
-    """True when the tensors are dense and each starts where the previous ends."""
+    """True when the tensors are dense, of one allocation (so that one view can
+    cover them) and each starts where the previous ends."""
     if any(t is None or not t.is_contiguous() for t in tensors):
         return False
     first = tensors[0]
-    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
+    if any(t.dtype != first.dtype or t.device != first.device or _storage(t) != _storage(first)
+           for t in tensors):
         return False
     return all(_end(a) == b.data_ptr() for a, b in zip(tensors, tensors[1:]))
 
@@ -195,6 +212,8 @@ class _Fuser:
         self.warned = False
         self.fused_params: Dict[_Key, torch.nn.Parameter] = {}
         self.plans: Dict[int, "_GroupPlan"] = {}
+        # the gradient and state buffers flattening made (storage address -> a view keeping it)
+        self.buffers: Dict[int, torch.Tensor] = {}
         # A shallow copy with its own groups, state and hooks; same class, so same step().
         inner = object.__new__(type(optimizer))
         skip = {"step", "fuse_step", "param_groups", "state"}
@@ -219,7 +238,7 @@ class _Fuser:
                 if p.requires_grad and p.layout == torch.strided:
                     by_kind.setdefault((p.dtype, p.device), []).append(p)
             for params in by_kind.values():
-                if len(params) < 2 or _contiguous_run(params):
+                if len(params) < 2 or _contiguous_run(params) or not all(_owns_memory(p) for p in params):
                     continue
                 views = _flatten_into_one([p.detach() for p in params])
                 for p, v in zip(params, views):
@@ -245,6 +264,7 @@ class _Fuser:
                 self.plans[gi] = plan
                 live = {id(r.fp) for pl in self.plans.values() for r in pl.runs}
                 self.fused_params = {k: fp for k, fp in self.fused_params.items() if id(fp) in live}
+                self._forget_unused_buffers()
             fgroup = {k: v for k, v in group.items() if k != "params"}
             fgroup["params"] = [r.fp for r in plan.runs] + plan.unfused
             inner.param_groups[gi] = fgroup
@@ -270,10 +290,24 @@ class _Fuser:
                 if s and p not in opt.state:
                     opt.state[p] = s
 
+    def _forget_unused_buffers(self) -> None:
+        used = set()
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    used.add(_storage(p.grad))
+                used.update(_storage(v) for v in self.optimizer.state.get(p, {}).values()
+                            if isinstance(v, torch.Tensor))
+        self.buffers = {k: v for k, v in self.buffers.items() if k in used}
+
     def _runs(self, params: Sequence[torch.nn.Parameter]) -> List["_Run"]:
         """(fused parameter, members) for each run of ≥2 parameters that can step as one."""
-        candidates = [p for p in params if p.grad is not None and p.grad.layout == torch.strided
-                      and p.numel() > 0 and p.is_contiguous()]
+        wrapped = set()  # with_bagua's buckets: their layout is the wrapper's (see the module doc)
+        for ddp in list(self.optimizer.__dict__.get("_bagua_ddps", ())):
+            wrapped |= ddp.bucket_storages()
+        eligible = [p for p in params if p.grad is not None and p.grad.layout == torch.strided
+                    and p.numel() > 0 and p.is_contiguous()]
+        candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(p.grad) not in wrapped]
         candidates.sort(key=lambda p: p.data_ptr())
         weight_runs, current = [], []
         for p in candidates:
@@ -292,11 +326,15 @@ class _Fuser:
                     out.append(self._fused_run(members))
         if self.check_flatten and not self.warned:
             fused = sum(len(r.members) for r in out)
-            if len(candidates) > 1 and fused < len(candidates):
+            if len(eligible) > 1 and fused < len(eligible):
                 self.warned = True
-                warnings.warn(f"fuse_step: {len(candidates) - fused} of {len(candidates)} parameters of a group "
-                              "are stepped unfused (their weights, gradients or state are not contiguous in "
-                              "memory, or their scalar state differs)", RuntimeWarning, stacklevel=4)
+                why = ("their weights, gradients or state are not contiguous in memory, or their scalar state "
+                       "differs")
+                if len(candidates) < len(eligible):
+                    why = (f"{len(eligible) - len(candidates)} live in with_bagua's buckets: pass do_flatten=False "
+                           f"to with_bagua to fuse them; or {why}")
+                warnings.warn(f"fuse_step: {len(eligible) - fused} of {len(eligible)} parameters of a group "
+                              f"are stepped unfused ({why})", RuntimeWarning, stacklevel=4)
         return out
 
     def _split_by_state(self, run: List[torch.nn.Parameter]) -> List[List[torch.nn.Parameter]]:
@@ -329,7 +367,10 @@ class _Fuser:
             if not self.do_flatten or any(t.dtype != tensors[0].dtype or t.device != tensors[0].device
                                           for t in tensors):
                 return False
+            if not all(_owns_memory(t) or _storage(t) in self.buffers for t in tensors):
+                return False  # someone else's buffer (a wrapper's bucket): not ours to move
             views = _flatten_into_one([t.detach() for t in tensors])
+            self.buffers[_storage(views[0])] = views[0]
             for p, s, v in zip(members, states, views):
                 if kind == "grad":
                     p.grad = v
