@@ -716,10 +716,13 @@ class BaguaDistributedDataParallel:
 
     def state_dict(self) -> dict:
         """The algorithm's state, for checkpoints: ``{"algorithm": name,
-        "state": {...}}`` with plain Python values (e.g. the Decentralized step
-        counter, which decides when communication happens and which peer
-        ``shift_one`` pairs with). The model's and optimizers' state are saved
-        separately (``module.state_dict()``, ``optimizer.state_dict()``)."""
+        "state": {...}}``, the step counter as an int (e.g. the Decentralized
+        one, which decides when communication happens and which peer
+        ``shift_one`` pairs with) and the steps' state as tensors (copies). The
+        model's and optimizers' state are saved separately
+        (``module.state_dict()``, ``optimizer.state_dict()``);
+        :class:`bagua_torch.DistributedDataParallel` puts the same values in
+        its state dict as tensor entries ``bagua.*``."""
         return {"algorithm": self.algorithm.name, "state": self.impl.state_dict()}
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
