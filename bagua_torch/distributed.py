@@ -55,6 +55,7 @@ from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
 from bagua_torch import _sync
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
+from bagua_torch.bucket import BaguaBucket
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
@@ -709,8 +710,14 @@ class BaguaDistributedDataParallel:
             self.require_backward_grad_sync = old
 
     @property
-    def bagua_buckets(self):
-        return list(self.buckets) if self.engine is not None else []
+    def bagua_buckets(self) -> List[BaguaBucket]:
+        """The engine's buckets in communication order, with torch views of
+        their tensors and of the algorithm's per-bucket state
+        (:class:`bagua_torch.bucket.BaguaBucket`)."""
+        buckets = getattr(self, "buckets", []) if self.engine is not None else []
+        ops = self.impl.ops if len(self.impl.ops) == len(buckets) else [None] * len(buckets)
+        return [BaguaBucket(b, op, [self._by_name[n] for n in b.tensor_names], type(self.algorithm).__name__,
+                            self.impl.plan.step) for b, op in zip(buckets, ops)]
 
     # ------------------------------------------------------------ checkpoints
 
