@@ -64,7 +64,7 @@ from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
 from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                  LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
@@ -76,6 +76,7 @@ __all__ = [
     "DecentralizedAlgorithm",
     "GradientAllReduceAlgorithm",
     "GroupNotInitializedError",
+    "LocalStepsAlgorithm",
     "LowPrecisionDecentralizedAlgorithm",
     "QAdamAlgorithm",
     "QAdamState",

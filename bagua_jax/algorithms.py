@@ -61,6 +61,23 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
         super().__init__(hierarchical=hierarchical, communication_interval=communication_interval)
 
 
+class LocalStepsAlgorithm(Algorithm):
+    """Local steps with an outer optimizer (local SGD / DiLoCo): each rank
+    runs its optax chain ``sync_interval`` steps on its own; then the
+    weights' movement since the last synchronisation is averaged and applied
+    to the common anchor by an outer SGD with (Nesterov) momentum. A weight
+    algorithm of the after-optimizer phase: it goes *after* the optimizer in
+    the chain and needs ``params``; the anchor and the outer momentum live in
+    the transform's state."""
+
+    core_type = core.LocalSteps
+
+    def __init__(self, sync_interval: int = 8, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 nesterov: bool = True, warmup_steps: int = 0, hierarchical: bool = False):
+        super().__init__(sync_interval=sync_interval, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                         nesterov=nesterov, warmup_steps=warmup_steps, hierarchical=hierarchical)
+
+
 class QAdamAlgorithm(Algorithm):
     """QAdam's communication for ``q_adam_optimizer`` (what
     :func:`bagua_jax.qadam` returns): ``bagua_jax.transform(QAdamAlgorithm(tx))``
@@ -154,4 +171,4 @@ def as_algorithm(algorithm) -> Algorithm:
 
 
 __all__ = ["Algorithm", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
-           "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "as_algorithm"]
+           "LowPrecisionDecentralizedAlgorithm", "LocalStepsAlgorithm", "QAdamAlgorithm", "as_algorithm"]

@@ -18,13 +18,14 @@ import torch.nn.functional as F
 
 import bagua_torch
 from bagua_torch.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                    LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
+                                    LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
     "bytegrad": ByteGradAlgorithm,
     "decentralized": DecentralizedAlgorithm,
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+    "local_steps": LocalStepsAlgorithm,
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
 }

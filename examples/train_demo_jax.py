@@ -31,13 +31,14 @@ from flax import linen as nn  # noqa: E402
 import bagua_jax  # noqa: E402
 from bagua_core.algorithms import WEIGHTS  # noqa: E402
 from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
-                                  LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
     "bytegrad": ByteGradAlgorithm,
     "decentralized": DecentralizedAlgorithm,
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+    "local_steps": LocalStepsAlgorithm,
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
 }

@@ -33,9 +33,9 @@ from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
-              "async_model_average"]
+              "async_model_average", "local_steps"]
 # algorithms whose saved state changes what the next steps do
-STATE_MATTERS = {"decentralized", "low_precision_decentralized", "async_model_average"}
+STATE_MATTERS = {"decentralized", "low_precision_decentralized", "async_model_average", "local_steps"}
 BEFORE, AFTER = 3, 4  # steps before the save, and after it
 NEVER_MS = 10 ** 7  # Async's sync interval: averaging rounds only at abort()
 
@@ -62,6 +62,8 @@ class Worker(TorchWorker):
             "bytegrad": lambda: A.ByteGradAlgorithm(hierarchical=False),
             "decentralized": lambda: A.DecentralizedAlgorithm(hierarchical=False, communication_interval=2),
             "low_precision_decentralized": lambda: A.LowPrecisionDecentralizedAlgorithm(hierarchical=False),
+            # the save falls between two synchronisations: the anchor and the outer momentum matter
+            "local_steps": lambda: A.LocalStepsAlgorithm(sync_interval=2),
             # the warm-up ends after the save: a resumed run must know how far it got
             "async_model_average": lambda: A.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS,
                                                                         warmup_steps=BEFORE + 2),
@@ -114,7 +116,7 @@ class Worker(TorchWorker):
         assert sd["bagua.algorithm"].dtype == torch.uint8
         name_saved = bytes(sd["bagua.algorithm"].tolist()).decode()
         assert name_saved == inner["algorithm"] == ddp.bagua_algorithm.algorithm.name, name_saved
-        assert ("bagua.step_state.0" in sd) == (name in ("low_precision_decentralized", "qadam")), sorted(sd)
+        assert ("bagua.step_state.0" in sd) == (name in ("low_precision_decentralized", "qadam", "local_steps")), sorted(sd)
         buf = io.BytesIO()
         torch.save(cloned, buf)
         buf.seek(0)

@@ -26,6 +26,9 @@ What each algorithm communicates, and when:
 * :class:`QAdam`: gradients allreduced during a warm-up, then the Adam
   momentum, MinMaxUInt8-compressed (scatter-reduce-gather), with the second
   moment frozen.
+* :class:`LocalSteps`: nothing for ``sync_interval`` steps, then the
+  weights' movement since the last synchronisation, averaged and applied by
+  an outer SGD with Nesterov momentum (local SGD / DiLoCo).
 * :class:`AsyncModelAverage`: gradients allreduced during a warm-up, then
   weights, averaged over every rank by a background loop every
   ``sync_interval_ms`` while each rank trains at its own pace.
@@ -55,14 +58,15 @@ from bagua_core.algorithms.async_model_average import AsyncModelAverage
 from bagua_core.algorithms.bytegrad import ByteGrad
 from bagua_core.algorithms.decentralized import PEER_SELECTION_MODES, Decentralized
 from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
+from bagua_core.algorithms.local_steps import LocalSteps
 from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecentralized
 from bagua_core.algorithms.qadam import QAdam
 
 AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized, LowPrecisionDecentralized, QAdam,
-                             AsyncModelAverage]
+                             AsyncModelAverage, LocalSteps]
 
 __all__ = [
     "AFTER_OPTIMIZER_STEP", "BACKGROUND", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
     "AlgorithmDescription", "AsyncModelAverage",
-    "ByteGrad", "Decentralized", "GradientAllReduce", "LowPrecisionDecentralized", "Plan", "QAdam", "as_description", "by_name", "names",
+    "ByteGrad", "Decentralized", "GradientAllReduce", "LocalSteps", "LowPrecisionDecentralized", "Plan", "QAdam", "as_description", "by_name", "names",
 ]

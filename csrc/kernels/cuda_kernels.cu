@@ -87,6 +87,26 @@ struct MomentumOp {
   __device__ void operator()(size_t i) const { m[i] = MomentumMath<T>::update(m[i], g[i], beta, one_minus_beta); }
 };
 
+template <typename T>
+struct PseudoGradientOp {
+  T* d;
+  const T* a;
+  __device__ void operator()(size_t i) const { outer_pseudo_gradient(d[i], a[i]); }
+};
+
+template <typename T>
+struct OuterSgdOp {
+  T* w;
+  T* a;
+  T* m;
+  const T* d;
+  typename OuterAcc<T>::type lr;
+  typename OuterAcc<T>::type mu;
+  bool nesterov;
+  bool fresh;
+  __device__ void operator()(size_t i) const { outer_sgd_element(w[i], a[i], m[i], d[i], lr, mu, nesterov, fresh); }
+};
+
 void check_args(void* data, size_t count, DType dtype) {
   if (!is_valid_dtype(static_cast<int>(dtype))) {
     throw InvalidArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
@@ -184,6 +204,30 @@ void launch_apply_average(void* w, const void* snapshot, const void* avg, size_t
     launch_for_each("apply average", dtype, count,
                     ApplyAverageOp<T>{static_cast<T*>(w), static_cast<const T*>(snapshot),
                                       static_cast<const T*>(avg)},
+                    stream);
+  });
+}
+
+void launch_pseudo_gradient(void* d, const void* a, size_t count, DType dtype, cudaStream_t stream) {
+  with_floating(dtype, "the pseudo-gradient", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_buffers(count, {d, a});
+    if (count == 0) return;
+    launch_for_each("pseudo-gradient", dtype, count, PseudoGradientOp<T>{static_cast<T*>(d), static_cast<const T*>(a)},
+                    stream);
+  });
+}
+
+void launch_outer_sgd(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
+                      bool nesterov, bool fresh, cudaStream_t stream) {
+  with_floating(dtype, "the outer optimizer step", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename OuterAcc<T>::type;
+    check_buffers(count, {w, a, m, d});
+    if (count == 0) return;
+    launch_for_each("outer SGD", dtype, count,
+                    OuterSgdOp<T>{static_cast<T*>(w), static_cast<T*>(a), static_cast<T*>(m), static_cast<const T*>(d),
+                                  static_cast<A>(lr), static_cast<A>(mu), nesterov, fresh},
                     stream);
   });
 }

@@ -89,3 +89,30 @@ void average_into_cpu(void* acc, const void* other, size_t count, DType dtype) {
 }
 
 }  // namespace bagua
+
+namespace bagua {
+
+void pseudo_gradient_cpu(void* d, const void* a, size_t count, DType dtype) {
+  with_floating(dtype, "the pseudo-gradient", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* dd = static_cast<T*>(d);
+    const T* aa = static_cast<const T*>(a);
+    for (size_t i = 0; i < count; ++i) outer_pseudo_gradient(dd[i], aa[i]);
+  });
+}
+
+void outer_sgd_cpu(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
+                   bool nesterov, bool fresh) {
+  with_floating(dtype, "the outer optimizer step", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename OuterAcc<T>::type;
+    T* ww = static_cast<T*>(w);
+    T* aa = static_cast<T*>(a);
+    T* mm = static_cast<T*>(m);
+    const T* dd = static_cast<const T*>(d);
+    const A alr = static_cast<A>(lr), amu = static_cast<A>(mu);
+    for (size_t i = 0; i < count; ++i) outer_sgd_element(ww[i], aa[i], mm[i], dd[i], alr, amu, nesterov, fresh);
+  });
+}
+
+}  // namespace bagua

@@ -81,6 +81,66 @@ struct AsyncAverageMath<BFloat16> {
   }
 };
 
+// Local steps' outer optimizer (ops/local_steps.h), in float32 (float64 for
+// float64 data); float16/bfloat16 round once on store:
+//   pseudo_gradient: d = a - w (how far the weights moved from the anchor)
+//   outer: m = fresh ? d : mu * m + d;  u = nesterov ? d + mu * m : m;
+//          a = a - lr * u;  w = a
+// `fresh` ignores the old m (the first outer step: m starts at zero).
+template <typename A>
+struct OuterSgdMath {
+  static BAGUA_HD A pseudo_gradient(A a, A w) { return a - w; }
+  static BAGUA_HD A momentum(A m, A d, A mu, bool fresh) { return fresh ? d : mu * m + d; }
+  static BAGUA_HD A update(A m, A d, A mu, bool nesterov) { return nesterov ? d + mu * m : m; }
+  static BAGUA_HD A anchor(A a, A u, A lr) { return a - lr * u; }
+};
+// The element type the outer step computes in: float for float and the 16-bit types, double for double.
+template <typename T>
+struct OuterAcc {
+  using type = float;
+};
+template <>
+struct OuterAcc<double> {
+  using type = double;
+};
+
+BAGUA_HD float outer_load(float x) { return x; }
+BAGUA_HD double outer_load(double x) { return x; }
+BAGUA_HD float outer_load(Half x) { return to_float(x); }
+BAGUA_HD float outer_load(BFloat16 x) { return to_float(x); }
+template <typename T>
+BAGUA_HD T outer_store(typename OuterAcc<T>::type x) {
+  return x;
+}
+template <>
+BAGUA_HD Half outer_store<Half>(float x) {
+  return to_half(x);
+}
+template <>
+BAGUA_HD BFloat16 outer_store<BFloat16>(float x) {
+  return to_bfloat16(x);
+}
+
+// d <- a - d (d holds the weights on entry).
+template <typename T>
+BAGUA_HD void outer_pseudo_gradient(T& d, T a) {
+  using A = typename OuterAcc<T>::type;
+  d = outer_store<T>(OuterSgdMath<A>::pseudo_gradient(outer_load(a), outer_load(d)));
+}
+
+// One element of the outer step: m, a and w from d (the averaged pseudo-gradient).
+template <typename T>
+BAGUA_HD void outer_sgd_element(T& w, T& a, T& m, T d, typename OuterAcc<T>::type lr,
+                                       typename OuterAcc<T>::type mu, bool nesterov, bool fresh) {
+  using A = typename OuterAcc<T>::type;
+  const A di = outer_load(d);
+  const A mi = OuterSgdMath<A>::momentum(fresh ? A(0) : outer_load(m), di, mu, fresh);
+  const A ai = OuterSgdMath<A>::anchor(outer_load(a), OuterSgdMath<A>::update(mi, di, mu, nesterov), lr);
+  m = outer_store<T>(mi);
+  a = outer_store<T>(ai);
+  w = a;
+}
+
 // Calls f(T*) (a null tag) with T the element type of a floating dtype (float,
 // double, Half, BFloat16); InvalidArgument naming `what` for other dtypes.
 // The host loops and the CUDA launchers (kernels/cuda_kernels.cu) dispatch
@@ -110,6 +170,13 @@ void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t co
 
 // m[i] = MomentumMath::update(m[i], g[i], beta, 1 - beta) on host memory (floating dtypes).
 void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta);
+
+// d[i] = a[i] - d[i]: on entry d holds the weights (OuterSgdMath::pseudo_gradient; floating dtypes).
+void pseudo_gradient_cpu(void* d, const void* a, size_t count, DType dtype);
+// One outer SGD step per element (OuterSgdMath): reads d (the averaged pseudo-
+// gradient) and writes m, a and w (w = the new anchor).
+void outer_sgd_cpu(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
+                   bool nesterov, bool fresh);
 
 // t[i] = ReplicaMath::diff(t[i], w[i], l[i], r[i]) on host memory (floating dtypes).
 void replica_diff_cpu(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype);

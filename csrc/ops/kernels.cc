@@ -112,6 +112,26 @@ void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const 
 #endif
 }
 
+void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t count, DType dtype) {
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { pseudo_gradient_cpu(d, a, count, dtype); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_pseudo_gradient(d, a, count, dtype, cuda_stream(ctx));
+#else
+  no_cuda("the pseudo-gradient");
+#endif
+}
+
+void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
+               double mu, bool nesterov, bool fresh) {
+  if (ctx.device == DeviceType::kCPU)
+    return on_host(ctx, [=] { outer_sgd_cpu(w, a, m, d, count, dtype, lr, mu, nesterov, fresh); });
+#ifdef BAGUA_WITH_CUDA
+  cuda::launch_outer_sgd(w, a, m, d, count, dtype, lr, mu, nesterov, fresh, cuda_stream(ctx));
+#else
+  no_cuda("the outer optimizer step");
+#endif
+}
+
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {
   if (ctx.dev == nullptr) return copy_bytes(dst, src, nbytes, ctx.device);
   ctx.dev->copy_async(dst, src, nbytes, ctx.stream);

@@ -32,6 +32,10 @@ void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta);
 // w = avg + (w - snapshot) (ops/elementwise.h AsyncAverageMath).
 void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
+// d = a - d; then w, a, m from the averaged d (ops/elementwise.h OuterSgdMath).
+void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t count, DType dtype);
+void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
+               double mu, bool nesterov, bool fresh);
 // dst <- src, nbytes (overlapping allowed on the host).
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
 // dst[0, nbytes) <- 0.

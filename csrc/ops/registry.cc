@@ -9,6 +9,7 @@
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
+#include "ops/local_steps.h"
 #include "ops/low_precision_decentralized.h"
 #include "ops/qadam.h"
 
@@ -28,6 +29,7 @@ const std::map<std::string, Factory>& table() {
       {"centralized_allreduce", factory<CentralizedAllreduceStep>()},
       {"bytegrad", factory<ByteGradStep>()},
       {"decentralized", factory<DecentralizedStep>()},
+      {"local_steps", factory<LocalStepsStep>()},
       {"low_precision_decentralized", factory<LowPrecisionDecentralizedStep>()},
       {"qadam", factory<QAdamStep>()},
   };

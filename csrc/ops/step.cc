@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "bucket/host_memory.h"
@@ -113,6 +114,20 @@ std::string StepParams::get_string(const std::string& step, const std::string& k
   if (it == values_.end()) return fallback;
   if (auto s = std::get_if<std::string>(&it->second)) return *s;
   throw InvalidArgument(step + ": " + key + " must be a string, got " + type_name(it->second) + " (" +
+                        value_text(it->second) + ")");
+}
+
+double StepParams::get_double(const std::string& step, const std::string& key, double fallback) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) return fallback;
+  if (auto i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+  if (auto s = std::get_if<std::string>(&it->second)) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(s->c_str(), &end);
+    if (!s->empty() && *end == '\0' && errno == 0 && std::isfinite(v)) return v;
+  }
+  throw InvalidArgument(step + ": " + key + " must be a finite number, got " + type_name(it->second) + " (" +
                         value_text(it->second) + ")");
 }
 

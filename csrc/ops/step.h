@@ -98,6 +98,8 @@ class StepParams {
   bool get_bool(const std::string& step, const std::string& key, bool fallback) const;
   int64_t get_int(const std::string& step, const std::string& key, int64_t fallback) const;
   std::string get_string(const std::string& step, const std::string& key, const std::string& fallback) const;
+  // An int, or a string holding a decimal (the frontends send floats as repr()).
+  double get_double(const std::string& step, const std::string& key, double fallback) const;
   void check_known(const std::string& step, const std::vector<std::string>& keys) const;
 
  private:

@@ -1,0 +1,61 @@
+"""Local steps with an outer optimizer (local SGD, DiLoCo): ranks train on
+their own for ``sync_interval`` steps, then average how far their weights
+moved and apply that pseudo-gradient with an outer SGD with Nesterov momentum
+(``csrc/ops/local_steps.h``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, WEIGHTS, Plan, check_bool, check_int, register
+
+
+def _check_number(name: str, value, low: float, high: float = None, low_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"LocalSteps: {name} must be a number, got {value!r}")
+    v = float(value)
+    if not (v > low if low_open else v >= low) or (high is not None and not v < high):
+        bound = f"{'>' if low_open else '>='} {low}" + (f" and < {high}" if high is not None else "")
+        raise ValueError(f"LocalSteps: {name} must be {bound}, got {value!r}")
+    return v
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """Every rank runs its own optimizer (any torch optimizer, any optax
+    chain) ``sync_interval`` steps without communicating; then the weights'
+    movement since the last synchronisation is averaged over the ranks and
+    applied to the common anchor by an outer SGD (``outer_lr``,
+    ``outer_momentum``, ``nesterov``; DiLoCo's defaults). ``outer_lr=1,
+    outer_momentum=0`` is plain periodic weight averaging (post-local SGD).
+    The first ``warmup_steps`` steps average the weights after every optimizer
+    step. The anchor and the outer momentum are algorithm state
+    (checkpointed): twice the weights' memory. ``hierarchical`` averages within
+    each node first."""
+
+    sync_interval: int = 8
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    warmup_steps: int = 0
+    hierarchical: bool = False
+
+    name = "local_steps"
+
+    def __post_init__(self):
+        object.__setattr__(self, "sync_interval", check_int("LocalSteps", "sync_interval", self.sync_interval, 1))
+        object.__setattr__(self, "warmup_steps", check_int("LocalSteps", "warmup_steps", self.warmup_steps, 0))
+        object.__setattr__(self, "outer_lr", _check_number("outer_lr", self.outer_lr, 0.0))
+        object.__setattr__(self, "outer_momentum",
+                           _check_number("outer_momentum", self.outer_momentum, 0.0, 1.0, low_open=False))
+        check_bool("LocalSteps", "nesterov", self.nesterov)
+        check_bool("LocalSteps", "hierarchical", self.hierarchical)
+
+    def plan(self) -> Plan:
+        return Plan(step="local_steps",
+                    params={"sync_interval": self.sync_interval, "warmup_steps": self.warmup_steps,
+                            "outer_lr": repr(self.outer_lr), "outer_momentum": repr(self.outer_momentum),
+                            "nesterov": self.nesterov, "hierarchical": self.hierarchical},
+                    communicates=WEIGHTS, phase=AFTER_OPTIMIZER_STEP, one_bucket_per_dtype=False, counts_steps=True)
