@@ -20,7 +20,8 @@ rank), side by side in the same processes (benchmarks/_training.py):
     DDP, DDP+fp16, DDP+PowerSGD    torch DistributedDataParallel over gloo, with no hook, the fp16
                                    compress hook, the PowerSGD hook (rank 1, from step 2; one bucket)
     Bagua GradientAllReduce, Bagua ByteGrad, Bagua Decentralized, Bagua LowPrecisionDecentralized,
-    Bagua QAdam                    ``model.with_bagua([opt], Algorithm())``, defaults (10 MiB buckets)
+    Bagua QAdam, Bagua LocalSteps  ``model.with_bagua([opt], Algorithm())``, defaults (10 MiB buckets;
+                                   LocalSteps: synchronises every 8 steps, outer Nesterov SGD 0.7/0.9)
     JAX Bagua GradientAllReduce    Flax, ``optax.chain(bagua_jax.transform(GradientAllReduceAlgorithm()),
                                    optax.sgd(0.01, momentum=0.9))`` under jax.jit
 
@@ -62,7 +63,7 @@ import _launch  # benchmarks/_launch.py: launchers, signals, timeouts
 import _training  # benchmarks/_training.py: models, trainers, timing
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
-           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "JAX Bagua GradientAllReduce")
+           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps", "JAX Bagua GradientAllReduce")
 BASELINE = "DDP"
 JAX_CONFIG = "JAX Bagua GradientAllReduce"
 DEFAULT_RATES = "10gbit,1gbit,100mbit"

@@ -20,9 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "bandwidth.py")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import _hosts  # noqa: E402  (benchmarks/_hosts.py)
-
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
-           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "JAX Bagua GradientAllReduce")
+from bandwidth import CONFIGS  # noqa: E402  (every configuration the script runs by default)
 
 
 def _env():
