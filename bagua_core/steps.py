@@ -20,6 +20,7 @@ class StepInfo(NamedTuple):
     alignment: int  # element counts must be a multiple of it
     has_result: bool  # writes a separate result (weights -> peer average) instead of working in place
     num_state: int = 0  # state spans of the data's size the step keeps between runs (e.g. replicas)
+    state_init: str = "copy_of_data"  # what the spans start as: "copy_of_data" or "zero" (ByteGrad's residual)
 
 
 def names() -> Tuple[str, ...]:
@@ -49,4 +50,5 @@ def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
     if comms is None:
         comms = communicators(group, bool(plan.params.get("hierarchical", False)))
     info = _C.step_info(plan.step, dict(plan.params), *comms)
-    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]))
+    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]),
+                    str(info["state_init"]))

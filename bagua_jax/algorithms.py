@@ -27,12 +27,18 @@ class GradientAllReduceAlgorithm(Algorithm):
 
 
 class ByteGradAlgorithm(Algorithm):
-    """Gradients averaged with MinMaxUInt8 compression (8-bit scatter-reduce-gather)."""
+    """Gradients averaged with MinMaxUInt8 compression (8-bit scatter-reduce-gather).
+    ``error_feedback``: each bucket's residual of this rank's own quantisation,
+    ``e = (g + e) - decompress(compress(g + e))``, is added to the next
+    step's gradients before compressing (EF-SGD; the quantisation of the
+    reduced chunk before the gather is not fed back). It lives in the
+    transform's state (``BaguaState.step_state``), one element per bucket
+    element, zero after ``init``."""
 
     core_type = core.ByteGrad
 
-    def __init__(self, hierarchical: bool = True, average: bool = True):
-        super().__init__(hierarchical=hierarchical, average=average)
+    def __init__(self, hierarchical: bool = True, average: bool = True, error_feedback: bool = False):
+        super().__init__(hierarchical=hierarchical, average=average, error_feedback=error_feedback)
 
 
 class DecentralizedAlgorithm(Algorithm):

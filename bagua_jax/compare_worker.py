@@ -21,7 +21,7 @@ import optax  # noqa: E402
 
 import bagua_jax  # noqa: E402
 from bagua_core.algorithms import WEIGHTS  # noqa: E402
-from bagua_core.compare.problem import worker_arguments, write_result  # noqa: E402
+from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result  # noqa: E402
 
 
 def forward(params, x):
@@ -43,12 +43,12 @@ def main(argv=None) -> None:
         tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
             bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
     else:
-        extra = {}
+        name, extra = algorithm_of(args.algorithm)
         if args.algorithm == "async":
             extra = {"warmup_steps": problem.warmup_steps}
             if problem.async_sync_interval_ms() is not None:
                 extra["sync_interval_ms"] = problem.async_sync_interval_ms()
-        algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm, **extra)
+        algorithm = bagua_jax.algorithms.Algorithm.init(name, **extra)
         bagua = bagua_jax.transform(algorithm)
         sgd = optax.sgd(problem.lr)
         weights = algorithm.to_core().plan().communicates == WEIGHTS

@@ -55,6 +55,8 @@ class BaguaBucket(Bucket):
 
     def _missing(self, attr: str) -> AttributeError:
         keeps = _KEEPS.get(self._step, "no state per bucket")
+        if self._step == "bytegrad" and self._op is not None and self._op.num_state:
+            keeps = "its quantisation residual (error_feedback; in state_dict() as bagua.step_state.<i>)"
         return AttributeError(f"bucket {self.name!r} has no {attr}: {self._algorithm_name} keeps {keeps}")
 
     @property

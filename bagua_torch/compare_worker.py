@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_core.compare.problem import worker_arguments, write_result
+from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result
 from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 
@@ -37,12 +37,12 @@ def main(argv=None) -> None:
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-        extra = {}
+        name, extra = algorithm_of(args.algorithm)
         if args.algorithm == "async":
             extra = {"warmup_steps": problem.warmup_steps}
             if problem.async_sync_interval_ms() is not None:
                 extra["sync_interval_ms"] = problem.async_sync_interval_ms()
-        algorithm = Algorithm.init(args.algorithm, **extra)
+        algorithm = Algorithm.init(name, **extra)
     model = model.with_bagua([opt], algorithm)
 
     losses, times = [], []

@@ -1,6 +1,6 @@
 """bagua-compare end to end: the torch and JAX frontends train the same MLP on
-the same data with every algorithm, on 3 processes, over 50 steps, and their
-loss curves agree to float tolerance; QAdam in float32 only within its
+the same data with every algorithm (and ByteGrad with error feedback), on 3
+processes, over 50 steps, and their loss curves agree to float tolerance; QAdam in float32 only within its
 measured quantisation gap, and in float64 (both frameworks) to float64
 tolerance, as low-precision decentralized; asynchronous model average
 averages at fixed steps (abort + resume), so its whole curve is compared.
@@ -55,9 +55,11 @@ def check_run(name, r, dtype):
 @pytest.mark.timeout(900)
 def test_every_algorithm_agrees_across_frameworks(compared):
     from bagua_core.algorithms import names
+    from bagua_core.compare.problem import configurations
 
     _, results, stdout = compared
-    assert sorted(results) == sorted(names())
+    assert sorted(results) == sorted(configurations()) and set(names()) < set(results)
+    assert "bytegrad_error_feedback" in results
     for name, r in results.items():
         check_run(name, r, "float32")
         # QAdam, float32: each framework's own float32 matmuls give gradients a few ulps

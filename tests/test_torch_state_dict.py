@@ -9,7 +9,8 @@ every algorithm at world sizes 2 and 3:
   weights, the same further steps give bitwise the weights and state of the
   uninterrupted run; without the ``bagua.*`` entries, the algorithms whose
   state decides their steps (Decentralized with communication_interval 2,
-  LowPrecisionDecentralized's replicas, Async's warm-up) end elsewhere;
+  LowPrecisionDecentralized's replicas, ByteGrad's error-feedback residual,
+  Async's warm-up) end elsewhere;
 * torch DDP's and Bagua 0.9.2's state dicts (``module.*`` only) load, and so
   does the nested ``"bagua"`` entry earlier versions saved; a state of
   another algorithm and malformed entries raise; ``with_bagua``'s module
@@ -32,10 +33,13 @@ from tests.mp import Session, session_tests  # noqa: E402
 from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
-              "async_model_average", "local_steps"]
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",
+              "low_precision_decentralized", "qadam", "async_model_average", "local_steps"]
 # algorithms whose saved state changes what the next steps do
-STATE_MATTERS = {"decentralized", "low_precision_decentralized", "async_model_average", "local_steps"}
+STATE_MATTERS = {"bytegrad_error_feedback", "decentralized", "low_precision_decentralized", "async_model_average",
+                 "local_steps"}
+# those whose engine step keeps per-bucket state (bagua.step_state.<i>)
+STEP_STATE = {"bytegrad_error_feedback", "low_precision_decentralized", "qadam", "local_steps"}
 BEFORE, AFTER = 3, 4  # steps before the save, and after it
 NEVER_MS = 10 ** 7  # Async's sync interval: averaging rounds only at abort()
 
@@ -60,6 +64,7 @@ class Worker(TorchWorker):
         return opt, {
             "gradient_allreduce": lambda: A.GradientAllReduceAlgorithm(),
             "bytegrad": lambda: A.ByteGradAlgorithm(hierarchical=False),
+            "bytegrad_error_feedback": lambda: A.ByteGradAlgorithm(hierarchical=False, error_feedback=True),
             "decentralized": lambda: A.DecentralizedAlgorithm(hierarchical=False, communication_interval=2),
             "low_precision_decentralized": lambda: A.LowPrecisionDecentralizedAlgorithm(hierarchical=False),
             # the save falls between two synchronisations: the anchor and the outer momentum matter
@@ -116,7 +121,7 @@ class Worker(TorchWorker):
         assert sd["bagua.algorithm"].dtype == torch.uint8
         name_saved = bytes(sd["bagua.algorithm"].tolist()).decode()
         assert name_saved == inner["algorithm"] == ddp.bagua_algorithm.algorithm.name, name_saved
-        assert ("bagua.step_state.0" in sd) == (name in ("low_precision_decentralized", "qadam", "local_steps")), sorted(sd)
+        assert ("bagua.step_state.0" in sd) == (name in STEP_STATE), sorted(sd)
         buf = io.BytesIO()
         torch.save(cloned, buf)
         buf.seek(0)

@@ -1,5 +1,6 @@
 """ByteGrad: gradients averaged with MinMaxUInt8 compression (8 bits per
-element on the wire; each element is quantised twice)."""
+element on the wire; each element is quantised twice), optionally with error
+feedback (``csrc/ops/bytegrad.h``)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,30 @@ from bagua_core.algorithms._base import Plan, check_bool, register
 @dataclasses.dataclass(frozen=True)
 class ByteGrad:
     """Centralized gradient averaging with MinMaxUInt8 compression
-    (scatter-reduce-gather; buckets padded to a multiple of the group size)."""
+    (scatter-reduce-gather; buckets padded to a multiple of the group size).
+
+    ``error_feedback``: keep, per bucket, the residual of this rank's own
+    (first) quantisation, ``e = (g + e) - decompress(compress(g + e))``, and
+    add it to the next step's gradient before compressing (EF-SGD). The
+    second quantisation (of the reduced chunk, before the allgather) is not
+    fed back. With ``hierarchical`` the node leader, which quantises the node
+    average, keeps it. The residual is algorithm state (checkpointed; one
+    element of the gradients' dtype per bucket element, zero at the start).
+    """
 
     hierarchical: bool = True
     average: bool = True
+    error_feedback: bool = False
 
     name = "bytegrad"
 
     def __post_init__(self):
         check_bool("ByteGrad", "hierarchical", self.hierarchical)
         check_bool("ByteGrad", "average", self.average)
+        check_bool("ByteGrad", "error_feedback", self.error_feedback)
 
     def plan(self) -> Plan:
-        return Plan(step="bytegrad", params={"hierarchical": self.hierarchical, "average": self.average})
+        params = {"hierarchical": self.hierarchical, "average": self.average}
+        if self.error_feedback:  # absent when off: the step and its description stay as without it
+            params["error_feedback"] = True
+        return Plan(step="bytegrad", params=params)

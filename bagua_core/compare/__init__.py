@@ -4,7 +4,9 @@ frontend and with the JAX frontend, side by side.
     bagua-compare --algorithm all --nproc 2 --steps 100
     python -m bagua_core.compare --algorithm qadam,low_precision_decentralized --dtype float64
 
-For each algorithm it launches ``--nproc`` processes (``bagua-run``) running
+``--algorithm all`` also runs the variants of
+:data:`bagua_core.compare.problem.VARIANTS` (``bytegrad_error_feedback``:
+ByteGrad with ``error_feedback=True``). For each algorithm it launches ``--nproc`` processes (``bagua-run``) running
 ``bagua_torch.compare_worker``, then as many running
 ``bagua_jax.compare_worker``. Both start from identical weights and read
 identical batches (:mod:`bagua_core.compare.problem`), in float32 or, with

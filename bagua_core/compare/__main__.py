@@ -10,9 +10,8 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-from bagua_core.algorithms import names as algorithm_names
 from bagua_core.compare import report
-from bagua_core.compare.problem import Problem
+from bagua_core.compare.problem import Problem, configurations
 
 FRONTENDS = {"torch": "bagua_torch.compare_worker", "jax": "bagua_jax.compare_worker"}
 
@@ -20,18 +19,18 @@ FRONTENDS = {"torch": "bagua_torch.compare_worker", "jax": "bagua_jax.compare_wo
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(prog="bagua-compare", description=__doc__.splitlines()[0])
     p.add_argument("--algorithm", default="all",
-                   help=f"algorithms by their original names, comma-separated ({', '.join(algorithm_names())}), "
-                        "or all of them")
+                   help=f"algorithms by their original names, or variants, comma-separated "
+                        f"({', '.join(configurations())}), or all of them")
     p.add_argument("--nproc", type=int, default=2, help="processes per run")
     p.add_argument("--out", default="bagua-compare", help="directory for compare.json and compare.png")
     p.add_argument("--print-every", type=int, default=10, help="loss rows shown per algorithm")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run before it is stopped")
     Problem.add_args(p)
     args = p.parse_args(argv)
-    args.algorithm = list(algorithm_names()) if args.algorithm == "all" else args.algorithm.split(",")
-    unknown = [a for a in args.algorithm if a not in algorithm_names()]
+    args.algorithm = configurations() if args.algorithm == "all" else args.algorithm.split(",")
+    unknown = [a for a in args.algorithm if a not in configurations()]
     if unknown:
-        p.error(f"unknown algorithm(s) {unknown}; choose from {list(algorithm_names())} or all")
+        p.error(f"unknown algorithm(s) {unknown}; choose from {configurations()} or all")
     try:
         Problem.from_args(args)
     except ValueError as e:

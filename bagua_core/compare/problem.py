@@ -17,6 +17,23 @@ import numpy as np
 
 DTYPES = ("float32", "float64")
 
+# Configurations compared besides each algorithm with its defaults:
+# name -> (registered algorithm name, hyperparameters)
+VARIANTS = {"bytegrad_error_feedback": ("bytegrad", {"error_feedback": True})}
+
+
+def configurations() -> List[str]:
+    """What ``--algorithm`` accepts: every registered algorithm, then the variants."""
+    from bagua_core.algorithms import names
+
+    return list(names()) + list(VARIANTS)
+
+
+def algorithm_of(configuration: str) -> Tuple[str, dict]:
+    """(registered algorithm name, hyperparameters) of a configuration."""
+    name, hyperparameters = VARIANTS.get(configuration, (configuration, {}))
+    return name, dict(hyperparameters)
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:

@@ -58,7 +58,8 @@ class BaguaState(NamedTuple):
     and ``shift_one``'s partner, so it is checkpointed with the optimizer state.
     ``step_state``: per bucket, the state of stateful steps (low-precision
     decentralized's replicas W, L, R: one 1-D array of 3 x the bucket's padded
-    size), empty otherwise."""
+    size; ByteGrad with error feedback: its quantisation residual, one array
+    of the bucket's padded size, zeros after ``init``), empty otherwise."""
 
     step: Any
     step_state: Tuple[Any, ...] = ()
@@ -215,13 +216,16 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
                                         f"the pytree given to {what}.init")
         step_state = ()
         if info.num_state:
-            # each bucket's state spans start as copies of its padded weights
             leaves = [jnp.ravel(jnp.asarray(x)) for _, x in flat]
             layout = layout_of(leaves)
-            step_state = tuple(
-                jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
-                                 (0, padded - sum(leaves[i].size for i in bucket))), info.num_state)
-                for bucket, padded in zip(layout.buckets, layout.padded))
+            if info.state_init == "zero":  # ByteGrad's residual
+                step_state = tuple(jnp.zeros([info.num_state * padded], leaves[bucket[0]].dtype)
+                                   for bucket, padded in zip(layout.buckets, layout.padded))
+            else:  # each bucket's state spans start as copies of its padded weights
+                step_state = tuple(
+                    jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
+                                     (0, padded - sum(leaves[i].size for i in bucket))), info.num_state)
+                    for bucket, padded in zip(layout.buckets, layout.padded))
         return BaguaState(step=jnp.zeros([], jnp.int32), step_state=step_state)
 
     def layout_of(leaves: List[Any]) -> _Layout:

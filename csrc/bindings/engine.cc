@@ -297,11 +297,12 @@ Engine.wait().)doc")
         d["alignment"] = s->alignment();
         d["has_result"] = s->has_result();
         d["num_state"] = s->num_state();
+        d["state_init"] = s->state_init() == StateInit::kZero ? "zero" : "copy_of_data";
         return d;
       },
       py::arg("name"), py::arg("params"), py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr,
       "Makes the step over these communicators (raising ValueError for bad parameters or a group it cannot run "
-      "on) and describes it: description, alignment, has_result, num_state.");
+      "on) and describes it: description, alignment, has_result, num_state, state_init (\"copy_of_data\" or \"zero\").");
 
   py::class_<AsyncAverager, std::shared_ptr<AsyncAverager>>(m, "AsyncAverager", R"doc(
 Asynchronous model average's background loop over weight buckets (see

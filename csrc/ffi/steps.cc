@@ -182,6 +182,10 @@ void run_prepared(const PreparedStep& call, StepMemory& memory) {
     if (call.state_block_out.data != call.state_block_in.data)
       step_kernels::copy(ctx, call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes());
     state = state_spans(call.state_block_out.data, step.num_state(), call.padded, call.dtype);
+    // the spans' padding is zeroed as the engine's StepOp does (ByteGrad's residual has some)
+    const size_t payload = total_count(call.data_in) * dtype_size(call.dtype);
+    for (const Span& s : state)
+      step_kernels::fill_zero(ctx, static_cast<char*>(s.data) + payload, s.nbytes() - payload);
   } else if (!call.state_in.empty()) {
     state_bucket = working_bucket(ctx, buckets, call.state_in, call.state_out, call.padded, call.dtype, kStateSlot);
     state = {state_bucket};

@@ -18,7 +18,8 @@
 //
 // The adapter gathers the leaves into one contiguous bucket of `padded`
 // elements (their total rounded up to the step's alignment, the padding
-// zeroed: the engine's bucket layout), runs the step on it and scatters the
+// zeroed: the engine's bucket layout; a state block's spans get their padding
+// zeroed too, as the engine's StepOp does), runs the step on it and scatters the
 // bucket back into the results. Gathering here, on the step thread, instead of
 // concatenating in XLA keeps the copies off XLA's critical path.
 //

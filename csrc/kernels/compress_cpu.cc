@@ -77,6 +77,11 @@ void decode_codes(const uint8_t* codes, size_t len, Decoder d, T* out) {
   BAGUA_ISA_CALL(decode_codes, codes, len, d, out)
 }
 
+template <typename T>
+void residual_codes(const uint8_t* codes, size_t len, Decoder d, const T* x, T* e) {
+  BAGUA_ISA_CALL(residual_codes, codes, len, d, x, e)
+}
+
 void accumulate_codes(const uint8_t* codes, size_t len, Decoder d, float* acc) {
   BAGUA_ISA_CALL(accumulate_codes, codes, len, d, acc)
 }
@@ -166,6 +171,24 @@ void decompress_cpu(const void* src, size_t n, DType dtype, size_t n_chunks, voi
       const uint8_t* record = record_ptr(src, len, k);
       const Header h = read_header(record);
       decode_codes(record + kHeaderBytes, len, make_decoder(h.min, h.max), out + k * len);
+    }
+  });
+}
+
+void residual_cpu(const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+                  int64_t target_chunk) {
+  check_compress_args(n, dtype, n_chunks, target_chunk);
+  const size_t len = n / n_chunks;
+  size_t first, last;
+  chunk_range(n_chunks, target_chunk, &first, &last);
+  dispatch_float_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xs = static_cast<const T*>(x);
+    T* out = static_cast<T*>(e);
+    for (size_t k = first; k < last; ++k) {
+      const uint8_t* record = record_ptr(src, len, k);
+      const Header h = read_header(record);
+      residual_codes(record + kHeaderBytes, len, make_decoder(h.min, h.max), xs + k * len, out + k * len);
     }
   });
 }

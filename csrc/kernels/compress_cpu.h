@@ -28,6 +28,12 @@ void compress_cpu(const void* src, size_t n, DType dtype, size_t n_chunks, void*
 // only chunk target_chunk (written at its place in dst; the rest of dst is left untouched).
 void decompress_cpu(const void* src, size_t n, DType dtype, size_t n_chunks, void* dst, int64_t target_chunk = -1);
 
+// The quantisation residual of x (n elements of dtype) against its records src
+// (compressed_size(n, n_chunks) bytes): e = x - decompress(src), element math `residual` of
+// minmax_uint8.h, written to e (n elements): every chunk, or only chunk target_chunk.
+void residual_cpu(const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+                  int64_t target_chunk = -1);
+
 // Decodes n_records records of chunk_len codes each (src: n_records * record_bytes(chunk_len) bytes),
 // sums them element-wise in float32 (record 0 first), divides by n_records when average, and
 // writes chunk_len elements of dtype to dst.

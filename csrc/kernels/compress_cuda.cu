@@ -113,6 +113,21 @@ __global__ void decode_kernel(const uint8_t* src, size_t len, size_t first, size
   }
 }
 
+template <typename T>
+__global__ void residual_kernel(const uint8_t* src, size_t len, size_t first, size_t n_todo, const T* x, T* e) {
+  for (size_t c = blockIdx.y; c < n_todo; c += gridDim.y) {
+    const size_t k = first + c;
+    const uint8_t* record = record_ptr(src, len, k);
+    const Header* h = reinterpret_cast<const Header*>(record);
+    const Decoder d = make_decoder(h->min, h->max);
+    const uint8_t* codes = record + kHeaderBytes;
+    const T* xs = x + k * len;
+    T* es = e + k * len;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < len; i += size_t(gridDim.x) * blockDim.x)
+      es[i] = residual(xs[i], decode(codes[i], d));
+  }
+}
+
 __device__ __forceinline__ Decoder record_decoder(const uint8_t* src, size_t len, size_t r) {
   const Header* h = reinterpret_cast<const Header*>(record_ptr(src, len, r));
   return make_decoder(h->min, h->max);
@@ -203,6 +218,24 @@ void decompress_cuda(const void* src, size_t n, DType dtype, size_t n_chunks, vo
                                                                    n_todo, static_cast<T*>(dst));
   });
   check_launch("decompress");
+}
+
+void residual_cuda(const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+                   int64_t target_chunk, void* stream) {
+  check_compress_args(n, dtype, n_chunks, target_chunk);
+  check_aligned(src, "src");
+  const size_t len = n / n_chunks;
+  if (len == 0) return;
+  const size_t first = target_chunk < 0 ? 0 : static_cast<size_t>(target_chunk);
+  const size_t n_todo = target_chunk < 0 ? n_chunks : 1;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch_float_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    residual_kernel<T><<<chunk_grid(len, n_todo), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), len, first,
+                                                                     n_todo, static_cast<const T*>(x),
+                                                                     static_cast<T*>(e));
+  });
+  check_launch("residual");
 }
 
 void reduce_chunks_cuda(const void* src, size_t chunk_len, size_t n_records, DType dtype, bool average, void* dst,

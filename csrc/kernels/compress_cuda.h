@@ -23,6 +23,9 @@ void compress_cuda(const void* src, size_t n, DType dtype, size_t n_chunks, void
 void decompress_cuda(const void* src, size_t n, DType dtype, size_t n_chunks, void* dst, int64_t target_chunk,
                      void* stream);
 
+void residual_cuda(const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+                   int64_t target_chunk, void* stream);
+
 void reduce_chunks_cuda(const void* src, size_t chunk_len, size_t n_records, DType dtype, bool average, void* dst,
                         void* stream);
 

@@ -47,6 +47,11 @@
 //   The formula works in float32 on absolute values, so x * scale loses precision once
 //   max(|min|, |max|) / (max - min) approaches 2^24 / 255 (about 65000); codes stay defined.
 //
+// Quantisation residual (ByteGrad's error feedback, ops/bytegrad.h): residual decodes a chunk's records
+//   and writes e = x - x_hat, x_hat rounded to the data's dtype first (the value decompress stores);
+//   the difference is taken in float32 (float64 for float64) and rounded to the dtype once. A
+//   non-finite chunk's residual is NaN throughout.
+//
 // Decompress-and-reduce: reduce_chunks decodes n_records records (one per peer) of the same chunk
 //   length and sums them in float32, record 0 first, then divides by n_records when averaging; the
 //   sum is rounded to the output dtype once at the end (the original rounded each decoded peer value
@@ -207,6 +212,15 @@ BAGUA_HD Decoder make_decoder(float min, float max) {
 BAGUA_HD float decode(uint8_t code, Decoder d) {
   const float v = (static_cast<float>(code) + d.lower) / d.scale;
   return d.is_constant ? d.constant : v;
+}
+
+// ---- quantisation residual --------------------------------------------------------------------
+// e = x - x_hat for x_hat = decode(...), as the header describes.
+BAGUA_HD float residual(float x, float x_hat) { return x - x_hat; }
+BAGUA_HD double residual(double x, float x_hat) { return x - static_cast<double>(x_hat); }
+BAGUA_HD Half residual(Half x, float x_hat) { return to_half(to_float(x) - to_float(to_half(x_hat))); }
+BAGUA_HD BFloat16 residual(BFloat16 x, float x_hat) {
+  return to_bfloat16(to_float(x) - to_float(to_bfloat16(x_hat)));
 }
 
 // ---- record access -----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ namespace mm = minmax_uint8;
 
 size_t compressed_exchange_bytes(size_t count, size_t n_chunks) { return mm::compressed_size(count, n_chunks); }
 
-void compressed_scatter_reduce_gather(Communicator& c, const ExecContext& ctx, Span data, bool average) {
+void compressed_scatter_reduce_gather(Communicator& c, const ExecContext& ctx, Span data, bool average,
+                                      const Span* error) {
   const size_t n = static_cast<size_t>(c.size());
   const size_t r = static_cast<size_t>(c.rank());
   const size_t chunk = data.count / n;
@@ -28,12 +29,20 @@ void compressed_scatter_reduce_gather(Communicator& c, const ExecContext& ctx, S
   std::vector<size_t> counts(n, record), displs(n);
   for (size_t p = 0; p < n; ++p) displs[p] = p * record;
   counts[r] = 0;
+  if (error) step_kernels::add_into(ctx, data.data, error->data, data.count, data.dtype);
   for (size_t p = 0; p < n; ++p)
     if (p != r) step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, static_cast<int64_t>(p));
   run_alongside(
       ctx, chunk,
       [&] { c.alltoall_v(send, counts, displs, recv, counts, displs, DType::kUInt8, ctx.stream); },
-      [&] { step_kernels::compress(ctx, data.data, data.count, data.dtype, n, recv, static_cast<int64_t>(r)); });
+      [&] {
+        step_kernels::compress(ctx, data.data, data.count, data.dtype, n, recv, static_cast<int64_t>(r));
+        // the residual only reads the records the wire sends (and mine, which it does not touch)
+        if (error)
+          for (size_t p = 0; p < n; ++p)
+            step_kernels::residual(ctx, p == r ? recv : send, data.data, data.count, data.dtype, n, error->data,
+                                   static_cast<int64_t>(p));
+      });
   // 3-4.
   step_kernels::reduce_chunks(ctx, recv, chunk, n, data.dtype, average, mine);
   step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, static_cast<int64_t>(r));

@@ -55,6 +55,16 @@ void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, 
 #endif
 }
 
+void residual(const ExecContext& ctx, const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+              int64_t target_chunk) {
+  if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { minmax_uint8::residual_cpu(src, x, n, dtype, n_chunks, e, target_chunk); });
+#ifdef BAGUA_WITH_CUDA
+  return minmax_uint8::residual_cuda(src, x, n, dtype, n_chunks, e, target_chunk, ctx.stream);
+#else
+  no_cuda("the MinMaxUInt8 residual");
+#endif
+}
+
 void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
                    bool average, void* dst) {
   if (ctx.device == DeviceType::kCPU) return on_host(ctx, [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); });

@@ -20,6 +20,9 @@ void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, si
               int64_t target_chunk = -1);
 void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
                 int64_t target_chunk = -1);
+// e = x - decompress(src) (MinMaxUInt8's `residual`), every chunk or only target_chunk.
+void residual(const ExecContext& ctx, const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
+              int64_t target_chunk = -1);
 void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
                    bool average, void* dst);
 // acc[i] = (acc[i] + other[i]) / 2 (ops/elementwise.h).

@@ -13,9 +13,11 @@
 //
 // State: a step may ask for num_state() spans of the data's size and dtype
 // (low-precision decentralized: its replicas). The adapter allocates them as
-// one block (span k at element k * count), initialises every span with a copy
-// of the data when it binds the step (the weights, identical on all ranks),
-// and keeps them between runs: the engine's StepOp in host memory (torch
+// one block (span k at element k * count), initialises every span as
+// state_init() says when it binds the step (a copy of the data: the weights,
+// identical on all ranks; or zeros: ByteGrad's error-feedback residual),
+// zeroes the spans' padding before every run (as the data's), and keeps them
+// between runs: the engine's StepOp in host memory (torch
 // checkpoints it), the XLA handler as an extra operand aliased to an extra
 // result (JAX keeps it in the optax state).
 //
@@ -106,6 +108,9 @@ class StepParams {
   std::map<std::string, Value> values_;
 };
 
+// How the adapters initialise a step's state spans (see above).
+enum class StateInit { kCopyOfData, kZero };
+
 class Step {
  public:
   virtual ~Step() = default;
@@ -134,6 +139,8 @@ class Step {
 
   // Number of state spans (see above); 0 for stateless steps.
   virtual int num_state() const { return 0; }
+  // What the state spans start as.
+  virtual StateInit state_init() const { return StateInit::kCopyOfData; }
   // run() with the state spans (state.size() == num_state(), each of the
   // data's count and dtype). Stateful steps override this one; the default
   // ignores `state` and calls run().

@@ -49,9 +49,12 @@ void StepOp::bind(const BucketPtr& bucket, Stream stream) {
   const int n_state = step_->num_state();
   if (n_state > 0) {
     state_ = allocate(n_state * bucket->nbytes());
-    for (int k = 0; k < n_state; ++k)
-      step_kernels::copy(ctx, static_cast<char*>(state_.get()) + k * bucket->nbytes(), bucket->data(),
-                         bucket->nbytes());
+    if (step_->state_init() == StateInit::kZero)
+      step_kernels::fill_zero(ctx, state_.get(), n_state * bucket->nbytes());
+    else
+      for (int k = 0; k < n_state; ++k)
+        step_kernels::copy(ctx, static_cast<char*>(state_.get()) + k * bucket->nbytes(), bucket->data(),
+                           bucket->nbytes());
   }
   if (device) device->synchronize(stream_, kBindTimeout);
   bucket_ = bucket;

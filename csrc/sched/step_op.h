@@ -3,7 +3,8 @@
 // It keeps what the step itself may not: the step counter (one execution per
 // training step), the result buffer of weight algorithms (the peer average,
 // same layout as the bucket), the step's state (Step::num_state() spans of the
-// bucket's layout, one block, initialised with the bucket's data at bind) and
+// bucket's layout, one block, initialised at bind with the bucket's data or
+// zeros, as Step::state_init() says) and
 // the scratch memory reused across steps. The
 // frontend reads the result with copy_back() after the engine's wait().
 //
