@@ -50,3 +50,30 @@ def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
         comms = communicators(group, bool(plan.params.get("hierarchical", False)))
     info = _C.step_info(plan.step, dict(plan.params), *comms)
     return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]))
+
+
+class StateLayout(NamedTuple):
+    """A step's state block on one bucket (``Step::state_layout``,
+    ``csrc/ops/step.h``): ``spans`` spans of ``span_count`` elements of
+    ``dtype``; ``from_data``: each span starts as a copy of the bucket's data
+    (else the block starts as zeros)."""
+
+    spans: int
+    span_count: int
+    dtype: object  # bagua_core.dtypes.DType
+    from_data: bool
+
+    @property
+    def count(self) -> int:
+        return self.spans * self.span_count
+
+
+def state_layout(plan, comms: tuple, dtype, shapes: Sequence[Sequence[int]], count: int) -> StateLayout:
+    """The state block of ``plan``'s step over ``comms`` (``(comm, intra,
+    inter)``) on a bucket of ``count`` elements of ``dtype`` holding tensors
+    of ``shapes`` back to back (padding after them)."""
+    from bagua_core.dtypes import DType, as_dtype
+
+    d = _C.step_state_layout(plan.step, dict(plan.params), int(as_dtype(dtype)),
+                             [tuple(int(x) for x in s) for s in shapes], int(count), *comms)
+    return StateLayout(int(d["spans"]), int(d["span_count"]), DType(d["dtype"]), bool(d["from_data"]))

@@ -19,6 +19,17 @@
 // checkpoints it), the XLA handler as an extra operand aliased to an extra
 // result (JAX keeps it in the optax state).
 //
+// A step may instead size its state from the bucket's layout (state_layout():
+// low rank's error memory and Q matrices, in float32 for 16-bit data). Such
+// state starts as zeros, and the adapters leave its contents to the step.
+//
+// Layout: steps that treat the bucket's tensors one by one (low rank: each
+// matrix) need each tensor's place and shape in the bucket. Both adapters
+// know them when they make the step (the engine from the bucket's slots,
+// bindings/engine.cc append_op; the XLA handler from its leaves' shapes,
+// ffi/steps.cc), and pass them to make_step as a BucketLayout: the tensors in
+// bucket order, padding excluded. Steps that do not need it ignore it.
+//
 // Steps are named in one registry (ops/registry.h); their parameters arrive as
 // a StepParams (key -> bool / int / string), checked when the step is made.
 #pragma once
@@ -45,6 +56,31 @@ struct Span {
   DType dtype = DType::kFloat32;
 
   size_t nbytes() const { return count * dtype_size(dtype); }
+};
+
+// One tensor of a bucket: its first element (from the bucket's start), its
+// element count and its shape (the product of `shape` is `numel`).
+struct TensorLayout {
+  size_t offset = 0;
+  size_t numel = 0;
+  std::vector<int64_t> shape;
+};
+// A bucket's tensors in bucket order, padding excluded (see above).
+using BucketLayout = std::vector<TensorLayout>;
+
+// A step's state block: `spans` spans of `span_count` elements of `dtype`,
+// one after the other. `from_data`: each span starts as a copy of the data
+// (then span_count is the data's count and dtype its dtype) and its padding
+// is zeroed every run; otherwise the block starts as zeros and is the step's
+// own.
+struct StateLayout {
+  int spans = 0;
+  size_t span_count = 0;
+  DType dtype = DType::kFloat32;
+  bool from_data = true;
+
+  size_t count() const { return static_cast<size_t>(spans) * span_count; }
+  size_t nbytes() const { return count() * dtype_size(dtype); }
 };
 
 // Scratch memory a step may use during one run (compressed records, a
@@ -132,8 +168,13 @@ class Step {
 
   // Number of state spans (see above); 0 for stateless steps.
   virtual int num_state() const { return 0; }
-  // run() with the state spans (state.size() == num_state(), each of the
-  // data's count and dtype). Stateful steps override this one; the default
+  // The state block for data of `count` elements of `dtype`: by default
+  // num_state() copies of the data.
+  virtual StateLayout state_layout(DType dtype, size_t count) const {
+    return StateLayout{num_state(), count, dtype, true};
+  }
+  // run() with the state spans (state.size() == num_state(), laid out as
+  // state_layout() says: by default each of the data's count and dtype). Stateful steps override this one; the default
   // ignores `state` and calls run().
   virtual bool run_with_state(const ExecContext& ctx, Span data, Span result, const std::vector<Span>& state,
                               int64_t step) const {
