@@ -64,7 +64,7 @@ from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
 from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                  LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+                                  LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm, QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
@@ -77,6 +77,7 @@ __all__ = [
     "GradientAllReduceAlgorithm",
     "GroupNotInitializedError",
     "LowPrecisionDecentralizedAlgorithm",
+    "LowRankAlgorithm",
     "QAdamAlgorithm",
     "QAdamState",
     "ReduceOp",
