@@ -9,6 +9,7 @@ held-out accuracy and the throughput of each algorithm.
 """
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 import bagua_torch
 from bagua_torch.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                    LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
+                                    LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm, QAdamAlgorithm, QAdamOptimizer)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
@@ -27,6 +28,8 @@ ALGORITHMS = {
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
+    # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)
+    "low_rank": functools.partial(LowRankAlgorithm, start_iter=20),
 }
 
 
