@@ -10,7 +10,7 @@ one place, and says what the frontend must know to lay out its buffers.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 from bagua_core._loader import _C
 
@@ -20,7 +20,6 @@ class StepInfo(NamedTuple):
     alignment: int  # element counts must be a multiple of it
     has_result: bool  # writes a separate result (weights -> peer average) instead of working in place
     num_state: int = 0  # state spans of the data's size the step keeps between runs (e.g. replicas)
-    state_init: str = "copy_of_data"  # what the spans start as: "copy_of_data" or "zero" (ByteGrad's residual)
 
 
 def names() -> Tuple[str, ...]:
@@ -50,5 +49,34 @@ def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
     if comms is None:
         comms = communicators(group, bool(plan.params.get("hierarchical", False)))
     info = _C.step_info(plan.step, dict(plan.params), *comms)
-    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]),
-                    str(info["state_init"]))
+    return StepInfo(info["description"], int(info["alignment"]), bool(info["has_result"]), int(info["num_state"]))
+
+
+class StateLayout(NamedTuple):
+    """A step's state block on one bucket (``Step::state_layout``,
+    ``csrc/ops/step.h``): ``spans`` spans of ``span_count`` elements of
+    ``dtype``; ``init``: what the block starts as (``"copy_of_data"``: each
+    span a copy of the bucket's data, or ``"zero"``); ``data_shaped``: each
+    span has the bucket's layout (else the block is the step's own)."""
+
+    spans: int
+    span_count: int
+    dtype: object  # bagua_core.dtypes.DType
+    init: str
+    data_shaped: bool
+
+    @property
+    def count(self) -> int:
+        return self.spans * self.span_count
+
+
+def state_layout(plan, comms: tuple, dtype, shapes: Sequence[Sequence[int]], count: int) -> StateLayout:
+    """The state block of ``plan``'s step over ``comms`` (``(comm, intra,
+    inter)``) on a bucket of ``count`` elements of ``dtype`` holding tensors
+    of ``shapes`` back to back (padding after them)."""
+    from bagua_core.dtypes import DType, as_dtype
+
+    d = _C.step_state_layout(plan.step, dict(plan.params), int(as_dtype(dtype)),
+                             [tuple(int(x) for x in s) for s in shapes], int(count), *comms)
+    return StateLayout(int(d["spans"]), int(d["span_count"]), DType(d["dtype"]), str(d["init"]),
+                       bool(d["data_shaped"]))

@@ -64,7 +64,8 @@ from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
 from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
+                                  QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
@@ -78,6 +79,7 @@ __all__ = [
     "GroupNotInitializedError",
     "LocalStepsAlgorithm",
     "LowPrecisionDecentralizedAlgorithm",
+    "LowRankAlgorithm",
     "QAdamAlgorithm",
     "QAdamState",
     "ReduceOp",

@@ -84,6 +84,24 @@ class LocalStepsAlgorithm(Algorithm):
                          nesterov=nesterov, warmup_steps=warmup_steps, hierarchical=hierarchical)
 
 
+class LowRankAlgorithm(Algorithm):
+    """Low-rank compressed gradient averaging (PowerSGD, as torch's
+    ``powerSGD_hook``; see :class:`bagua_core.algorithms.LowRank`): a
+    gradient algorithm, before the optimizer in the chain; its error memory
+    and Q matrices live in the transform's state. Each leaf of two or more
+    dimensions is the matrix of ``shape[0]`` rows: leaves in torch's layouts
+    (a linear layer's weight ``(out, in)``) give the torch frontend's numbers."""
+
+    core_type = core.LowRank
+
+    def __init__(self, rank: int = 4, start_iter: int = 1000, min_compression_rate: float = 2.0,
+                 orthogonalization_epsilon: float = 0.0, error_feedback: bool = True, warm_start: bool = True,
+                 seed: int = 0):
+        super().__init__(rank=rank, start_iter=start_iter, min_compression_rate=min_compression_rate,
+                         orthogonalization_epsilon=orthogonalization_epsilon, error_feedback=error_feedback,
+                         warm_start=warm_start, seed=seed)
+
+
 class QAdamAlgorithm(Algorithm):
     """QAdam's communication for ``q_adam_optimizer`` (what
     :func:`bagua_jax.qadam` returns): ``bagua_jax.transform(QAdamAlgorithm(tx))``
@@ -177,4 +195,5 @@ def as_algorithm(algorithm) -> Algorithm:
 
 
 __all__ = ["Algorithm", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
-           "LowPrecisionDecentralizedAlgorithm", "LocalStepsAlgorithm", "QAdamAlgorithm", "as_algorithm"]
+           "LowPrecisionDecentralizedAlgorithm", "LocalStepsAlgorithm", "LowRankAlgorithm", "QAdamAlgorithm",
+           "as_algorithm"]

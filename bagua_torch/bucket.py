@@ -24,6 +24,7 @@ _KEEPS = {
     "low_precision_decentralized": "replicas of its own and its ring neighbours' weights (_weight, "
                                    "_left_peer_weight, _right_peer_weight)",
     "qadam": "the momentum, which is the optimizer's exp_avg",
+    "low_rank": "its error memory and Q matrices (the wrapper's state_dict() holds them)",
 }
 _REPLICAS = {"_weight": 0, "_left_peer_weight": 1, "_right_peer_weight": 2}  # rows W, L, R of the step's state
 

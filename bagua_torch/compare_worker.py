@@ -42,6 +42,8 @@ def main(argv=None) -> None:
             extra = {"warmup_steps": problem.warmup_steps}
             if problem.async_sync_interval_ms() is not None:
                 extra["sync_interval_ms"] = problem.async_sync_interval_ms()
+        elif args.algorithm == "low_rank":  # compressed after the problem's warm-up
+            extra = {"start_iter": problem.warmup_steps}
         algorithm = Algorithm.init(name, **extra)
     model = model.with_bagua([opt], algorithm)
 

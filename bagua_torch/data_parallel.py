@@ -48,7 +48,9 @@ class DistributedDataParallel(torch.nn.Module):
       that count steps: Decentralized, LowPrecisionDecentralized, QAdam, Async);
     * ``bagua.step_state.<i>``: the engine step's state of bucket ``i``, a
       ``(num_state, bucket numel)`` tensor on the model's device
-      (LowPrecisionDecentralized: the replicas; QAdam: the momentum).
+      (LowPrecisionDecentralized: the replicas; QAdam: the momentum), or of
+      the step's own layout (LowRank: one row holding the error memory, then
+      each compressed matrix's Q, float32, float64 for float64 gradients).
 
     So code written for torch's state dicts (``{k: v.clone() for k, v in
     sd.items()}``, averaging helpers, converters) works on it; the entries

@@ -47,7 +47,7 @@ import bagua_core
 from bagua_core import agreement, config, devices, log, steps
 from bagua_core import trace as core_trace
 from bagua_core.averager import AsyncAverager, weight_buckets
-from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START
+from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START, check_tensors
 from bagua_core.dtypes import as_dtype
 from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
@@ -209,6 +209,7 @@ class BaguaDistributedDataParallel:
             self._check_own_optimizer()
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
+        check_tensors(self.impl.description, [tuple(p.shape) for _, p in self.params])
         try:
             self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)),
                                            lanes=self._settings.engine_lanes, device=self._engine_device)

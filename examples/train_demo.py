@@ -9,6 +9,7 @@ held-out accuracy and the throughput of each algorithm.
 """
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 
 import bagua_torch
 from bagua_torch.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                    LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm, QAdamOptimizer)
+                                    LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
+                                    QAdamAlgorithm, QAdamOptimizer)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
@@ -28,6 +30,8 @@ ALGORITHMS = {
     "local_steps": LocalStepsAlgorithm,
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
+    # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)
+    "low_rank": functools.partial(LowRankAlgorithm, start_iter=20),
 }
 
 

@@ -15,6 +15,7 @@ of the final loss, the held-out accuracy and the throughput of each algorithm.
 """
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -31,7 +32,8 @@ from flax import linen as nn  # noqa: E402
 import bagua_jax  # noqa: E402
 from bagua_core.algorithms import WEIGHTS  # noqa: E402
 from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
-                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, QAdamAlgorithm)
+                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
+                                  QAdamAlgorithm)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
@@ -41,6 +43,8 @@ ALGORITHMS = {
     "local_steps": LocalStepsAlgorithm,
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
+    # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)
+    "low_rank": functools.partial(LowRankAlgorithm, start_iter=20),
 }
 
 

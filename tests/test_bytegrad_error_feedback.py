@@ -240,9 +240,12 @@ class Worker(JaxWorker):
         assert plan.params_text() == "average=true;hierarchical=false", plan.params_text()
         info = steps.check_plan(plan, bagua_jax.init_process_group())
         assert info.num_state == 0 and info.description == "bytegrad(hierarchical=false, average=true)", info
-        on = steps.check_plan(bagua_jax.ByteGradAlgorithm(hierarchical=False, error_feedback=True).to_core().plan(),
-                              bagua_jax.init_process_group())
-        assert on.num_state == 1 and on.state_init == "zero" and "error_feedback=true" in on.description, on
+        group = bagua_jax.init_process_group()
+        on_plan = bagua_jax.ByteGradAlgorithm(hierarchical=False, error_feedback=True).to_core().plan()
+        on = steps.check_plan(on_plan, group)
+        assert on.num_state == 1 and "error_feedback=true" in on.description, on
+        layout = steps.state_layout(on_plan, steps.communicators(group, False), "float32", [(6,)], 6)
+        assert layout == (1, 6, layout.dtype, "zero", True) and layout.dtype.name == "float32", layout
         assert bagua_jax.transform(algo).init([self.jnp.zeros(5)]).step_state == ()
         model = torch.nn.Linear(3, 2)
         model.with_bagua([torch.optim.SGD(model.parameters(), lr=0.1)],

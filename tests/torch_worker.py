@@ -33,7 +33,7 @@ class TorchWorker:
     def optimizer_and_algorithm(self, name, model, hierarchical=False):
         """(optimizer, algorithm) for ``model``, by short name: gradient_allreduce,
         bytegrad, decentralized (all), decentralized_shift_one,
-        low_precision_decentralized, qadam (which brings its own optimizer)."""
+        low_precision_decentralized, low_rank, qadam (which brings its own optimizer)."""
         A = self.A
         if name == "qadam":
             opt = A.q_adam.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
@@ -47,6 +47,8 @@ class TorchWorker:
                 hierarchical=hierarchical, peer_selection_mode="shift_one"),
             "low_precision_decentralized": lambda: A.low_precision_decentralized.LowPrecisionDecentralizedAlgorithm(
                 hierarchical=hierarchical),
+            # compressed from step 1 on; every matrix of a small mlp pays at rate 1
+            "low_rank": lambda: A.LowRankAlgorithm(rank=2, start_iter=1, min_compression_rate=1.0),
         }[name]()
 
     def batch(self, step, n=8):

@@ -29,6 +29,9 @@ What each algorithm communicates, and when:
 * :class:`LocalSteps`: nothing for ``sync_interval`` steps, then the
   weights' movement since the last synchronisation, averaged and applied by
   an outer SGD with Nesterov momentum (local SGD / DiLoCo).
+* :class:`LowRank`: gradients, after a warm-up of plain allreduce, as
+  rank-r approximations P Q^T (PowerSGD, as torch's ``powerSGD_hook``), with
+  error feedback; 1-D tensors uncompressed.
 * :class:`AsyncModelAverage`: gradients allreduced during a warm-up, then
   weights, averaged over every rank by a background loop every
   ``sync_interval_ms`` while each rank trains at its own pace.
@@ -51,6 +54,7 @@ from bagua_core.algorithms._base import (
     WEIGHTS,
     Plan,
     as_description,
+    check_tensors,
     by_name,
     names,
 )
@@ -60,13 +64,15 @@ from bagua_core.algorithms.decentralized import PEER_SELECTION_MODES, Decentrali
 from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
 from bagua_core.algorithms.local_steps import LocalSteps
 from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecentralized
+from bagua_core.algorithms.low_rank import LowRank
 from bagua_core.algorithms.qadam import QAdam
 
 AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized, LowPrecisionDecentralized, QAdam,
-                             AsyncModelAverage, LocalSteps]
+                             AsyncModelAverage, LocalSteps, LowRank]
 
 __all__ = [
     "AFTER_OPTIMIZER_STEP", "BACKGROUND", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
     "AlgorithmDescription", "AsyncModelAverage",
-    "ByteGrad", "Decentralized", "GradientAllReduce", "LocalSteps", "LowPrecisionDecentralized", "Plan", "QAdam", "as_description", "by_name", "names",
+    "ByteGrad", "Decentralized", "GradientAllReduce", "LocalSteps", "LowPrecisionDecentralized", "LowRank", "Plan",
+    "QAdam", "as_description", "by_name", "check_tensors", "names",
 ]

@@ -93,6 +93,16 @@ def as_description(algorithm):
         f"{', '.join(names())}; got {type(algorithm).__name__}")
 
 
+def check_tensors(description, shapes) -> None:
+    """Checks the shapes of the tensors a frontend will communicate against
+    the description's constraints (``description.check_tensors``, where it
+    has one; LowRank: its rank); ValueError naming the problem. Every frontend
+    calls it when it binds an algorithm to a model."""
+    check = getattr(description, "check_tensors", None)
+    if check is not None:
+        check([tuple(s) for s in shapes])
+
+
 def check_bool(cls: str, name: str, value) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{cls}: {name} must be a bool, got {value!r}")

@@ -45,7 +45,7 @@ class Problem:
     lr: float = 0.05
     seed: int = 0
     # algorithms that bring their own optimizer (QAdam: Adam's learning rate, warm-up);
-    # warmup_steps is asynchronous model average's warm-up too
+    # warmup_steps is asynchronous model average's warm-up too, and low rank's start_iter
     adam_lr: float = 0.005
     warmup_steps: int = 10
     # asynchronous model average: averages after every this many steps past the

@@ -41,7 +41,7 @@ import optax
 
 from bagua_core import agreement, steps
 from bagua_core import trace as core_trace
-from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS
+from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS, check_tensors
 from bagua_core.engine import default_bucket_bytes, plan_buckets
 
 from bagua_jax import algorithms
@@ -59,7 +59,9 @@ class BaguaState(NamedTuple):
     ``step_state``: per bucket, the state of stateful steps (low-precision
     decentralized's replicas W, L, R: one 1-D array of 3 x the bucket's padded
     size; ByteGrad with error feedback: its quantisation residual, one array
-    of the bucket's padded size, zeros after ``init``), empty otherwise."""
+    of the bucket's padded size, zeros after ``init``; low rank: its error
+    memory and Q matrices, one 1-D float32 array, float64 for float64
+    gradients), empty otherwise."""
 
     step: Any
     step_state: Tuple[Any, ...] = ()
@@ -198,8 +200,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
         return async_transform(algo, group, what, warm, BaguaState)
 
     flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
-    info = steps.check_plan(plan, group, comms=tuple(None if g is None else g.comm
-                                                     for g in (flat_group, intra, inter)))
+    comms = tuple(None if g is None else g.comm for g in (flat_group, intra, inter))
+    info = steps.check_plan(plan, group, comms=comms)
     group_info = groups.resolve(group)
     bound = BoundStep(plan.step, plan.params_text(), group_info,
                       -1 if intra is None else groups.handle_of(intra),
@@ -214,19 +216,31 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
         _check_leaves("params", flat, group_info)
         agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
                                         f"the pytree given to {what}.init")
+        check_tensors(algo.to_core(), [np.shape(x) for _, x in flat])
         step_state = ()
         if info.num_state:
-            leaves = [jnp.ravel(jnp.asarray(x)) for _, x in flat]
+            arrays = [jnp.asarray(x) for _, x in flat]
+            leaves = [jnp.ravel(x) for x in arrays]
             layout = layout_of(leaves)
-            if info.state_init == "zero":  # ByteGrad's residual
-                step_state = tuple(jnp.zeros([info.num_state * padded], leaves[bucket[0]].dtype)
-                                   for bucket, padded in zip(layout.buckets, layout.padded))
-            else:  # each bucket's state spans start as copies of its padded weights
-                step_state = tuple(
-                    jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
-                                     (0, padded - sum(leaves[i].size for i in bucket))), info.num_state)
-                    for bucket, padded in zip(layout.buckets, layout.padded))
+            buckets = []
+            for bucket, padded in zip(layout.buckets, layout.padded):
+                sl = state_layout_of([arrays[i] for i in bucket], padded)
+                if sl.init == "copy_of_data":  # each span starts as a copy of the padded weights
+                    buckets.append(jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
+                                                    (0, padded - sum(leaves[i].size for i in bucket))), sl.spans))
+                else:  # zeros at first (ByteGrad's residual; low rank's error memory and Q)
+                    buckets.append(jnp.zeros((sl.count,), np.dtype(sl.dtype.name)))
+            step_state = tuple(buckets)
         return BaguaState(step=jnp.zeros([], jnp.int32), step_state=step_state)
+
+    state_layouts: dict = {}
+
+    def state_layout_of(bucket_leaves: List[Any], padded: int) -> steps.StateLayout:
+        """The step's state block on a bucket of these leaves (once per bucket layout)."""
+        key = (str(np.dtype(bucket_leaves[0].dtype)), tuple(tuple(np.shape(x)) for x in bucket_leaves), padded)
+        if key not in state_layouts:
+            state_layouts[key] = steps.state_layout(plan, comms, key[0], key[1], padded)
+        return state_layouts[key]
 
     def layout_of(leaves: List[Any]) -> _Layout:
         return _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
@@ -239,7 +253,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
         for k, (bucket, padded) in enumerate(zip(layout.buckets, layout.padded)):
             state = ()
             if info.num_state:
-                if k >= len(step_state) or step_state[k].shape != (info.num_state * padded,):
+                expected = state_layout_of([leaves[i] for i in bucket], padded).count
+                if k >= len(step_state) or step_state[k].shape != (expected,):
                     raise ValueError(f"{what}.update: the state does not fit these leaves (init it with "
                                      "params of the same structure)")
                 state = (step_state[k],)

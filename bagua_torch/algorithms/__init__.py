@@ -11,11 +11,12 @@ from bagua_torch.algorithms.decentralized import DecentralizedAlgorithm
 from bagua_torch.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
 from bagua_torch.algorithms.local_steps import LocalStepsAlgorithm
 from bagua_torch.algorithms.low_precision_decentralized import LowPrecisionDecentralizedAlgorithm
+from bagua_torch.algorithms.low_rank import LowRankAlgorithm
 from bagua_torch.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 
 __all__ = [
     "Algorithm", "AlgorithmImpl", "as_algorithm", "registered",
     "GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "QAdamOptimizer", "AsyncModelAverageAlgorithm",
-    "LocalStepsAlgorithm",
+    "LowPrecisionDecentralizedAlgorithm", "LowRankAlgorithm", "QAdamAlgorithm", "QAdamOptimizer",
+    "AsyncModelAverageAlgorithm", "LocalStepsAlgorithm",
 ]

@@ -150,6 +150,30 @@ StepParams step_params(const std::string& name, const py::dict& params) {
   return out;
 }
 
+// The bucket's tensors (padding excluded) as a step sees them (ops/step.h).
+BucketLayout bucket_layout(const Bucket& b) {
+  BucketLayout out;
+  for (const Slot& s : b.slots())
+    if (!s.is_padding) out.push_back(TensorLayout{s.offset, s.numel, s.shape});
+  return out;
+}
+
+// Tensors of these shapes back to back from element 0.
+BucketLayout consecutive_layout(const std::vector<std::vector<int64_t>>& shapes) {
+  BucketLayout out;
+  size_t offset = 0;
+  for (const auto& shape : shapes) {
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0) throw InvalidArgument("a tensor shape has a negative dimension");
+      numel *= d;
+    }
+    out.push_back(TensorLayout{offset, static_cast<size_t>(numel), shape});
+    offset += static_cast<size_t>(numel);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -280,10 +304,13 @@ Engine.wait().)doc")
         const BucketPtr& b = o.bucket();
         if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
         if (o.num_state() == 0) throw InvalidArgument(o.describe() + " keeps no state");
+        const StateLayout& sl = o.state_layout();
         return MemoryView{o.state_memory(), o.state_memory().get(),
-                          {static_cast<int64_t>(o.num_state()), static_cast<int64_t>(b->numel())}, b->dtype(), dl_device_of(*b)};
-      }, "Zero-copy (num_state, bucket numel) view of the step's state (e.g. replicas); read or write it only "
-         "between steps.");
+                          {static_cast<int64_t>(sl.spans), static_cast<int64_t>(sl.span_count)}, sl.dtype,
+                          dl_device_of(*b)};
+      }, "Zero-copy (spans, span elements) view of the step's state: (num_state, bucket numel) of the bucket's "
+         "dtype for most steps (e.g. replicas), the step's own layout for others (low rank: error memory and Q); "
+         "read or write it only between steps.");
 
   m.def("step_names", &step_names, "Names of the registered algorithm steps.");
   m.def(
@@ -297,12 +324,34 @@ Engine.wait().)doc")
         d["alignment"] = s->alignment();
         d["has_result"] = s->has_result();
         d["num_state"] = s->num_state();
-        d["state_init"] = s->state_init() == StateInit::kZero ? "zero" : "copy_of_data";
         return d;
       },
       py::arg("name"), py::arg("params"), py::arg("comm"), py::arg("intra") = nullptr, py::arg("inter") = nullptr,
       "Makes the step over these communicators (raising ValueError for bad parameters or a group it cannot run "
-      "on) and describes it: description, alignment, has_result, num_state, state_init (\"copy_of_data\" or \"zero\").");
+      "on) and describes it: description, alignment, has_result, num_state.");
+
+  m.def(
+      "step_state_layout",
+      [](const std::string& name, const py::dict& params, int dtype, const std::vector<std::vector<int64_t>>& shapes,
+         size_t count, CommunicatorPtr comm, CommunicatorPtr intra, CommunicatorPtr inter) {
+        const DType dt = to_dtype(dtype);
+        StepPtr s = make_step(name, make_comms(std::move(comm), std::move(intra), std::move(inter)),
+                              step_params(name, params), consecutive_layout(shapes));
+        s->check(dt, count);
+        const StateLayout sl = s->num_state() > 0 ? s->state_layout(dt, count) : StateLayout{0, 0, dt};
+        py::dict d;
+        d["spans"] = sl.spans;
+        d["span_count"] = sl.span_count;
+        d["dtype"] = dtype_code(sl.dtype);
+        d["init"] = sl.init == StateInit::kZero ? "zero" : "copy_of_data";
+        d["data_shaped"] = sl.data_shaped;
+        return d;
+      },
+      py::arg("name"), py::arg("params"), py::arg("dtype"), py::arg("shapes"), py::arg("count"), py::arg("comm"),
+      py::arg("intra") = nullptr, py::arg("inter") = nullptr,
+      "The state block of the step on a bucket of `count` elements of `dtype` holding tensors of `shapes` back to "
+      "back: spans, span_count, dtype (code), init (\"copy_of_data\" or \"zero\": what the block starts as), "
+      "data_shaped (each span has the data's layout; else the block is the step's own).");
 
   py::class_<AsyncAverager, std::shared_ptr<AsyncAverager>>(m, "AsyncAverager", R"doc(
 Asynchronous model average's background loop over weight buckets (see
@@ -375,7 +424,8 @@ wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)d
       .def(
           "append_op",
           [](Engine& e, size_t bucket, const std::string& name, const py::dict& params) {
-            auto op = std::make_shared<StepOp>(make_step(name, e.comms_for(bucket), step_params(name, params)));
+            auto op = std::make_shared<StepOp>(
+                make_step(name, e.comms_for(bucket), step_params(name, params), bucket_layout(*e.bucket(bucket))));
             e.append_op(bucket, op);
             return op;
           },

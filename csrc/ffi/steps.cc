@@ -38,6 +38,22 @@ Span ret_span(const Step& s, const xffi::RemainingRets& rets, size_t i, const Sp
   return Span{(*buffer)->untyped_data(), like.count, like.dtype};
 }
 
+// The first `n` operands' shapes, back to back: the bucket's layout
+// (ops/step.h). Operands that are no buffers are left to the checks below.
+BucketLayout leaf_layout(const xffi::RemainingArgs& args, size_t n) {
+  BucketLayout out;
+  size_t offset = 0;
+  for (size_t i = 0; i < n && i < args.size(); ++i) {
+    auto buffer = args.get<xffi::AnyBuffer>(i);
+    if (!buffer) break;
+    const auto dims = buffer->dimensions();
+    TensorLayout t{offset, buffer->element_count(), std::vector<int64_t>(dims.begin(), dims.end())};
+    offset += t.numel;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 size_t total_count(const std::vector<Span>& leaves) {
   size_t n = 0;
   for (const Span& s : leaves) n += s.count;
@@ -112,8 +128,8 @@ PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_
                           const xffi::RemainingArgs& args, const xffi::RemainingRets& rets) {
   CommSet comms{communicator_for(comm, p.device), optional_communicator(intra, p.device),
                 optional_communicator(inter, p.device)};
-  StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)));
   const size_t n = n_data > 0 ? static_cast<size_t>(n_data) : 0;
+  StepPtr s = make_step(std::string(name), comms, StepParams::parse(std::string(params)), leaf_layout(args, n));
   if (n == 0 || args.size() < n)
     throw InvalidArgument(s->describe() + ": a bucket needs at least one leaf, got n_data=" + std::to_string(n_data) +
                           " with " + std::to_string(args.size()) + " operands");
@@ -147,14 +163,15 @@ PreparedStep prepare_step(const Platform& p, std::string_view name, std::string_
     throw InvalidArgument(s->describe() + " keeps no state, got " + std::to_string(n_state_args) + " state operands");
   if (n_state > 0) {
     if (s->has_result()) throw InvalidArgument(s->describe() + ": stateful steps work in place");
+    const StateLayout layout = s->state_layout(call.dtype, call.padded);
     if (n_state_args == 1) {
-      call.state_block_in = arg_span(*s, args, n, call.dtype, "state");
+      call.state_block_in = arg_span(*s, args, n, layout.dtype, "state");
       call.state_block_out = ret_span(*s, rets, n, call.state_block_in, "state");
-      if (call.state_block_in.count != static_cast<size_t>(n_state) * call.padded)
-        throw InvalidArgument(s->describe() + ": the state must hold " + std::to_string(n_state) + " x " +
-                              std::to_string(call.padded) + " elements, got " +
+      if (call.state_block_in.count != layout.count())
+        throw InvalidArgument(s->describe() + ": the state must hold " + std::to_string(layout.spans) + " x " +
+                              std::to_string(layout.span_count) + " elements, got " +
                               std::to_string(call.state_block_in.count));
-    } else if (n_state_args == n && n_state == 1) {
+    } else if (n_state_args == n && n_state == 1 && layout.data_shaped) {
       for (size_t i = 0; i < n; ++i) {
         call.state_in.push_back(arg_span(*s, args, n + i, call.dtype, "state"));
         if (call.state_in.back().count != call.data_in[i].count)
@@ -181,11 +198,13 @@ void run_prepared(const PreparedStep& call, StepMemory& memory) {
   if (call.state_block_out.count > 0) {
     if (call.state_block_out.data != call.state_block_in.data)
       step_kernels::copy(ctx, call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes());
-    state = state_spans(call.state_block_out.data, step.num_state(), call.padded, call.dtype);
-    // the spans' padding is zeroed as the engine's StepOp does (ByteGrad's residual has some)
-    const size_t payload = total_count(call.data_in) * dtype_size(call.dtype);
-    for (const Span& s : state)
-      step_kernels::fill_zero(ctx, static_cast<char*>(s.data) + payload, s.nbytes() - payload);
+    const StateLayout layout = step.state_layout(call.dtype, call.padded);
+    state = state_spans(call.state_block_out.data, layout.spans, layout.span_count, layout.dtype);
+    if (layout.data_shaped) {  // the spans' padding is zeroed as the engine's StepOp does (ByteGrad's residual has some)
+      const size_t payload = total_count(call.data_in) * dtype_size(call.dtype);
+      for (const Span& sp : state)
+        step_kernels::fill_zero(ctx, static_cast<char*>(sp.data) + payload, sp.nbytes() - payload);
+    }
   } else if (!call.state_in.empty()) {
     state_bucket = working_bucket(ctx, buckets, call.state_in, call.state_out, call.padded, call.dtype, kStateSlot);
     state = {state_bucket};

@@ -5,8 +5,10 @@
 // Operands: the ordering token, the step number (an int32 or int64 scalar),
 // then the bucket's leaves in bucket order (n_data of them, one dtype), then
 // the step's state, if it keeps one (Step::num_state() > 0), as either
-//   * one block of num_state * padded elements (span k at element k * padded;
-//     low-precision decentralized's replicas), or
+//   * one block laid out as Step::state_layout() says (by default num_state *
+//     padded elements of the data's dtype, span k at element k * padded:
+//     low-precision decentralized's replicas; low rank: its own block of its
+//     compute dtype), or
 //   * n_data leaves shaped like the data (num_state == 1 only; QAdam's
 //     momentum, which the optimizer keeps per leaf).
 // Results: the token, one result per data leaf (the leaf after the step for
@@ -15,6 +17,9 @@
 // the step does not communicate), then the state, updated in place (aliased).
 // Attributes: "step" (the registry name), "params" ("key=value;..."), "comm",
 // "intra", "inter" (communicator handles; -1 when absent), "n_data".
+//
+// The leaves' shapes, back to back, are the bucket's layout the step is made
+// with (ops/step.h: low rank views each leaf as a matrix).
 //
 // The adapter gathers the leaves into one contiguous bucket of `padded`
 // elements (their total rounded up to the step's alignment, the padding

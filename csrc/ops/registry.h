@@ -10,9 +10,12 @@
 
 namespace bagua {
 
-// Makes the step called `name` over `comms` with `params`. Throws
-// InvalidArgument for an unknown name or bad parameters.
-StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params);
+// Makes the step called `name` over `comms` with `params`, for a bucket laid
+// out as `layout` (ops/step.h; empty when unknown: describing a step, or a
+// step that needs none). Throws InvalidArgument for an unknown name or bad
+// parameters.
+StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params,
+                  const BucketLayout& layout = {});
 
 // Registered names, sorted.
 std::vector<std::string> step_names();

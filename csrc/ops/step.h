@@ -21,6 +21,17 @@
 // checkpoints it), the XLA handler as an extra operand aliased to an extra
 // result (JAX keeps it in the optax state).
 //
+// A step may instead size its state from the bucket's layout (state_layout():
+// low rank's error memory and Q matrices, in float32 for 16-bit data). Such
+// state starts as zeros, and the adapters leave its contents to the step.
+//
+// Layout: steps that treat the bucket's tensors one by one (low rank: each
+// matrix) need each tensor's place and shape in the bucket. Both adapters
+// know them when they make the step (the engine from the bucket's slots,
+// bindings/engine.cc append_op; the XLA handler from its leaves' shapes,
+// ffi/steps.cc), and pass them to make_step as a BucketLayout: the tensors in
+// bucket order, padding excluded. Steps that do not need it ignore it.
+//
 // Steps are named in one registry (ops/registry.h); their parameters arrive as
 // a StepParams (key -> bool / int / string), checked when the step is made.
 #pragma once
@@ -47,6 +58,35 @@ struct Span {
   DType dtype = DType::kFloat32;
 
   size_t nbytes() const { return count * dtype_size(dtype); }
+};
+
+// One tensor of a bucket: its first element (from the bucket's start), its
+// element count and its shape (the product of `shape` is `numel`).
+struct TensorLayout {
+  size_t offset = 0;
+  size_t numel = 0;
+  std::vector<int64_t> shape;
+};
+// A bucket's tensors in bucket order, padding excluded (see above).
+using BucketLayout = std::vector<TensorLayout>;
+
+// What a step's state starts as when the adapter binds it.
+enum class StateInit { kCopyOfData, kZero };
+
+// A step's state block: `spans` spans of `span_count` elements of `dtype`,
+// one after the other, starting as `init` says. `data_shaped`: each span has
+// the data's layout (span_count is the data's count, dtype its dtype) and its
+// padding is zeroed every run, as the data's; otherwise the block is the
+// step's own (only kZero then).
+struct StateLayout {
+  int spans = 0;
+  size_t span_count = 0;
+  DType dtype = DType::kFloat32;
+  StateInit init = StateInit::kCopyOfData;
+  bool data_shaped = true;
+
+  size_t count() const { return static_cast<size_t>(spans) * span_count; }
+  size_t nbytes() const { return count() * dtype_size(dtype); }
 };
 
 // Scratch memory a step may use during one run (compressed records, a
@@ -109,8 +149,6 @@ class StepParams {
 };
 
 // How the adapters initialise a step's state spans (see above).
-enum class StateInit { kCopyOfData, kZero };
-
 class Step {
  public:
   virtual ~Step() = default;
@@ -139,10 +177,16 @@ class Step {
 
   // Number of state spans (see above); 0 for stateless steps.
   virtual int num_state() const { return 0; }
-  // What the state spans start as.
+  // What data-shaped state spans start as (the default state_layout()'s init).
   virtual StateInit state_init() const { return StateInit::kCopyOfData; }
-  // run() with the state spans (state.size() == num_state(), each of the
-  // data's count and dtype). Stateful steps override this one; the default
+  // The state block for data of `count` elements of `dtype`: by default
+  // num_state() data-shaped spans starting as state_init() says.
+  virtual StateLayout state_layout(DType dtype, size_t count) const {
+    return StateLayout{num_state(), count, dtype, state_init(), true};
+  }
+  // run() with the state spans (state.size() == num_state(), laid out as
+  // state_layout() says: by default each of the data's count and dtype).
+  // Stateful steps override this one; the default
   // ignores `state` and calls run().
   virtual bool run_with_state(const ExecContext& ctx, Span data, Span result, const std::vector<Span>& state,
                               int64_t step) const {

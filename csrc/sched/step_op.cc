@@ -46,15 +46,16 @@ void StepOp::bind(const BucketPtr& bucket, Stream stream) {
     result_ = allocate(bucket->nbytes());
     step_kernels::copy(ctx, result_.get(), bucket->data(), bucket->nbytes());
   }
-  const int n_state = step_->num_state();
-  if (n_state > 0) {
-    state_ = allocate(n_state * bucket->nbytes());
-    if (step_->state_init() == StateInit::kZero)
-      step_kernels::fill_zero(ctx, state_.get(), n_state * bucket->nbytes());
-    else
-      for (int k = 0; k < n_state; ++k)
+  if (step_->num_state() > 0) {
+    state_layout_ = step_->state_layout(bucket->dtype(), bucket->numel());
+    state_ = allocate(state_layout_.nbytes());
+    if (state_layout_.init == StateInit::kCopyOfData) {
+      for (int k = 0; k < state_layout_.spans; ++k)
         step_kernels::copy(ctx, static_cast<char*>(state_.get()) + k * bucket->nbytes(), bucket->data(),
                            bucket->nbytes());
+    } else {
+      step_kernels::fill_zero(ctx, state_.get(), state_layout_.nbytes());
+    }
   }
   if (device) device->synchronize(stream_, kBindTimeout);
   bucket_ = bucket;
@@ -76,10 +77,11 @@ void StepOp::execute(Bucket& bucket) {
   if (padding) step_kernels::fill_zero(ctx, static_cast<char*>(bucket.data()) + bucket.nbytes() - padding, padding);
   const Span data{bucket.data(), bucket.numel(), bucket.dtype()};
   const Span result = result_ ? Span{result_.get(), bucket.numel(), bucket.dtype()} : data;
-  const std::vector<Span> state = state_spans(state_.get(), step_->num_state(), bucket.numel(), bucket.dtype());
+  const std::vector<Span> state =
+      state_spans(state_.get(), state_layout_.spans, state_layout_.span_count, state_layout_.dtype);
   // the same for the state's padding (QAdam's momentum), so the JAX adapter,
   // which rebuilds its buckets from the leaves each step, gets the same numbers
-  if (padding)
+  if (padding && state_layout_.data_shaped)
     for (const Span& s : state) step_kernels::fill_zero(ctx, static_cast<char*>(s.data) + s.nbytes() - padding, padding);
   last_communicated_.store(step_->run_with_state(ctx, data, result, state, step));
 }

@@ -2,9 +2,10 @@
 //
 // It keeps what the step itself may not: the step counter (one execution per
 // training step), the result buffer of weight algorithms (the peer average,
-// same layout as the bucket), the step's state (Step::num_state() spans of the
-// bucket's layout, one block, initialised at bind with the bucket's data or
-// zeros, as Step::state_init() says) and
+// same layout as the bucket), the step's state (one block laid out as
+// Step::state_layout() says: by default num_state() spans of the bucket's
+// layout, initialised at bind with the bucket's data or zeros, as
+// Step::state_init() says; a step's own block starts as zeros) and
 // the scratch memory reused across steps. The
 // frontend reads the result with copy_back() after the engine's wait().
 //
@@ -47,10 +48,11 @@ class StepOp : public Op {
   bool has_result() const { return step_->has_result(); }
   // The result buffer (bucket layout); null for in-place steps.
   const std::shared_ptr<void>& result_memory() const { return result_; }
-  // Number of state spans; the state block (num_state() * bucket numel
-  // elements; null when stateless). Read or write it only between steps
-  // (after the engine's wait()).
+  // Number of state spans; the state block (laid out as state_layout();
+  // null when stateless). Read or write it only between steps (after the
+  // engine's wait()).
   int num_state() const { return step_->num_state(); }
+  const StateLayout& state_layout() const { return state_layout_; }
   const std::shared_ptr<void>& state_memory() const { return state_; }
   const BucketPtr& bucket() const { return bucket_; }
 
@@ -66,6 +68,7 @@ class StepOp : public Op {
   BucketPtr bucket_;
   std::shared_ptr<void> result_;
   std::shared_ptr<void> state_;
+  StateLayout state_layout_;
   ExecContext context(Bucket& bucket);
 
   Stream stream_ = nullptr;
