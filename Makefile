@@ -27,8 +27,9 @@ bench: build
 	$(PY) benchmarks/train_throughput.py
 	@if [ "$$(id -u)" = 0 ]; then \
 	  $(PY) benchmarks/bandwidth.py --out-dir bandwidth_results; \
+	  $(PY) benchmarks/time_to_accuracy.py --quick --out-dir tta_results; \
 	else \
-	  echo "benchmarks/bandwidth.py skipped: it creates network namespaces and tc qdiscs, which needs root: sudo make bench"; \
+	  echo "benchmarks/bandwidth.py and time_to_accuracy.py skipped: they create network namespaces and tc qdiscs, which needs root: sudo make bench"; \
 	fi
 
 build: $(BUILT)

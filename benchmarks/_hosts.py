@@ -1,9 +1,14 @@
-"""Two emulated hosts on one machine: two network namespaces joined by a veth pair, each direction
-shaped with ``tc tbf`` (this kernel has no netem: bandwidth only, no latency or loss).
+"""Emulated hosts on one machine: one network namespace per host. Two hosts are joined by a veth
+pair; three or more each by a veth pair to a bridge in a "switch" namespace (a star, like hosts
+on one switch). Every link is shaped in each direction with ``tc tbf``; a one-way delay is added
+with ``netem`` where the kernel has it (:meth:`EmulatedHosts.netem_unavailable_reason` says; the
+kernel this was written on has no netem, so there only bandwidth is emulated).
 
-Names carry the creating process's id (``bagua-bw-<pid>-a``, veth ``bbw<pid>a``), so runs never
-clash, and :func:`remove_stale` removes what a run killed with SIGKILL left behind. Deleting a
-namespace deletes its veth end, and the pair goes with it. Needs root (CAP_NET_ADMIN) and iproute2.
+Names carry the creating process's id (hosts ``bagua-bw-<pid>-a``, ``-b``, ...; the switch
+``bagua-bw-<pid>-s``; host veth ends ``bbw<pid>a``, ...; switch ports ``bbw<pid>sa``, ...), so
+runs never clash, and :func:`remove_stale` removes what a run killed with SIGKILL left behind.
+Nothing is ever created in the root namespace, and deleting a namespace deletes its veth ends, the
+pairs and the bridge with them. Needs root (CAP_NET_ADMIN) and iproute2.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import subprocess
 from typing import List, Optional
 
 NETNS_PREFIX = "bagua-bw-"
-ADDRESSES = ("10.231.0.1", "10.231.0.2")  # only inside the namespaces
+MAX_HOSTS = 8
+ADDRESSES = tuple(f"10.231.0.{i + 1}" for i in range(MAX_HOSTS))  # only inside the namespaces
+_LETTERS = "abcdefgh"
+SWITCH = "s"
 _CAP_NET_ADMIN = 12
 
 
@@ -62,7 +70,7 @@ def remove_stale() -> List[str]:
     """Deletes the namespaces of runs whose process no longer exists; returns their names."""
     removed = []
     for name in list_netns():
-        m = re.match(re.escape(NETNS_PREFIX) + r"(\d+)-[ab]$", name)
+        m = re.match(re.escape(NETNS_PREFIX) + r"(\d+)-[a-z]$", name)
         if not m:
             continue
         try:
@@ -85,22 +93,49 @@ def rate_bits(rate: str) -> float:
     return float(m.group(1)) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)]
 
 
-class EmulatedHosts:
-    """Context manager: on enter, hosts 0 and 1 exist (addresses ADDRESSES[0] and [1] on
-    ``ifaces[0]`` and ``[1]``); on exit, whatever happened, everything created is removed."""
+def parse_link(spec: str):
+    """``(rate, one-way delay in ms or None)`` of a link such as '100mbit' or '100mbit+5ms'."""
+    rate, _, delay = spec.strip().lower().partition("+")
+    rate_bits(rate)
+    if not delay:
+        return rate, None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)ms", delay)
+    if not m:
+        raise ValueError(f"link {spec!r}: expected a rate, optionally followed by +<delay>ms (e.g. 100mbit+5ms)")
+    return rate, float(m.group(1))
 
-    def __init__(self):
+
+class EmulatedHosts:
+    """Context manager: on enter, hosts 0 .. n-1 exist (address ADDRESSES[i] on ``ifaces[i]`` in
+    namespace ``netns[i]``); on exit, whatever happened, everything created is removed."""
+
+    def __init__(self, n: int = 2):
+        if not 2 <= n <= MAX_HOSTS:
+            raise ValueError(f"EmulatedHosts: 2 to {MAX_HOSTS} hosts, not {n}")
         pid = os.getpid()
-        self.netns = [f"{NETNS_PREFIX}{pid}-a", f"{NETNS_PREFIX}{pid}-b"]
-        self.ifaces = [f"bbw{pid}a", f"bbw{pid}b"]  # at most 15 characters
+        self.netns = [f"{NETNS_PREFIX}{pid}-{c}" for c in _LETTERS[:n]]
+        self.ifaces = [f"bbw{pid}{c}" for c in _LETTERS[:n]]  # at most 15 characters
+        # With more than two hosts: the switch namespace, its bridge and its port facing each host.
+        self.switch = f"{NETNS_PREFIX}{pid}-{SWITCH}" if n > 2 else None
+        self.bridge = f"bbw{pid}br"
+        self.ports = [f"bbw{pid}{SWITCH}{c}" for c in _LETTERS[:n]] if n > 2 else []
 
     def __enter__(self) -> "EmulatedHosts":
         try:
-            for ns in self.netns:
+            for ns in self.netns + ([self.switch] if self.switch else []):
                 _run("ip", "netns", "add", ns)
             # Created inside the namespaces at once: nothing is ever left in the root namespace.
-            _run("ip", "link", "add", self.ifaces[0], "netns", self.netns[0], "type", "veth",
-                 "peer", "name", self.ifaces[1], "netns", self.netns[1])
+            if self.switch is None:
+                _run("ip", "link", "add", self.ifaces[0], "netns", self.netns[0], "type", "veth",
+                     "peer", "name", self.ifaces[1], "netns", self.netns[1])
+            else:
+                _run("ip", "-n", self.switch, "link", "add", self.bridge, "type", "bridge")
+                for ns, dev, port in zip(self.netns, self.ifaces, self.ports):
+                    _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns",
+                         self.switch)
+                    _run("ip", "-n", self.switch, "link", "set", port, "master", self.bridge)
+                    _run("ip", "-n", self.switch, "link", "set", port, "up")
+                _run("ip", "-n", self.switch, "link", "set", self.bridge, "up")
             for ns, dev, addr in zip(self.netns, self.ifaces, ADDRESSES):
                 _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 _run("ip", "-n", ns, "link", "set", dev, "up")
@@ -113,19 +148,51 @@ class EmulatedHosts:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def shape(self, rate: str) -> None:
-        """Each direction limited to ``rate`` (token bucket: bursts of 10 ms of traffic, at least 64 KB;
-        at most 50 ms of queue)."""
+    def _egress(self):
+        """(namespace, device, is a host's own end) of every shaped link end."""
+        ends = [(ns, dev, True) for ns, dev in zip(self.netns, self.ifaces)]
+        return ends + [(self.switch, port, False) for port in self.ports]
+
+    def shape(self, rate: str, delay_ms: Optional[float] = None) -> None:
+        """Each direction of every link limited to ``rate`` (token bucket: bursts of 10 ms of traffic,
+        at least 64 KB; at most 50 ms of queue); with ``delay_ms``, each host's outgoing packets are
+        held that long (netem under the tbf), so any host reaches any other in ``delay_ms`` one way.
+        Raises RuntimeError when a delay is asked for and the kernel has no netem."""
+        if delay_ms is not None:
+            reason = self.netem_unavailable_reason()
+            if reason is not None:
+                raise RuntimeError(reason)
         burst = max(64 * 1024, int(rate_bits(rate) / 8 / 100))
-        for ns, dev in zip(self.netns, self.ifaces):
-            _run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                 "latency", "50ms")
+        for ns, dev, own in self._egress():
+            # Deleted first: a replaced tbf would keep the netem of an earlier shape() under it.
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30)
+            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
+                 "burst", str(burst), "latency", "50ms")
+            if delay_ms is not None and own:
+                _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+                     "delay", f"{delay_ms}ms")
+
+    def netem_unavailable_reason(self) -> Optional[str]:
+        """Why a delay cannot be emulated here (the kernel has no netem qdisc), or None. Tried on host 0's
+        link, whose shaping it removes (:meth:`shape` sets it again)."""
+        ns, dev = self.netns[0], self.ifaces[0]
+        p = subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "9:", "netem", "delay",
+                            "1ms"], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            return f"latency cannot be emulated: tc netem fails here ({p.stderr.strip() or p.returncode}; " \
+                   "the kernel lacks CONFIG_NET_SCH_NETEM?)"
+        _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root")
+        return None
+
+    def tx_bytes_path(self, host: int) -> str:
+        """Inside host ``host`` (under :meth:`exec_prefix`): the counter of the bytes it sent on its link."""
+        return f"/sys/class/net/{self.ifaces[host]}/statistics/tx_bytes"
 
     def exec_prefix(self, host: int) -> List[str]:
         """The command prefix that runs a program on ``host``."""
         return ["ip", "netns", "exec", self.netns[host]]
 
     def close(self) -> None:
-        for ns in self.netns:
+        for ns in self.netns + ([self.switch] if self.switch else []):
             if ns in list_netns(ns):
                 _delete_netns(ns)

@@ -25,24 +25,70 @@ POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm sta
 BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Bagua ByteGrad": "ByteGradAlgorithm",
                     "Bagua Decentralized": "DecentralizedAlgorithm",
                     "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
-                    "Bagua Async": "AsyncModelAverageAlgorithm", "Bagua LocalSteps": "LocalStepsAlgorithm"}
+                    "Bagua Async": "AsyncModelAverageAlgorithm", "Bagua LocalSteps": "LocalStepsAlgorithm",
+                    "Bagua ByteGrad+EF": "ByteGradAlgorithm", "Bagua LowRank": "LowRankAlgorithm"}
+# Constructor arguments a configuration always passes (beside the tuned ones given to wrap()).
+FIXED_OPTIONS = {"Bagua ByteGrad+EF": {"error_feedback": True}}
+# A low-rank algorithm's settings under the names of wrap()'s options, and the names its
+# constructor may use for them (the first one in its signature is taken).
+LOW_RANK_PARAMETERS = {"rank": ("rank", "matrix_approximation_rank"),
+                       "start_iter": ("start_iter", "start_powerSGD_iter", "warmup_steps")}
+
+
+def _algorithm_kwargs(name, options):
+    """The keyword arguments of the Bagua algorithm of configuration ``name`` for wrap()'s ``options``;
+    raises LookupError (why) when this checkout's algorithm lacks the class or an argument."""
+    import inspect
+
+    from bagua_torch import algorithms as A
+    cls = getattr(A, BAGUA_ALGORITHMS[name], None)
+    if cls is None:
+        raise LookupError(f"bagua_torch.algorithms has no {BAGUA_ALGORITHMS[name]}")
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = dict(FIXED_OPTIONS.get(name, {}))
+    for key, value in (options or {}).items():
+        aliases = LOW_RANK_PARAMETERS.get(key, (key,)) if name == "Bagua LowRank" else (key,)
+        match = next((a for a in aliases if a in accepted), None)
+        if match is None:
+            raise LookupError(f"{cls.__name__} takes no {key!r} (its signature: {inspect.signature(cls.__init__)})")
+        kwargs[match] = value
+    for key in kwargs:
+        if key not in accepted:
+            raise LookupError(f"{cls.__name__} takes no {key!r} (its signature: {inspect.signature(cls.__init__)})")
+    return cls, kwargs
+
+
+def unavailable_reason(name, options=None):
+    """Why configuration ``name`` cannot run with ``options`` in this checkout (its Bagua algorithm, or
+    one of its arguments, is missing), or None when it can."""
+    if name not in BAGUA_ALGORITHMS:
+        return None
+    try:
+        _algorithm_kwargs(name, options)
+    except LookupError as e:
+        return str(e)
+    return None
 
 
 ONE_LANE = " 1 lane"
 
 
-def wrap(name, model, opt):
+def wrap(name, model, opt, options=None):
     """Makes ``model`` data-parallel with configuration ``name``; returns (module to call, close).
 
     Names: ``DDP``, ``DDP+fp16``, ``DDP+PowerSGD``, ``no communication``, ``Bagua QAdam`` (``opt``
     must be a QAdamOptimizer), ``Bagua GradientAllReduce 25MiB`` and the keys of BAGUA_ALGORITHMS;
     a Bagua name ending in " 1 lane" builds its engine with one lane (``BAGUA_ENGINE_LANES=1``)
-    instead of the default two, so both run side by side."""
+    instead of the default two, so both run side by side.
+
+    ``options``: for DDP+PowerSGD ``rank`` and ``start_iter`` (default 1 and POWERSGD_START_ITER);
+    for a Bagua algorithm, its constructor's keyword arguments (Bagua LowRank: ``rank`` and
+    ``start_iter``, under whichever name its signature uses, see LOW_RANK_PARAMETERS)."""
     if name.endswith(ONE_LANE):
         saved = os.environ.get("BAGUA_ENGINE_LANES")
         os.environ["BAGUA_ENGINE_LANES"] = "1"  # read once, when the model is wrapped
         try:
-            return wrap(name[:-len(ONE_LANE)], model, opt)
+            return wrap(name[:-len(ONE_LANE)], model, opt, options)
         finally:
             if saved is None:
                 del os.environ["BAGUA_ENGINE_LANES"]
@@ -62,8 +108,10 @@ def wrap(name, model, opt):
             ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         elif name == "DDP+PowerSGD":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                start_powerSGD_iter=POWERSGD_START_ITER)
+            options = options or {}
+            state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                matrix_approximation_rank=options.get("rank", 1),
+                                                start_powerSGD_iter=options.get("start_iter", POWERSGD_START_ITER))
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, lambda: None
     from bagua_torch import algorithms as A
@@ -75,7 +123,11 @@ def wrap(name, model, opt):
     if name == "Bagua QAdam":
         algorithm = A.QAdamAlgorithm(opt)
     else:
-        algorithm = getattr(A, BAGUA_ALGORITHMS[name])()
+        try:
+            cls, kwargs = _algorithm_kwargs(name, options)
+        except LookupError as e:
+            raise ValueError(f"{name}: {e}") from None
+        algorithm = cls(**kwargs)
     model = model.with_bagua([opt], algorithm)
     if name == "Bagua Async":
         def close():

@@ -53,13 +53,13 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import _hosts  # benchmarks/_hosts.py: namespaces, veth, tc
 import _launch  # benchmarks/_launch.py: launchers, signals, timeouts
+import _report  # benchmarks/_report.py: load, JSON, table, plots
 import _training  # benchmarks/_training.py: models, trainers, timing
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
@@ -130,7 +130,7 @@ def drive(args, argv) -> int:
         print(f"bandwidth.py: shaping skipped: {reason}; one run over loopback.", flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
     _launch.raise_on_stop_signals()
-    load_before, uptime_before = os.getloadavg(), _uptime()
+    load_before, uptime_before = os.getloadavg(), _report.uptime()
     t0 = time.perf_counter()
     runs = {}
     with tempfile.TemporaryDirectory(prefix="bagua-bw-") as tmp:
@@ -150,7 +150,7 @@ def drive(args, argv) -> int:
                      "parameters": _training.mlp_parameters(args.features, args.hidden, args.classes)},
            "shaping": reason is None, "shaping_skipped_because": reason,
            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "uptime_before": uptime_before, "uptime_after": _uptime(), "cpus": os.cpu_count(),
+           "uptime_before": uptime_before, "uptime_after": _report.uptime(), "cpus": os.cpu_count(),
            "seconds": time.perf_counter() - t0, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     if args.time_to_loss:
         doc["target_loss"] = args.target_loss
@@ -158,13 +158,6 @@ def drive(args, argv) -> int:
     else:
         write_outputs(doc, args.out_dir, "bandwidth", format_throughput_table(doc), plot_throughput)
     return 0
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return "load average: %.2f, %.2f, %.2f" % os.getloadavg()
 
 
 def _worker_argv(argv, link, result):
@@ -425,14 +418,7 @@ def plot_time_to_loss(doc, path):
 
 
 def write_outputs(doc, out_dir, stem, table, plot):
-    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
-        json.dump(doc, f, indent=2)
-    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
-        f.write(table + "\n")
-    plot(doc, os.path.join(out_dir, stem + ".png"))
-    print()
-    print(table)
-    print(f"\nwritten: {os.path.join(out_dir, stem)}.json, .md, .png", flush=True)
+    _report.write_outputs(doc, out_dir, stem, table, {stem + ".png": plot})
 
 
 def main() -> int:
