@@ -40,7 +40,8 @@ ALGORITHMS = {
     "bytegrad": ByteGradAlgorithm,
     "decentralized": DecentralizedAlgorithm,
     "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
-    "local_steps": LocalStepsAlgorithm,
+    # inner SGD with momentum: a lighter outer momentum than DiLoCo's 0.9 (meant for AdamW inside)
+    "local_steps": functools.partial(LocalStepsAlgorithm, outer_momentum=0.5),
     "qadam": QAdamAlgorithm,
     "async": AsyncModelAverageAlgorithm,
     # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)

@@ -33,7 +33,9 @@ class LocalSteps:
     The first ``warmup_steps`` steps average the weights after every optimizer
     step. The anchor and the outer momentum are algorithm state
     (checkpointed): twice the weights' memory. ``hierarchical`` averages within
-    each node first."""
+    each node first. DiLoCo's outer momentum 0.9 suits an AdamW inside; with
+    an inner SGD with momentum a lighter one (0.5) or plain averaging is
+    steadier (the demos: 85.7% against 39.7% accuracy with 0.9)."""
 
     sync_interval: int = 8
     outer_lr: float = 0.7
