@@ -39,7 +39,7 @@ def test_core_descriptions_defaults_and_validation():
     with pytest.raises(TypeError, match="communication_interval must be an int"):
         core.Decentralized(communication_interval=1.5)
     with pytest.raises(KeyError, match="available: async, bytegrad, decentralized, gradient_allreduce, "
-                                       "low_precision_decentralized, qadam"):
+                                       "local_steps, low_precision_decentralized, low_rank, qadam"):
         core.by_name("nope")
     assert core.by_name("async", sync_interval_ms=20) == core.AsyncModelAverage("all", 20, 0)
     assert core.AsyncModelAverage().plan().params == {"peer_selection_mode": "all", "sync_interval_ms": 500}
