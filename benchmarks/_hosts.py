@@ -1,14 +1,17 @@
 """Emulated hosts on one machine: one network namespace per host. Two hosts are joined by a veth
 pair; three or more each by a veth pair to a bridge in a "switch" namespace (a star, like hosts
-on one switch). Every link is shaped in each direction with ``tc tbf``; a one-way delay is added
-with ``netem`` where the kernel has it (:meth:`EmulatedHosts.netem_unavailable_reason` says; the
-kernel this was written on has no netem, so there only bandwidth is emulated).
+on one switch). Every link is shaped in each direction with ``tc tbf``. A one-way delay is added
+with ``netem`` where the kernel has it; where it has not (the kernel this was written on), the
+hosts' links become TUN devices joined by a user-space delay line (benchmarks/_delay_line.py:
+the delay and each receiving port's rate, the senders still shaped by ``tc tbf``) for as long as a
+delayed link is asked for (:meth:`EmulatedHosts.delay_method` says which).
 
 Names carry the creating process's id (hosts ``bagua-bw-<pid>-a``, ``-b``, ...; the switch
-``bagua-bw-<pid>-s``; host veth ends ``bbw<pid>a``, ...; switch ports ``bbw<pid>sa``, ...), so
+``bagua-bw-<pid>-s``; host link ends ``bbw<pid>a``, ...; switch ports ``bbw<pid>sa``, ...), so
 runs never clash, and :func:`remove_stale` removes what a run killed with SIGKILL left behind.
-Nothing is ever created in the root namespace, and deleting a namespace deletes its veth ends, the
-pairs and the bridge with them. Needs root (CAP_NET_ADMIN) and iproute2.
+A host's link keeps its name and address whichever kind it is. Nothing is ever created in the
+root namespace, and deleting a namespace deletes its veth ends, the pairs and the bridge with
+them. Needs root (CAP_NET_ADMIN) and iproute2.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from typing import List, Optional
+
+import _launch  # benchmarks/_launch.py: children that die with their parent
 
 NETNS_PREFIX = "bagua-bw-"
 MAX_HOSTS = 8
@@ -26,6 +32,8 @@ ADDRESSES = tuple(f"10.231.0.{i + 1}" for i in range(MAX_HOSTS))  # only inside 
 _LETTERS = "abcdefgh"
 SWITCH = "s"
 _CAP_NET_ADMIN = 12
+DELAY_LINE_MTU = 9000  # jumbo frames: a sixth of the packets for the user-space delay line to move
+_DELAY_LINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_delay_line.py")
 
 
 def unavailable_reason() -> Optional[str]:
@@ -119,27 +127,18 @@ class EmulatedHosts:
         self.switch = f"{NETNS_PREFIX}{pid}-{SWITCH}" if n > 2 else None
         self.bridge = f"bbw{pid}br"
         self.ports = [f"bbw{pid}{SWITCH}{c}" for c in _LETTERS[:n]] if n > 2 else []
+        self._delay_line = None
+        self._netem_reason = False
 
     def __enter__(self) -> "EmulatedHosts":
+        self._delay_line = None  # the user-space delay line's process while the links are TUN devices
+        self._netem_reason = False  # not asked yet
         try:
             for ns in self.netns + ([self.switch] if self.switch else []):
                 _run("ip", "netns", "add", ns)
-            # Created inside the namespaces at once: nothing is ever left in the root namespace.
-            if self.switch is None:
-                _run("ip", "link", "add", self.ifaces[0], "netns", self.netns[0], "type", "veth",
-                     "peer", "name", self.ifaces[1], "netns", self.netns[1])
-            else:
-                _run("ip", "-n", self.switch, "link", "add", self.bridge, "type", "bridge")
-                for ns, dev, port in zip(self.netns, self.ifaces, self.ports):
-                    _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns",
-                         self.switch)
-                    _run("ip", "-n", self.switch, "link", "set", port, "master", self.bridge)
-                    _run("ip", "-n", self.switch, "link", "set", port, "up")
-                _run("ip", "-n", self.switch, "link", "set", self.bridge, "up")
-            for ns, dev, addr in zip(self.netns, self.ifaces, ADDRESSES):
-                _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _run("ip", "-n", ns, "link", "set", dev, "up")
+            for ns in self.netns:
                 _run("ip", "-n", ns, "link", "set", "lo", "up")
+            self._add_veth_links()
         except BaseException:
             self.close()
             raise
@@ -148,41 +147,113 @@ class EmulatedHosts:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _add_veth_links(self) -> None:
+        # Created inside the namespaces at once: nothing is ever left in the root namespace.
+        if self.switch is None:
+            _run("ip", "link", "add", self.ifaces[0], "netns", self.netns[0], "type", "veth",
+                 "peer", "name", self.ifaces[1], "netns", self.netns[1])
+        else:
+            _run("ip", "-n", self.switch, "link", "add", self.bridge, "type", "bridge")
+            for ns, dev, port in zip(self.netns, self.ifaces, self.ports):
+                _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns",
+                     self.switch)
+                _run("ip", "-n", self.switch, "link", "set", port, "master", self.bridge)
+                _run("ip", "-n", self.switch, "link", "set", port, "up")
+            _run("ip", "-n", self.switch, "link", "set", self.bridge, "up")
+        self._address_links()
+
+    def _address_links(self, mtu: Optional[int] = None) -> None:
+        for ns, dev, addr in zip(self.netns, self.ifaces, ADDRESSES):
+            _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            if mtu is not None:
+                _run("ip", "-n", ns, "link", "set", dev, "mtu", str(mtu))
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+
+    def _remove_veth_links(self) -> None:
+        pairs = 1 if self.switch is None else len(self.netns)  # deleting one end deletes the pair
+        for ns, dev in zip(self.netns[:pairs], self.ifaces[:pairs]):
+            _run("ip", "-n", ns, "link", "del", dev)
+        if self.switch is not None:
+            _run("ip", "-n", self.switch, "link", "del", self.bridge)
+
+    def _start_delay_line(self, rate: str, delay_ms: float) -> None:
+        """Replaces the veth links by TUN devices of the same names and addresses, joined by a
+        delay line process (benchmarks/_delay_line.py) with this delay and receiving rate."""
+        if self._delay_line is None:
+            self._remove_veth_links()
+        else:
+            self._stop_delay_line()
+        ports = [f"{ns}:{dev}:{addr}" for ns, dev, addr in zip(self.netns, self.ifaces, ADDRESSES)]
+        proc = subprocess.Popen([sys.executable, _DELAY_LINE, "--delay-ms", str(delay_ms), "--rate", rate, *ports],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                preexec_fn=_launch.die_with_parent)
+        self._delay_line = proc
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the delay line did not start (exit code {proc.wait(timeout=30)})")
+        self._address_links(mtu=DELAY_LINE_MTU)
+
+    def _stop_delay_line(self) -> None:
+        """Stops the delay line process: its TUN devices vanish with it."""
+        proc, self._delay_line = self._delay_line, None
+        if proc is None:
+            return
+        proc.stdin.close()  # it exits when its stdin closes
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _use_veth_links(self) -> None:
+        if self._delay_line is not None:
+            self._stop_delay_line()
+            self._add_veth_links()
+
     def _egress(self):
         """(namespace, device, is a host's own end) of every shaped link end."""
         ends = [(ns, dev, True) for ns, dev in zip(self.netns, self.ifaces)]
-        return ends + [(self.switch, port, False) for port in self.ports]
+        ports = self.ports if self._delay_line is None else []  # the delay line shapes what hosts receive
+        return ends + [(self.switch, port, False) for port in ports]
+
+    def delay_method(self) -> str:
+        """How :meth:`shape` emulates a delay here: ``"netem"``, or ``"delay line"`` (user space)."""
+        return "netem" if self.netem_unavailable_reason() is None else "delay line"
 
     def shape(self, rate: str, delay_ms: Optional[float] = None) -> None:
         """Each direction of every link limited to ``rate`` (token bucket: bursts of 10 ms of traffic,
-        at least 64 KB; at most 50 ms of queue); with ``delay_ms``, each host's outgoing packets are
-        held that long (netem under the tbf), so any host reaches any other in ``delay_ms`` one way.
-        Raises RuntimeError when a delay is asked for and the kernel has no netem."""
-        if delay_ms is not None:
-            reason = self.netem_unavailable_reason()
-            if reason is not None:
-                raise RuntimeError(reason)
+        at least 64 KB; at most 50 ms of queue); with ``delay_ms``, any host reaches any other in
+        ``delay_ms`` one way: each host's outgoing packets are held that long by netem under the
+        tbf, or, without netem, by the user-space delay line (the links are then TUN devices of
+        MTU ``DELAY_LINE_MTU`` until a shape() without delay)."""
+        netem = delay_ms is not None and self.delay_method() == "netem"
+        if delay_ms is not None and not netem:
+            self._start_delay_line(rate, delay_ms)
+        else:
+            self._use_veth_links()
         burst = max(64 * 1024, int(rate_bits(rate) / 8 / 100))
         for ns, dev, own in self._egress():
             # Deleted first: a replaced tbf would keep the netem of an earlier shape() under it.
             subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30)
             _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
                  "burst", str(burst), "latency", "50ms")
-            if delay_ms is not None and own:
+            if netem and own:
                 _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
                      "delay", f"{delay_ms}ms")
 
     def netem_unavailable_reason(self) -> Optional[str]:
-        """Why a delay cannot be emulated here (the kernel has no netem qdisc), or None. Tried on host 0's
-        link, whose shaping it removes (:meth:`shape` sets it again)."""
-        ns, dev = self.netns[0], self.ifaces[0]
-        p = subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "9:", "netem", "delay",
-                            "1ms"], capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            return f"latency cannot be emulated: tc netem fails here ({p.stderr.strip() or p.returncode}; " \
-                   "the kernel lacks CONFIG_NET_SCH_NETEM?)"
-        _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root")
-        return None
+        """Why the kernel cannot delay packets (it has no netem qdisc), or None. Tried once, on host
+        0's link, whose shaping it removes (:meth:`shape` sets it again)."""
+        if self._netem_reason is False:
+            ns, dev = self.netns[0], self.ifaces[0]
+            p = subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "9:", "netem",
+                                "delay", "1ms"], capture_output=True, text=True, timeout=30)
+            self._netem_reason = None
+            if p.returncode != 0:
+                self._netem_reason = f"tc netem fails here ({p.stderr.strip() or p.returncode}; the kernel " \
+                                     "lacks CONFIG_NET_SCH_NETEM?)"
+            else:
+                _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root")
+        return self._netem_reason
 
     def tx_bytes_path(self, host: int) -> str:
         """Inside host ``host`` (under :meth:`exec_prefix`): the counter of the bytes it sent on its link."""
@@ -193,6 +264,7 @@ class EmulatedHosts:
         return ["ip", "netns", "exec", self.netns[host]]
 
     def close(self) -> None:
+        self._stop_delay_line()
         for ns in self.netns + ([self.switch] if self.switch else []):
             if ns in list_netns(ns):
                 _delete_netns(ns)

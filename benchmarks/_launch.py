@@ -53,7 +53,7 @@ def launcher_cmd(script: str, argv: Sequence[str], nproc: int, nnodes: int = 1, 
     return cmd + [os.path.abspath(script), *argv]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM when the driver dies, even by SIGKILL (Linux)."""
     import ctypes
 
@@ -64,7 +64,7 @@ def _die_with_parent() -> None:
 def start(cmd: Sequence[str], env: Dict[str, str]) -> subprocess.Popen:
     """Starts a launcher that gets SIGTERM when this driver dies. Same process group as the driver,
     so that a signal to the group reaches the launcher too."""
-    return subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    return subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
 
 def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float, what: str) -> int:
