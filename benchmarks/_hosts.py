@@ -50,6 +50,30 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+def prepare(args, script: str, loopback: str):
+    """A driver's first step (bandwidth.py, time_to_accuracy.py): ``--cleanup`` alone, or whether
+    shaping is possible. Returns (the exit code to stop with, or None; why shaping is off, or None).
+    Without shaping, only ``--no-shaping`` and ``--smoke`` go on, over loopback (``loopback`` says
+    what that means for the run); otherwise the driver stops with 2 and says why. Namespaces left by
+    killed runs are removed either way."""
+    if args.cleanup:
+        removed = remove_stale() if unavailable_reason() is None else []
+        print(f"removed {len(removed)} namespace(s) left by killed runs: {removed}")
+        return 0, None
+    reason = "--no-shaping given" if args.no_shaping else unavailable_reason()
+    if reason is None:
+        removed = remove_stale()
+        if removed:
+            print(f"removed namespaces left by killed runs: {removed}", flush=True)
+    elif not (args.no_shaping or args.smoke):
+        print(f"{script}: cannot shape the network: {reason}.\n(--no-shaping runs over loopback instead.)",
+              file=sys.stderr)
+        return 2, reason
+    else:
+        print(f"{script}: shaping skipped: {reason}; {loopback}.", flush=True)
+    return None, reason
+
+
 def _run(*cmd: str) -> str:
     p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     if p.returncode != 0:

@@ -119,3 +119,17 @@ def main(script: str, work: Callable[[Sequence[str]], int], parse_args: Callable
         return work(argv)
     args = parse_args(argv)
     return drive(script, argv, args.nproc, args.timeout)
+
+
+def main_driver(name: str, work: Callable[[Sequence[str]], int], drive: Callable[[Sequence[str]], int]) -> int:
+    """The entry point of a benchmark that drives its own hosts (bandwidth.py, time_to_accuracy.py):
+    ``work(argv)`` in a worker, else ``drive(argv)``, which removes what it created however it is
+    stopped (Ctrl-C or :class:`Stopped`: exit code 130)."""
+    argv = sys.argv[1:]
+    if "RANK" in os.environ:
+        return work(argv)
+    try:
+        return drive(argv)
+    except (KeyboardInterrupt, Stopped):
+        print(f"{name}: stopped; what it created is removed", file=sys.stderr, flush=True)
+        return 130

@@ -117,30 +117,16 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- driver ---
 
 def drive(args, argv) -> int:
-    if args.cleanup:
-        removed = _hosts.remove_stale() if _hosts.unavailable_reason() is None else []
-        print(f"removed {len(removed)} namespace(s) left by killed runs: {removed}")
-        return 0
-    reason = "--no-shaping given" if args.no_shaping else _hosts.unavailable_reason()
-    if reason is not None:
-        if not (args.no_shaping or args.smoke):
-            print(f"bandwidth.py: cannot shape the network: {reason}.\n"
-                  "(--no-shaping runs once over loopback instead.)", file=sys.stderr)
-            return 2
-        print(f"bandwidth.py: shaping skipped: {reason}; one run over loopback.", flush=True)
+    rc, reason = _hosts.prepare(args, "bandwidth.py", "one run over loopback")
+    if rc is not None:
+        return rc
     os.makedirs(args.out_dir, exist_ok=True)
     _launch.raise_on_stop_signals()
     load_before, uptime_before = os.getloadavg(), _report.uptime()
     t0 = time.perf_counter()
     runs = {}
     with tempfile.TemporaryDirectory(prefix="bagua-bw-") as tmp:
-        if reason is not None:
-            rc = _run_unshaped(args, argv, tmp, runs)
-        else:
-            removed = _hosts.remove_stale()
-            if removed:
-                print(f"removed namespaces left by killed runs: {removed}", flush=True)
-            rc = _run_shaped(args, argv, tmp, runs)
+        rc = _run_unshaped(args, argv, tmp, runs) if reason is not None else _run_shaped(args, argv, tmp, runs)
     if rc != 0:
         return rc
     doc = {"mode": "time_to_loss" if args.time_to_loss else "throughput", "links": list(runs),
@@ -422,14 +408,7 @@ def write_outputs(doc, out_dir, stem, table, plot):
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    if "RANK" in os.environ:
-        return work(argv)
-    try:
-        return drive(parse_args(argv), argv)
-    except (KeyboardInterrupt, _launch.Stopped):
-        print("bandwidth.py: stopped; what it created is removed", file=sys.stderr, flush=True)
-        return 130
+    return _launch.main_driver("bandwidth.py", work, lambda argv: drive(parse_args(argv), argv))
 
 
 if __name__ == "__main__":

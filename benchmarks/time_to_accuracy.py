@@ -392,18 +392,9 @@ def plan(args):
 
 
 def drive(args, argv) -> int:
-    if args.cleanup:
-        removed = _hosts.remove_stale() if _hosts.unavailable_reason() is None else []
-        print(f"removed {len(removed)} namespace(s) left by killed runs: {removed}")
-        return 0
-    reason = "--no-shaping given" if args.no_shaping else _hosts.unavailable_reason()
-    if reason is not None:
-        if not (args.no_shaping or args.smoke):
-            print(f"time_to_accuracy.py: cannot shape the network: {reason}.\n"
-                  "(--no-shaping runs over loopback instead.)", file=sys.stderr)
-            return 2
-        print(f"time_to_accuracy.py: shaping skipped: {reason}; runs over loopback, bytes on the wire not counted.",
-              flush=True)
+    rc, reason = _hosts.prepare(args, "time_to_accuracy.py", "runs over loopback, bytes on the wire not counted")
+    if rc is not None:
+        return rc
     links = (UNSHAPED,) if reason is not None else args.links
     estimate = plan(args)
     timeout = args.timeout or 3 * estimate + 300
@@ -419,13 +410,8 @@ def drive(args, argv) -> int:
     rc = 0
     with tempfile.TemporaryDirectory(prefix="bagua-tta-") as tmp:
         for n in args.hosts:
-            if reason is not None:
-                rc = _launch_unshaped(args, argv, tmp, n, timeout, doc) or rc
-            else:
-                removed = _hosts.remove_stale()
-                if removed:
-                    print(f"removed namespaces left by killed runs: {removed}", flush=True)
-                rc = _launch_shaped(args, argv, tmp, n, timeout, doc) or rc
+            launch = _launch_unshaped if reason is not None else _launch_shaped
+            rc = launch(args, argv, tmp, n, timeout, doc) or rc
             if rc in (124, 130):
                 break
     doc.update(seconds=time.perf_counter() - t0, load_average_after=os.getloadavg(), uptime_after=_report.uptime())
@@ -763,14 +749,7 @@ def plot_track(doc, path, track):
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    if "RANK" in os.environ:
-        return work(argv)
-    try:
-        return drive(parse_args(argv), argv)
-    except (KeyboardInterrupt, _launch.Stopped):
-        print("time_to_accuracy.py: stopped; what it created is removed", file=sys.stderr, flush=True)
-        return 130
+    return _launch.main_driver("time_to_accuracy.py", work, lambda argv: drive(parse_args(argv), argv))
 
 
 if __name__ == "__main__":
