@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from tests.worker import expect_error
+
 
 class TorchWorker:
     def __init__(self):
@@ -94,14 +96,7 @@ class TorchWorker:
             after = torch.nn.functional.cross_entropy(model(ex), ey).item()
         assert after < factor * before, f"loss {before:.4f} -> {after:.4f}"
 
-    def expect_error(self, exc_type, fn, *needles):
-        try:
-            fn()
-        except exc_type as e:
-            for n in needles:
-                assert n in str(e), f"{n!r} not in the message: {e}"
-            return e
-        raise AssertionError(f"expected {exc_type.__name__}")
+    expect_error = staticmethod(expect_error)
 
 
 def worker_main(worker_class, case_names) -> None:
