@@ -74,14 +74,20 @@ class LocalStepsAlgorithm(Algorithm):
     to the common anchor by an outer SGD with (Nesterov) momentum. A weight
     algorithm of the after-optimizer phase: it goes *after* the optimizer in
     the chain and needs ``params``; the anchor and the outer momentum live in
-    the transform's state."""
+    the transform's state. ``compression="minmax_uint8"`` averages the
+    pseudo-gradient 8-bit compressed; ``error_feedback`` adds each rank's
+    residual of its own quantisation to its next pseudo-gradient, the
+    residual a third copy of the weights in the state (see
+    :class:`bagua_core.algorithms.LocalSteps`)."""
 
     core_type = core.LocalSteps
 
     def __init__(self, sync_interval: int = 8, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 nesterov: bool = True, warmup_steps: int = 0, hierarchical: bool = False):
+                 nesterov: bool = True, warmup_steps: int = 0, hierarchical: bool = False, compression: str = "none",
+                 error_feedback: bool = False):
         super().__init__(sync_interval=sync_interval, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                         nesterov=nesterov, warmup_steps=warmup_steps, hierarchical=hierarchical)
+                         nesterov=nesterov, warmup_steps=warmup_steps, hierarchical=hierarchical,
+                         compression=compression, error_feedback=error_feedback)
 
 
 class LowRankAlgorithm(Algorithm):

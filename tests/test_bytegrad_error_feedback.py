@@ -1,9 +1,10 @@
 """ByteGrad with error feedback across real processes (2 and 3), against a
-numpy reference of the whole scheme (tests/reference/minmax_uint8.py): each
-rank adds its residual to its padded bucket, compresses it in one chunk per
-rank, keeps e = x - decompress(compress(x)) and the exchange goes on as
-without feedback. Over several steps, with buckets of 64 bytes (several
-buckets, padded ones among them):
+numpy reference of the whole scheme, every rank simulated
+(tests/reference/compressed_exchange.py): each rank adds its residual to its
+padded bucket, compresses it in one chunk per rank, keeps e = x -
+decompress(compress(x)) and the exchange goes on as without feedback. Over
+several steps, with buckets of 64 bytes (several buckets, padded ones among
+them):
 
 * the torch frontend's communicated gradients and the JAX transform's updates
   both equal the reference bitwise, step after step (so they equal each
@@ -45,26 +46,6 @@ def case_names(session: str):
             "jax_matches_reference_sum", "jax_checkpoint_resumes_bitwise", "off_is_stateless"]
 
 
-def reference_step(xs, es, average, dtype=np.float32):
-    """One ByteGrad step with error feedback on every rank's padded bucket
-    ``xs`` and residual ``es`` (of ``dtype``; the codes come from float32
-    values): (the result, the new residuals)."""
-    from tests.reference import minmax_uint8 as mm
-
-    n, numel = len(xs), xs[0].size
-    chunk = numel // n
-    rb = mm.record_nbytes(chunk)
-    xs = [x + e for x, e in zip(xs, es)]
-    sent = [mm.compress(x, n) for x in xs]
-    residuals = [x - mm.decompress(s, numel, n, dtype) for x, s in zip(xs, sent)]
-    out = []
-    for r in range(n):
-        recv = np.concatenate([s[r * rb:(r + 1) * rb] for s in sent])
-        mine = mm.reduce_chunks(recv, chunk, n, dtype, average)
-        out.append(mm.decompress(mm.compress(mine, 1), chunk, 1, dtype))
-    return np.concatenate(out), residuals
-
-
 class Worker(JaxWorker):
     def __init__(self):
         super().__init__()
@@ -80,39 +61,29 @@ class Worker(JaxWorker):
     def layout(self, itemsize=4):
         """Buckets as (leaf indices, padded numel): BAGUA_BUCKET_SIZE bytes,
         leaves in reverse order, padded to the group size (both frontends)."""
-        from bagua_core.engine import plan_buckets
+        from tests.reference.buckets import padded_buckets, payload
 
-        dtype = {4: "float32", 8: "float64"}[itemsize]
-        decls = [(str(i), int(np.prod(s)), dtype) for i, s in reversed(list(enumerate(SHAPES)))]
-        buckets = [[int(n) for n in b] for b in plan_buckets(decls, BUCKET_BYTES)]
-        out = []
-        for b in buckets:
-            n = sum(int(np.prod(SHAPES[i])) for i in b)
-            out.append((b, -(-n // self.world) * self.world))
-        assert len(out) > 2 and any(sum(int(np.prod(SHAPES[i])) for i in b) != p for b, p in out), out
+        out = padded_buckets(SHAPES, {4: np.float32, 8: np.float64}[itemsize], BUCKET_BYTES, self.world)
+        assert len(out) > 2 and any(payload(b, SHAPES) != b[1] for b in out), out
         return out
 
     def reference(self, average, dtype=np.float32):
         """Per step, every leaf's result on this rank, and the final residuals
         (this rank's, one per bucket) of the whole scheme in numpy."""
+        from tests.reference.buckets import flatten, payload, unflatten
+        from tests.reference.compressed_exchange import scatter_reduce_gather
+
         layout = self.layout(np.dtype(dtype).itemsize)
         es = [[np.zeros(p, dtype) for _ in range(self.world)] for _, p in layout]
         results = []
         for step in range(STEPS):
             leaves = [None] * len(SHAPES)
-            for k, (bucket, padded) in enumerate(layout):
-                xs = []
-                for r in range(self.world):
-                    g = self.grads(r, step, dtype)
-                    flat = np.concatenate([g[i].reshape(-1) for i in bucket])
-                    xs.append(np.concatenate([flat, np.zeros(padded - flat.size, dtype)]))
-                    es[k][r][flat.size:] = 0  # the adapters zero the state's padding before each step
-                out, es[k] = reference_step(xs, es[k], average, dtype)
-                off = 0
-                for i in bucket:
-                    size = int(np.prod(SHAPES[i]))
-                    leaves[i] = out[off:off + size].reshape(SHAPES[i])
-                    off += size
+            for k, bucket in enumerate(layout):
+                xs = [flatten(self.grads(r, step, dtype), bucket) for r in range(self.world)]
+                for e in es[k]:
+                    e[payload(bucket, SHAPES):] = 0  # the adapters zero the state's padding before each step
+                out, es[k] = scatter_reduce_gather(xs, average, dtype, es[k])
+                unflatten(out, bucket, SHAPES, leaves)
             results.append(leaves)
         return results, [e[self.rank] for e in es]
 

@@ -1,10 +1,11 @@
 """bagua-compare end to end: the torch and JAX frontends train the same MLP on
-the same data with every algorithm (and ByteGrad with error feedback), on 3
-processes, over 50 steps, and their loss curves agree to float tolerance; QAdam in float32 only within its
-measured quantisation gap, and in float64 (both frameworks) to float64
-tolerance, as low-precision decentralized; asynchronous model average
-averages at fixed steps (abort + resume), so its whole curve is compared.
-The tool writes its JSON and PNG."""
+the same data with every algorithm (and ByteGrad with error feedback, LocalSteps
+compressed with error feedback), on 3 processes, over 50 steps, and their loss
+curves agree to float tolerance; QAdam in float32 only within its measured
+quantisation gap, and in float64 (both frameworks) to float64 tolerance, as
+low-precision decentralized; asynchronous model average averages at fixed
+steps (abort + resume), so its whole curve is compared. The tool writes its
+JSON and PNG."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_every_algorithm_agrees_across_frameworks(compared):
 
     _, results, stdout = compared
     assert sorted(results) == sorted(configurations()) and set(names()) < set(results)
-    assert "bytegrad_error_feedback" in results
+    assert "bytegrad_error_feedback" in results and "local_steps_compressed" in results
     for name, r in results.items():
         check_run(name, r, "float32")
         # QAdam, float32: each framework's own float32 matmuls give gradients a few ulps

@@ -193,22 +193,11 @@ class Worker:
     # -- ByteGrad --
     BG_DECLS = [("g1", (7,)), ("g2", (4, 4))]  # 23 elements: not a multiple of 2, 3 or 4
 
-    def bytegrad_reference(self, xs, n, average):
-        """The op's sequence in numpy, over the n participants' padded buckets xs."""
-        from tests.reference import minmax_uint8 as ref
+    def bytegrad_reference(self, xs, average):
+        """The op's sequence in numpy, over the participants' padded buckets xs."""
+        from tests.reference.compressed_exchange import scatter_reduce_gather
 
-        np = self.np
-        numel = xs[0].size
-        chunk = numel // n
-        rb = ref.record_nbytes(chunk)
-        sent = [ref.compress(x, n) for x in xs]                          # 1. compress all chunks
-        out = []
-        for r in range(n):
-            recv = np.concatenate([s[r * rb:(r + 1) * rb] for s in sent])  # 2. alltoall
-            mine = ref.reduce_chunks(recv, chunk, n, np.float32, average)  # 3. decode + reduce
-            rec = ref.compress(mine, 1)                                    # 4. recompress own chunk
-            out.append(ref.decompress(rec, chunk, 1, np.float32))          # 5-6. allgather + decode
-        return np.concatenate(out)
+        return scatter_reduce_gather(xs, average)[0]
 
     def check_bytegrad(self, got, ref):
         # Same formula, same float32 operations in the same order: bitwise equal.
@@ -239,9 +228,9 @@ class Worker:
                 nodes = [np.stack(xs[k * self.local:(k + 1) * self.local]) for k in range(self.nodes)]
                 f32 = np.float32
                 xs = [(x.sum(0, dtype=f32) / f32(self.local)) if average else x.sum(0, dtype=f32) for x in nodes]
-                ref = self.bytegrad_reference(xs, self.nodes, average)
+                ref = self.bytegrad_reference(xs, average)
             else:
-                ref = self.bytegrad_reference(xs, self.world, average)
+                ref = self.bytegrad_reference(xs, average)
             got = np.asarray(b.flat_view()).copy()
             self.check_bytegrad(got, ref)
             self.same_everywhere(got)

@@ -26,6 +26,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 
 from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
 from tests.mp import session_tests  # noqa: E402
+from tests.worker import expect_error  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
 NEVER_MS = 10 ** 7
@@ -171,29 +172,22 @@ class Worker(JaxWorker):
 
         jax, jnp, optax = self.jax, self.jnp, self.optax
 
-        def expect(kind, fragment, fn):
-            try:
-                fn()
-            except kind as e:
-                assert fragment in str(e), f"{fragment!r} not in: {e}"
-                return
-            raise AssertionError(f"expected {kind.__name__} mentioning {fragment!r}")
-
         A = bagua_jax.AsyncModelAverageAlgorithm
-        expect(ValueError, "sync_interval_ms", lambda: A(sync_interval_ms=-5))
-        expect(ValueError, "warmup_steps", lambda: A(warmup_steps=-1))
-        expect(ValueError, "peer_selection_mode", lambda: A(peer_selection_mode="shift_one"))
+        expect_error(ValueError, lambda: A(sync_interval_ms=-5), "sync_interval_ms")
+        expect_error(ValueError, lambda: A(warmup_steps=-1), "warmup_steps")
+        expect_error(ValueError, lambda: A(peer_selection_mode="shift_one"), "peer_selection_mode")
         assert isinstance(bagua_jax.algorithms.Algorithm.init("async", sync_interval_ms=3), A)
         algo = A(sync_interval_ms=NEVER_MS)
         tx = optax.chain(optax.sgd(0.1), bagua_jax.transform(algo))
         p = [jnp.asarray(x) for x in self.start()]
         g = [jnp.asarray(x) for x in self.grads(0)]
         unbound = bagua_jax.transform(A())
-        expect(RuntimeError, "init", lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p))
+        expect_error(RuntimeError, lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p),
+                     "init")
         state = tx.init(p)
-        expect(TypeError, "jax.jit", lambda: jax.jit(tx.update)(g, state, p))
-        expect(ValueError, "needs params", lambda: tx.update(g, state))
-        expect(ValueError, "structure", lambda: tx.update(g[:2], state, p[:2]))
+        expect_error(TypeError, lambda: jax.jit(tx.update)(g, state, p), "jax.jit")
+        expect_error(ValueError, lambda: tx.update(g, state), "needs params")
+        expect_error(ValueError, lambda: tx.update(g[:2], state, p[:2]), "structure")
         algo.abort(p)
         algo._binding.close()
 

@@ -28,6 +28,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 
 from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
 from tests.mp import Session, session_tests  # noqa: E402
+from tests.worker import expect_error  # noqa: E402
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
@@ -190,19 +191,11 @@ class Worker(JaxWorker):
     def qadam_bad_input(self):
         import bagua_jax
 
-        def expect(kind, fragment, fn):
-            try:
-                fn()
-            except kind as e:
-                assert fragment in str(e), f"{fragment!r} not in: {e}"
-                return
-            raise AssertionError(f"no {kind.__name__}")
-
-        expect(TypeError, "bagua_jax.qadam", lambda: bagua_jax.QAdamAlgorithm(self.optax.adam(0.1)))
-        expect(ValueError, "warmup_steps", lambda: bagua_jax.qadam(0.1, warmup_steps=0))
-        expect(ValueError, "b1", lambda: bagua_jax.qadam(0.1, b1=1.0))
-        expect(TypeError, "needs its optimizer", lambda: bagua_jax.transform(
-            bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.1)).to_core()))
+        expect_error(TypeError, lambda: bagua_jax.QAdamAlgorithm(self.optax.adam(0.1)), "bagua_jax.qadam")
+        expect_error(ValueError, lambda: bagua_jax.qadam(0.1, warmup_steps=0), "warmup_steps")
+        expect_error(ValueError, lambda: bagua_jax.qadam(0.1, b1=1.0), "b1")
+        expect_error(TypeError, lambda: bagua_jax.transform(
+            bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.1)).to_core()), "needs its optimizer")
 
     def qadam_loss_goes_down(self):
         import bagua_jax

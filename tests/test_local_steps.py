@@ -25,6 +25,7 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 
 from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
 from tests.mp import Session, session_tests  # noqa: E402
+from tests.worker import expect_error  # noqa: E402
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 SHAPES = [(6, 5), (7,), (3, 4)]
@@ -174,22 +175,14 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        def expect(kind, fragment, fn):
-            try:
-                fn()
-            except kind as e:
-                assert fragment in str(e), f"{fragment!r} not in: {e}"
-                return
-            raise AssertionError(f"no {kind.__name__}")
-
         for make in (ta.LocalStepsAlgorithm, bagua_jax.LocalStepsAlgorithm):
-            expect(ValueError, "sync_interval must be >= 1", lambda: make(sync_interval=0))
-            expect(TypeError, "sync_interval must be an int", lambda: make(sync_interval=2.5))
-            expect(ValueError, "outer_lr must be > 0", lambda: make(outer_lr=0.0))
-            expect(ValueError, "outer_momentum must be >= 0.0 and < 1.0", lambda: make(outer_momentum=1.0))
-            expect(TypeError, "outer_lr must be a number", lambda: make(outer_lr="0.7"))
-            expect(TypeError, "nesterov must be a bool", lambda: make(nesterov=1))
-            expect(ValueError, "warmup_steps must be >= 0", lambda: make(warmup_steps=-1))
+            expect_error(ValueError, lambda: make(sync_interval=0), "sync_interval must be >= 1")
+            expect_error(TypeError, lambda: make(sync_interval=2.5), "sync_interval must be an int")
+            expect_error(ValueError, lambda: make(outer_lr=0.0), "outer_lr must be > 0")
+            expect_error(ValueError, lambda: make(outer_momentum=1.0), "outer_momentum must be >= 0.0 and < 1.0")
+            expect_error(TypeError, lambda: make(outer_lr="0.7"), "outer_lr must be a number")
+            expect_error(TypeError, lambda: make(nesterov=1), "nesterov must be a bool")
+            expect_error(ValueError, lambda: make(warmup_steps=-1), "warmup_steps must be >= 0")
 
     def loss_goes_down(self):
         import bagua_jax

@@ -146,22 +146,9 @@ class Worker:
     # -- ByteGrad vs a torch.distributed + numpy reference --
     def bytegrad_reference(self, flat):
         """MinMaxUInt8 scatter-reduce-gather of one flat float32 bucket."""
-        import numpy as np
+        from tests.reference.compressed_exchange import scatter_reduce_gather_mean
 
-        from tests.reference import minmax_uint8 as mm
-
-        torch, dist, n, r = self.torch, self.dist, self.world, self.rank
-        chunk = flat.size // n
-        rb = mm.record_nbytes(chunk)
-        mine = torch.from_numpy(mm.compress(flat, n))
-        every = [torch.empty_like(mine) for _ in range(n)]
-        dist.all_gather(every, mine)  # peer j's record r is what an alltoall would deliver
-        received = np.concatenate([e.numpy()[r * rb:(r + 1) * rb] for e in every])
-        reduced = mm.reduce_chunks(received, chunk, n, np.float32, average=True)
-        own = torch.from_numpy(mm.compress(reduced, 1))
-        records = [torch.empty_like(own) for _ in range(n)]
-        dist.all_gather(records, own)
-        return mm.decompress(np.concatenate([x.numpy() for x in records]), flat.size, n, np.float32)
+        return scatter_reduce_gather_mean(self.dist, flat)
 
     def _bytegrad_vs_reference(self, bucket_cap_mb=None):
         import numpy as np

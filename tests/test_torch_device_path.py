@@ -31,9 +31,11 @@ SESSIONS = {"w3": (3, None), "w4n2": (4, 2)}
 DELAY_US = 1500  # per queued task: a missing wait reads stale memory
 STEPS = 4
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "low_rank"]
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",
+              "low_precision_decentralized", "qadam", "low_rank", "local_steps", "local_steps_compressed"]
 # on 4 ranks as 2 nodes only (shift_one pairs peers: an even count)
-HIERARCHICAL = ["decentralized_shift_one", "gradient_allreduce_hierarchical", "bytegrad_hierarchical", "low_precision_decentralized_hierarchical"]
+HIERARCHICAL = ["decentralized_shift_one", "gradient_allreduce_hierarchical", "bytegrad_hierarchical",
+                "low_precision_decentralized_hierarchical", "local_steps_compressed_hierarchical"]
 
 
 def case_names(session: str):

@@ -10,7 +10,8 @@ every algorithm at world sizes 2 and 3:
   uninterrupted run; without the ``bagua.*`` entries, the algorithms whose
   state decides their steps (Decentralized with communication_interval 2,
   LowPrecisionDecentralized's replicas, ByteGrad's error-feedback residual,
-  Async's warm-up) end elsewhere;
+  LocalSteps' anchor and outer momentum, plain and compressed with its
+  residual, Async's warm-up) end elsewhere;
 * torch DDP's and Bagua 0.9.2's state dicts (``module.*`` only) load, and so
   does the nested ``"bagua"`` entry earlier versions saved; a state of
   another algorithm and malformed entries raise; ``with_bagua``'s module
@@ -34,12 +35,13 @@ from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
 
 SESSIONS = {"w2": 2, "w3": 3}
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",
-              "low_precision_decentralized", "qadam", "async_model_average", "local_steps"]
+              "low_precision_decentralized", "qadam", "async_model_average", "local_steps", "local_steps_compressed"]
 # algorithms whose saved state changes what the next steps do
 STATE_MATTERS = {"bytegrad_error_feedback", "decentralized", "low_precision_decentralized", "async_model_average",
-                 "local_steps"}
+                 "local_steps", "local_steps_compressed"}
 # those whose engine step keeps per-bucket state (bagua.step_state.<i>)
-STEP_STATE = {"bytegrad_error_feedback", "low_precision_decentralized", "qadam", "local_steps"}
+STEP_STATE = {"bytegrad_error_feedback", "low_precision_decentralized", "qadam", "local_steps",
+              "local_steps_compressed"}
 BEFORE, AFTER = 3, 4  # steps before the save, and after it
 NEVER_MS = 10 ** 7  # Async's sync interval: averaging rounds only at abort()
 
@@ -69,6 +71,9 @@ class Worker(TorchWorker):
             "low_precision_decentralized": lambda: A.LowPrecisionDecentralizedAlgorithm(hierarchical=False),
             # the save falls between two synchronisations: the anchor and the outer momentum matter
             "local_steps": lambda: A.LocalStepsAlgorithm(sync_interval=2),
+            # and the residual of the compressed synchronisation before the save
+            "local_steps_compressed": lambda: A.LocalStepsAlgorithm(sync_interval=2, compression="minmax_uint8",
+                                                                    error_feedback=True),
             # the warm-up ends after the save: a resumed run must know how far it got
             "async_model_average": lambda: A.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS,
                                                                         warmup_steps=BEFORE + 2),

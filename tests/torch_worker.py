@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from tests.worker import expect_error
+
 
 class TorchWorker:
     def __init__(self):
@@ -32,8 +34,10 @@ class TorchWorker:
 
     def optimizer_and_algorithm(self, name, model, hierarchical=False):
         """(optimizer, algorithm) for ``model``, by short name: gradient_allreduce,
-        bytegrad, decentralized (all), decentralized_shift_one,
-        low_precision_decentralized, low_rank, qadam (which brings its own optimizer)."""
+        bytegrad, bytegrad_error_feedback, decentralized (all),
+        decentralized_shift_one, low_precision_decentralized, low_rank,
+        local_steps, local_steps_compressed (with error feedback), qadam
+        (which brings its own optimizer)."""
         A = self.A
         if name == "qadam":
             opt = A.q_adam.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
@@ -42,6 +46,8 @@ class TorchWorker:
         return opt, {
             "gradient_allreduce": lambda: A.gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=hierarchical),
             "bytegrad": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hierarchical),
+            "bytegrad_error_feedback": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hierarchical,
+                                                                            error_feedback=True),
             "decentralized": lambda: A.decentralized.DecentralizedAlgorithm(hierarchical=hierarchical),
             "decentralized_shift_one": lambda: A.decentralized.DecentralizedAlgorithm(
                 hierarchical=hierarchical, peer_selection_mode="shift_one"),
@@ -49,6 +55,11 @@ class TorchWorker:
                 hierarchical=hierarchical),
             # compressed from step 1 on; every matrix of a small mlp pays at rate 1
             "low_rank": lambda: A.LowRankAlgorithm(rank=2, start_iter=1, min_compression_rate=1.0),
+            # steps 0-3: a warm-up average, a local step, a synchronisation, a local step
+            "local_steps": lambda: A.LocalStepsAlgorithm(sync_interval=2, warmup_steps=1, hierarchical=hierarchical),
+            # synchronisations after steps 1 (the first) and 3 (which reads the residual and momentum)
+            "local_steps_compressed": lambda: A.LocalStepsAlgorithm(
+                sync_interval=2, hierarchical=hierarchical, compression="minmax_uint8", error_feedback=True),
         }[name]()
 
     def batch(self, step, n=8):
@@ -94,14 +105,7 @@ class TorchWorker:
             after = torch.nn.functional.cross_entropy(model(ex), ey).item()
         assert after < factor * before, f"loss {before:.4f} -> {after:.4f}"
 
-    def expect_error(self, exc_type, fn, *needles):
-        try:
-            fn()
-        except exc_type as e:
-            for n in needles:
-                assert n in str(e), f"{n!r} not in the message: {e}"
-            return e
-        raise AssertionError(f"expected {exc_type.__name__}")
+    expect_error = staticmethod(expect_error)
 
 
 def worker_main(worker_class, case_names) -> None:

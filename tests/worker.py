@@ -35,6 +35,18 @@ def run_cases(cases: Iterable[Tuple[str, Callable[[], None]]]) -> int:
     return failures
 
 
+def expect_error(exc_type, fn, *needles):
+    """Calls ``fn``; it must raise ``exc_type`` with every one of ``needles``
+    in its message. Returns the exception."""
+    try:
+        fn()
+    except exc_type as e:
+        for n in needles:
+            assert n in str(e), f"{n!r} not in the message: {e}"
+        return e
+    raise AssertionError(f"expected {exc_type.__name__}" + (f" mentioning {needles[0]!r}" if needles else ""))
+
+
 def open_store(_C, rank):
     """The rendezvous store: server on rank 0 at MASTER_PORT + 1, a client per rank."""
     port = int(os.environ["MASTER_PORT"]) + 1

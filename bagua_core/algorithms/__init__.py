@@ -27,8 +27,9 @@ What each algorithm communicates, and when:
   momentum, MinMaxUInt8-compressed (scatter-reduce-gather), with the second
   moment frozen.
 * :class:`LocalSteps`: nothing for ``sync_interval`` steps, then the
-  weights' movement since the last synchronisation, averaged and applied by
-  an outer SGD with Nesterov momentum (local SGD / DiLoCo).
+  weights' movement since the last synchronisation, averaged (optionally
+  MinMaxUInt8-compressed, with error feedback) and applied by an outer SGD
+  with Nesterov momentum (local SGD / DiLoCo).
 * :class:`LowRank`: gradients, after a warm-up of plain allreduce, as
   rank-r approximations P Q^T (PowerSGD, as torch's ``powerSGD_hook``), with
   error feedback; 1-D tensors uncompressed.

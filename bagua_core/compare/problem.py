@@ -19,7 +19,8 @@ DTYPES = ("float32", "float64")
 
 # Configurations compared besides each algorithm with its defaults:
 # name -> (registered algorithm name, hyperparameters)
-VARIANTS = {"bytegrad_error_feedback": ("bytegrad", {"error_feedback": True})}
+VARIANTS = {"bytegrad_error_feedback": ("bytegrad", {"error_feedback": True}),
+            "local_steps_compressed": ("local_steps", {"compression": "minmax_uint8", "error_feedback": True})}
 
 
 def configurations() -> List[str]:

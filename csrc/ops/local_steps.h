@@ -5,10 +5,10 @@
 // with (Nesterov) momentum.
 //
 // data = this rank's weights after its local optimizer step, in place. State
-// (ops/step.h), two spans initialised with the weights: A = the anchor (the
+// (ops/step.h), spans initialised with the weights: A = the anchor (the
 // weights of the last synchronisation, equal on every rank), M = the outer
-// momentum (its initial value is never read: the first outer step starts it
-// from zero).
+// momentum, and with error feedback E = the residual (the initial values of
+// M and E are never read: the first outer step starts both from zero).
 // Step number s (one per optimizer step):
 //   s < warmup_steps: data <- average of data over the ranks; A <- data.
 //   else, when (s - warmup_steps + 1) % sync_interval == 0:
@@ -22,9 +22,26 @@
 // OuterSgdMath (float32, float64 for float64 weights). Hierarchical: the
 // averages reduce within each node first and run among node leaders.
 //
+// Compression (compression="minmax_uint8"): the outer steps' average of d is
+// ByteGrad's MinMaxUInt8 compressed scatter-reduce-gather
+// (ops/compressed_exchange.h; 8 bits per element on the wire, every element
+// quantised twice) instead of a float allreduce; the warm-up averages stay
+// uncompressed. The element count must then be a multiple of the group size
+// (alignment()). With error_feedback (EF-SGD, as ops/bytegrad.h), on each
+// rank that quantises (every rank; the node leader when hierarchical), with p
+// its pseudo-gradient (A - data; the node's average of it when hierarchical):
+//   x = p + E;  E = x - decompress(compress(x))   (E = 0 at the first outer step)
+// and the exchange reduces x in place of p. E, the residual of this rank's
+// own (first) quantisation, stays on the rank (nothing of it travels) and is
+// added to the next synchronisation's p; the second quantisation, of the
+// reduced chunk, is not fed back. Hierarchical: other ranks' E stays zero.
+// Memory: two (three with error feedback) copies of the weights.
+//
 // Registered as "local_steps"; parameters: sync_interval (int >= 1, 8),
 // warmup_steps (int >= 0, 0), outer_lr (number > 0, 0.7), outer_momentum
-// (number in [0, 1), 0.9), nesterov (bool, true), hierarchical (bool, false).
+// (number in [0, 1), 0.9), nesterov (bool, true), hierarchical (bool, false),
+// compression (string "none" or "minmax_uint8", "none"), error_feedback (bool,
+// false; needs compression).
 #pragma once
 
 #include <cstdint>
@@ -36,20 +53,23 @@ namespace bagua {
 
 class LocalStepsStep : public Step {
  public:
-  static constexpr int kState = 2;  // A, M
-
   LocalStepsStep(CommSet comms, const StepParams& params);
   std::string describe() const override;
+  // Compressed: the group size whatever `hierarchical` (as ByteGrad); else 1.
+  size_t alignment() const override { return compressed_ ? static_cast<size_t>(comms_.global->size()) : 1; }
   void check(DType dtype, size_t count) const override;
   bool communicates(int64_t step) const override;
-  int num_state() const override { return kState; }
+  // A, M (and E with error feedback).
+  int num_state() const override { return error_feedback_ ? 3 : 2; }
   // Throws InvalidArgument: the step needs its state (run_with_state).
   bool run(const ExecContext& ctx, Span data, Span result, int64_t step) const override;
   bool run_with_state(const ExecContext& ctx, Span data, Span result, const std::vector<Span>& state,
                       int64_t step) const override;
 
  private:
-  void average(const ExecContext& ctx, Span data) const;
+  // The ranks' average of `data`, in place: a float allreduce, or (outer
+  // steps of a compressed step) the compressed exchange with residual `error`.
+  void average(const ExecContext& ctx, Span data, bool compress, const Span* error) const;
 
   CommSet comms_;
   int64_t interval_;
@@ -58,6 +78,8 @@ class LocalStepsStep : public Step {
   double momentum_;
   bool nesterov_;
   bool hierarchical_;
+  bool compressed_;
+  bool error_feedback_;
 };
 
 }  // namespace bagua
