@@ -26,9 +26,11 @@ BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Ba
                     "Bagua Decentralized": "DecentralizedAlgorithm",
                     "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
                     "Bagua Async": "AsyncModelAverageAlgorithm", "Bagua LocalSteps": "LocalStepsAlgorithm",
-                    "Bagua ByteGrad+EF": "ByteGradAlgorithm", "Bagua LowRank": "LowRankAlgorithm"}
+                    "Bagua ByteGrad+EF": "ByteGradAlgorithm", "Bagua LowRank": "LowRankAlgorithm",
+                    "Bagua LocalSteps+8bit": "LocalStepsAlgorithm"}
 # Constructor arguments a configuration always passes (beside the tuned ones given to wrap()).
-FIXED_OPTIONS = {"Bagua ByteGrad+EF": {"error_feedback": True}}
+FIXED_OPTIONS = {"Bagua ByteGrad+EF": {"error_feedback": True},
+                 "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True}}
 # A low-rank algorithm's settings under the names of wrap()'s options, and the names its
 # constructor may use for them (the first one in its signature is taken).
 LOW_RANK_PARAMETERS = {"rank": ("rank", "matrix_approximation_rank"),

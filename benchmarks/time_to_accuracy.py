@@ -16,12 +16,14 @@ held-out sequences). Two tracks:
 
     sgd    SGD with momentum 0.9: DDP, DDP+fp16, DDP+PowerSGD (torch's hooks over gloo), Bagua
            GradientAllReduce, ByteGrad, ByteGrad+EF (error feedback), Decentralized,
-           LowPrecisionDecentralized, LowRank, LocalSteps
+           LowPrecisionDecentralized, LowRank, LocalSteps, LocalSteps+8bit
     adamw  AdamW (weight decay --weight-decay): DDP, DDP+PowerSGD, Bagua QAdam (QAdamOptimizer: Adam
-           with frozen second moments, no weight decay), Bagua LowRank, Bagua LocalSteps (AdamW inside)
+           with frozen second moments, no weight decay), Bagua LowRank, Bagua LocalSteps and
+           LocalSteps+8bit (AdamW inside)
 
 Bagua LocalSteps is LocalStepsAlgorithm(sync_interval=H, outer_lr=0.7, outer_momentum=0.9,
-nesterov=True, warmup_steps=0). A method whose algorithm (or argument) this checkout lacks, such as
+nesterov=True, warmup_steps=0); LocalSteps+8bit adds compression="minmax_uint8",
+error_feedback=True (the pseudo-gradient averaged in 8 bits, its residual fed back). A method whose algorithm (or argument) this checkout lacks, such as
 ByteGradAlgorithm(error_feedback=True) or LowRankAlgorithm before they are merged, is skipped with a
 one-line notice, printed and in the JSON. Hosts: 2 and 4 emulated hosts, one process each (network
 namespaces; 4 hosts hang off a bridge, see benchmarks/_hosts.py), each link shaped with tc tbf to
@@ -108,8 +110,9 @@ import _workloads  # benchmarks/_workloads.py: the tasks
 
 TRACKS = {
     "sgd": ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad+EF",
-            "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua LowRank", "Bagua LocalSteps"),
-    "adamw": ("DDP", "DDP+PowerSGD", "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps"),
+            "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua LowRank", "Bagua LocalSteps",
+            "Bagua LocalSteps+8bit"),
+    "adamw": ("DDP", "DDP+PowerSGD", "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit"),
 }
 METHODS = tuple(dict.fromkeys(m for ms in TRACKS.values() for m in ms))
 BASELINE, POWERSGD = "DDP", "DDP+PowerSGD"
@@ -243,7 +246,7 @@ def knob_grid(method, args):
         return [{"rank": r, "start_iter": s} for r in args.powersgd_ranks for s in args.powersgd_starts]
     if method == "Bagua LowRank":
         return [{"rank": r, "start_iter": s} for r in args.lowrank_ranks for s in args.powersgd_starts]
-    if method == "Bagua LocalSteps":
+    if method.startswith("Bagua LocalSteps"):
         return [{"sync_interval": h} for h in args.local_steps_h]
     if method == "Bagua QAdam":
         return [{"warmup_steps": w} for w in args.qadam_warmups]
@@ -529,7 +532,7 @@ def wrap_options(method, hp):
     if method == "Bagua QAdam":
         return {}
     knobs = {k: v for k, v in hp.items() if k != "lr"}
-    return {**LOCAL_STEPS_FIXED, **knobs} if method == "Bagua LocalSteps" else knobs
+    return {**LOCAL_STEPS_FIXED, **knobs} if method.startswith("Bagua LocalSteps") else knobs
 
 
 def train(args, workload, track, method, hp, seed, max_seconds, max_steps, tx_bytes_path):
