@@ -120,7 +120,8 @@ CPU_ISAS = ("baseline", "avx2", "avx512")
 
 
 def cpu_isa():
-    """The instruction set the host compression kernels use now: "baseline", "avx2" or "avx512".
+    """The instruction set the host kernels (compression, low-rank products) use now: "baseline", "avx2" or
+    "avx512".
 
     By default the best this CPU supports; every choice gives bitwise the same results."""
     return _C.cpu_isa()

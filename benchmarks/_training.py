@@ -144,9 +144,9 @@ class Trainer:
     every configuration), optimizer and position in ``batches`` (a list of (x, y) tensors).
 
     SGD with momentum (lr 0.01, momentum 0.9 unless given); QAdam: QAdamOptimizer (Adam, lr 1e-3,
-    eps 1e-3) warming up for ``warmup`` steps."""
+    eps 1e-3) warming up for ``warmup`` steps. ``options`` go to :func:`wrap`."""
 
-    def __init__(self, name, make_model, batches, warmup, momentum=0.9):
+    def __init__(self, name, make_model, batches, warmup, momentum=0.9, options=None):
         import torch
         self.name, self.batches, self.i = name, batches, 0
         torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
@@ -157,7 +157,7 @@ class Trainer:
             self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=1e-3)
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
-        self.net, self.close = wrap(name, model, self.opt)
+        self.net, self.close = wrap(name, model, self.opt, options)
         self.loss = float("nan")
 
     def steps(self, n):

@@ -2,7 +2,7 @@
 //   * host_scale / host_divide / cuda_scale / cuda_divide (kernels/scale.h) on
 //     raw addresses (ints) with a count and a dtype code; CUDA launches go on a
 //     stream (int, 0 = the legacy default stream) that the caller synchronizes.
-//   * The step kernels of ops/kernels.h on arrays (anything with the buffer
+//   * The step kernels of ops/kernels.h and ops/low_rank_kernels.h on arrays (anything with the buffer
 //     protocol, C-contiguous; element arrays of the dtype's item size, record
 //     arrays of bytes), run on device "cpu" (a plain host ExecContext on the
 //     arrays themselves) or "cuda" (copies in CUDA device 0's memory, the
@@ -27,6 +27,7 @@
 #include "kernels/minmax_uint8.h"
 #include "kernels/scale.h"
 #include "ops/kernels.h"
+#include "ops/low_rank_kernels.h"
 #include "ops/step.h"
 
 #ifdef BAGUA_WITH_CUDA
@@ -258,6 +259,124 @@ void bind_step_kernels(py::module_& k) {
       "MinMaxUInt8: the sum (or mean) of n_records records of len(dst) codes into dst.");
 }
 
+// The low-rank step's kernels (ops/low_rank_kernels.h): M of `dtype`, P, Q and the error memory of
+// its compute type; the sizes n, m, r are given and every array's size is checked against them.
+void bind_low_rank_kernels(py::module_& k) {
+  const auto dev = py::arg("device") = "cpu";
+  auto check = [](const Array& a, size_t count, DType t, const char* name) {
+    check_nbytes(a, count * dtype_size(t), name);
+  };
+  auto rank = [](int64_t r) {
+    if (r < 1) throw InvalidArgument("r must be >= 1, got " + std::to_string(r));
+    return static_cast<size_t>(r);
+  };
+  k.def(
+      "low_rank_fold_error",
+      [](py::buffer data, py::buffer error, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype), c = step_kernels::low_rank_compute_dtype(t);
+        std::vector<Array> a;
+        a.push_back(array_of(data, "data", true));
+        a.push_back(array_of(error, "error", true));
+        const size_t n = elements(a[0], t, "data");
+        check_nbytes(a[1], n * dtype_size(c), "error");
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { step_kernels::low_rank_fold_error(ctx, p[0], p[1], n, t); });
+      },
+      py::arg("data"), py::arg("error"), py::arg("dtype"), dev,
+      "data += error (rounded to data's dtype); error = data.");
+  k.def(
+      "low_rank_finish_error",
+      [](py::buffer data, py::buffer error, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype), c = step_kernels::low_rank_compute_dtype(t);
+        std::vector<Array> a;
+        a.push_back(array_of(error, "error", true));
+        a.push_back(array_of(data, "data", false));
+        const size_t n = elements(a[1], t, "data");
+        check_nbytes(a[0], n * dtype_size(c), "error");
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { step_kernels::low_rank_finish_error(ctx, p[1], p[0], n, t); });
+      },
+      py::arg("data"), py::arg("error"), py::arg("dtype"), dev, "error -= data.");
+  k.def(
+      "low_rank_orthogonalize",
+      [check](py::buffer mat, int64_t rows, int64_t cols, int compute, double epsilon, const std::string& device) {
+        const DType c = to_dtype(compute);
+        const size_t nr = to_size(rows, "rows"), nc = to_size(cols, "cols");
+        std::vector<Array> a;
+        a.push_back(array_of(mat, "mat", true));
+        check(a[0], nr * nc, c, "mat");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::low_rank_orthogonalize(ctx, p[0], nr, nc, c, epsilon);
+        });
+      },
+      py::arg("mat"), py::arg("rows"), py::arg("cols"), py::arg("compute_dtype"), py::arg("epsilon"), dev,
+      "Modified Gram-Schmidt of the columns of the rows x cols row-major matrix mat.");
+  k.def(
+      "low_rank_mq",
+      [check, rank](py::buffer M, py::buffer Q, py::buffer P, int64_t n, int64_t m, int64_t r, int dtype,
+                    const std::string& device, py::object error) {
+        const DType t = to_dtype(dtype), c = step_kernels::low_rank_compute_dtype(t);
+        const size_t nn = to_size(n, "n"), nm = to_size(m, "m"), nr = rank(r);
+        std::vector<Array> a;
+        a.push_back(array_of(P, "P", true));
+        a.push_back(array_of(M, "M", !error.is_none()));
+        a.push_back(array_of(Q, "Q", false));
+        if (!error.is_none()) a.push_back(array_of(error.cast<py::buffer>(), "error", true));
+        check(a[0], nn * nr, c, "P");
+        check(a[1], nn * nm, t, "M");
+        check(a[2], nm * nr, c, "Q");
+        if (a.size() > 3) check(a[3], nn * nm, c, "error");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::low_rank_mq(ctx, p[1], nn, nm, p[2], nr, p[0], t, p.size() > 3 ? p[3] : nullptr);
+        });
+      },
+      py::arg("M"), py::arg("Q"), py::arg("P"), py::arg("n"), py::arg("m"), py::arg("r"), py::arg("dtype"), dev,
+      py::arg("error") = py::none(),
+      "P = M Q (M: n x m of dtype; Q: m x r, P: n x r of its compute dtype); with error (M's error "
+      "memory), error feedback's fold on M first.");
+  k.def(
+      "low_rank_mtp",
+      [check, rank](py::buffer M, py::buffer P, py::buffer Q, int64_t n, int64_t m, int64_t r, int dtype,
+                    const std::string& device) {
+        const DType t = to_dtype(dtype), c = step_kernels::low_rank_compute_dtype(t);
+        const size_t nn = to_size(n, "n"), nm = to_size(m, "m"), nr = rank(r);
+        std::vector<Array> a;
+        a.push_back(array_of(Q, "Q", true));
+        a.push_back(array_of(M, "M", false));
+        a.push_back(array_of(P, "P", false));
+        check(a[0], nm * nr, c, "Q");
+        check(a[1], nn * nm, t, "M");
+        check(a[2], nn * nr, c, "P");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::low_rank_mtp(ctx, p[1], nn, nm, p[2], nr, p[0], t);
+        });
+      },
+      py::arg("M"), py::arg("P"), py::arg("Q"), py::arg("n"), py::arg("m"), py::arg("r"), py::arg("dtype"), dev,
+      "Q = M^T P.");
+  k.def(
+      "low_rank_pqt",
+      [check, rank](py::buffer P, py::buffer Q, py::buffer M, int64_t n, int64_t m, int64_t r, int dtype,
+                    const std::string& device, py::object error) {
+        const DType t = to_dtype(dtype), c = step_kernels::low_rank_compute_dtype(t);
+        const size_t nn = to_size(n, "n"), nm = to_size(m, "m"), nr = rank(r);
+        std::vector<Array> a;
+        a.push_back(array_of(M, "M", true));
+        a.push_back(array_of(P, "P", false));
+        a.push_back(array_of(Q, "Q", false));
+        if (!error.is_none()) a.push_back(array_of(error.cast<py::buffer>(), "error", true));
+        check(a[0], nn * nm, t, "M");
+        check(a[1], nn * nr, c, "P");
+        check(a[2], nm * nr, c, "Q");
+        if (a.size() > 3) check(a[3], nn * nm, c, "error");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::low_rank_pqt(ctx, p[1], p[2], nn, nm, nr, p[0], t, p.size() > 3 ? p[3] : nullptr);
+        });
+      },
+      py::arg("P"), py::arg("Q"), py::arg("M"), py::arg("n"), py::arg("m"), py::arg("r"), py::arg("dtype"), dev,
+      py::arg("error") = py::none(),
+      "M = P Q^T, rounded to dtype; with error (M's error memory), error feedback's finish on M after.");
+}
+
 // ---- scale and divide on raw addresses ---------------------------------------------------------
 
 [[noreturn, maybe_unused]] void no_cuda(const char* what) {
@@ -312,10 +431,11 @@ void bind_kernels(py::module_& m) {
   py::module_ k = m.def_submodule(
       "kernels",
       "Element kernels for tests: scale/divide on raw addresses (host loops, and CUDA launches on a "
-      "stream the caller synchronizes), and the step kernels (ops/kernels.h) on arrays, on device "
-      "'cpu' or 'cuda'. Host and CUDA run the same element functions.");
+      "stream the caller synchronizes), and the step kernels (ops/kernels.h, ops/low_rank_kernels.h) on arrays, "
+      "on device 'cpu' or 'cuda'. Host and CUDA run the same element functions.");
   bind_scale(k);
   bind_step_kernels(k);
+  bind_low_rank_kernels(k);
 }
 
 }  // namespace bindings

@@ -21,11 +21,6 @@
 
 // AVX2 and AVX-512 copies of the loops (GCC/clang target attributes on x86-64); AVX2 also has
 // float32 statistics and encoding written with intrinsics (compress_cpu_avx2_f32.inc).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define BAGUA_X86_ISAS 1
-#else
-#define BAGUA_X86_ISAS 0
-#endif
 
 namespace bagua {
 namespace minmax_uint8 {
@@ -39,28 +34,20 @@ namespace {
 
 #if BAGUA_X86_ISAS
 #define BAGUA_ISA_NS avx2
-#define BAGUA_ISA_TARGET __attribute__((target("avx2")))
+#define BAGUA_ISA_TARGET BAGUA_AVX2_TARGET
 #include "kernels/compress_cpu_loops.inc"
 #include "kernels/compress_cpu_avx2_f32.inc"
 #undef BAGUA_ISA_NS
 #undef BAGUA_ISA_TARGET
 
 #define BAGUA_ISA_NS avx512
-#define BAGUA_ISA_TARGET __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512dq")))
+#define BAGUA_ISA_TARGET BAGUA_AVX512_TARGET
 #include "kernels/compress_cpu_loops.inc"
 #undef BAGUA_ISA_NS
 #undef BAGUA_ISA_TARGET
-
-// The copy of a loop for the ISA in use (cpu_isa.h); chosen per chunk or tile, a negligible cost.
-#define BAGUA_ISA_CALL(fn, ...)                                  \
-  switch (cpu_isa()) {                                           \
-    case CpuIsa::kAvx512: return avx512::fn(__VA_ARGS__);        \
-    case CpuIsa::kAvx2: return avx2::fn(__VA_ARGS__);            \
-    default: return baseline::fn(__VA_ARGS__);                   \
-  }
-#else
-#define BAGUA_ISA_CALL(fn, ...) return baseline::fn(__VA_ARGS__);
 #endif
+
+// The copy of a loop for the ISA in use is chosen per chunk or tile (BAGUA_ISA_CALL), a negligible cost.
 
 template <typename T>
 Stats chunk_stats(const T* x, size_t len) {

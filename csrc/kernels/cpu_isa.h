@@ -20,3 +20,23 @@ CpuIsa cpu_isa();
 void set_cpu_isa(CpuIsa isa);
 
 }  // namespace bagua
+
+// For the files that compile their loops once per ISA (kernels/compress_cpu.cc,
+// kernels/low_rank_cpu.cc): whether this compiler builds the x86 copies, the
+// target attributes of the AVX2 and AVX-512 copies, and `return ns::fn(args)`
+// for the namespace (baseline, avx2, avx512) of the ISA in use. fn must deduce
+// its template arguments (the macro splits on commas).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define BAGUA_X86_ISAS 1
+#define BAGUA_AVX2_TARGET __attribute__((target("avx2")))
+#define BAGUA_AVX512_TARGET __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512dq")))
+#define BAGUA_ISA_CALL(fn, ...)                                    \
+  switch (::bagua::cpu_isa()) {                                    \
+    case ::bagua::CpuIsa::kAvx512: return avx512::fn(__VA_ARGS__); \
+    case ::bagua::CpuIsa::kAvx2: return avx2::fn(__VA_ARGS__);     \
+    default: return baseline::fn(__VA_ARGS__);                     \
+  }
+#else
+#define BAGUA_X86_ISAS 0
+#define BAGUA_ISA_CALL(fn, ...) return baseline::fn(__VA_ARGS__);
+#endif

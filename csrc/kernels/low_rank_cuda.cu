@@ -1,5 +1,5 @@
 // CUDA kernels of the low-rank step over the element math shared with the
-// host loops (ops/low_rank_math.h, ops/low_rank_kernels.cc).
+// host loops (ops/low_rank_math.h, kernels/low_rank_cpu.h).
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -15,6 +15,7 @@ namespace bagua {
 namespace cuda {
 namespace {
 
+using low_rank::kDotLanes;
 using low_rank::kLanes;
 using low_rank::LowRankMath;
 using low_rank::OrthMath;
@@ -46,16 +47,6 @@ void launch_for_each(const char* kernel, size_t count, Op op, cudaStream_t strea
   check_launch(kernel);
 }
 
-template <typename F>
-void with_compute(DType compute, F&& f) {
-  switch (compute) {
-    case DType::kFloat32: return f(static_cast<float*>(nullptr));
-    case DType::kFloat64: return f(static_cast<double*>(nullptr));
-    default: throw InvalidArgument(std::string("low rank: the compute dtype must be float32 or float64, got ") +
-                                   dtype_name(compute));
-  }
-}
-
 template <typename T>
 struct FoldOp {
   T* data;
@@ -78,15 +69,6 @@ struct InitOp {
 };
 
 template <typename T>
-struct MqOp {
-  const T* M;
-  const typename LowRankMath<T>::A* Q;
-  typename LowRankMath<T>::A* P;
-  size_t m, r;
-  __device__ void operator()(size_t i) const { P[i] = LowRankMath<T>::mq(M, Q, m, r, i / r, i % r); }
-};
-
-template <typename T>
 struct MtpOp {
   const T* M;
   const typename LowRankMath<T>::A* P;
@@ -100,11 +82,35 @@ struct PqtOp {
   const typename LowRankMath<T>::A* P;
   const typename LowRankMath<T>::A* Q;
   T* M;
+  typename LowRankMath<T>::A* error;  // null without error feedback
   size_t m, r;
-  __device__ void operator()(size_t i) const { M[i] = LowRankMath<T>::pqt(P, Q, m, r, i / m, i % m); }
+  __device__ void operator()(size_t i) const {
+    M[i] = LowRankMath<T>::pqt(P, Q, r, i / m, i % m);
+    if (error != nullptr) LowRankMath<T>::finish_error(M, error, i);
+  }
 };
 
-// The host's lane_tree_sum (ops/low_rank_kernels.cc): lane = thread; every
+// P = M Q: one warp per element of P, lane = thread of the warp (the lane sum
+// of kDotLanes, ops/low_rank_math.h); the tree runs on shuffles, lane l adding
+// lane l + s. Every thread of a warp takes the same elements, so the whole
+// warp reaches each shuffle.
+static_assert(kDotLanes == 32, "P = M Q's lanes are a warp");
+
+template <typename T>
+__global__ void mq_kernel(const T* M, const typename LowRankMath<T>::A* Q, typename LowRankMath<T>::A* P, size_t n,
+                          size_t m, size_t r) {
+  using A = typename LowRankMath<T>::A;
+  const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t lane = thread % kDotLanes;
+  const size_t warps = static_cast<size_t>(blockDim.x) * gridDim.x / kDotLanes;
+  for (size_t e = thread / kDotLanes; e < n * r; e += warps) {
+    A s = LowRankMath<T>::mq_lane(M, Q, m, r, e / r, e % r, lane);
+    for (int d = kDotLanes / 2; d >= 1; d /= 2) s = s + __shfl_down_sync(0xffffffffu, s, d);
+    if (lane == 0) P[e] = s;
+  }
+}
+
+// The host's lane sum of kLanes (kernels/low_rank_cpu.h): lane = thread; every
 // thread of the block gets the sum. `lanes` is the block's shared memory.
 template <typename A, typename Term>
 __device__ A block_tree_sum(A* lanes, size_t rows, Term term) {
@@ -160,7 +166,7 @@ void launch_low_rank_finish_error(const void* data, void* error, size_t count, D
 }
 
 void launch_low_rank_initial_q(void* q, size_t count, DType compute, uint64_t key, cudaStream_t stream) {
-  with_compute(compute, [&](auto* tag) {
+  with_compute_dtype(compute, "low rank", [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
     launch_for_each("initial Q", count, InitOp<A>{static_cast<A*>(q), key}, stream);
   });
@@ -169,20 +175,23 @@ void launch_low_rank_initial_q(void* q, size_t count, DType compute, uint64_t ke
 void launch_low_rank_orthogonalize(void* mat, size_t rows, size_t cols, DType compute, double epsilon,
                                    cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  with_compute(compute, [&](auto* tag) {
+  with_compute_dtype(compute, "low rank", [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
     orthogonalize_kernel<A><<<1, kLanes, 0, stream>>>(static_cast<A*>(mat), rows, cols, static_cast<A>(epsilon));
     check_launch("orthogonalisation");
   });
 }
 
-void launch_low_rank_mq(const void* M, size_t n, size_t m, const void* Q, size_t r, void* P, DType dtype,
+void launch_low_rank_mq(void* M, size_t n, size_t m, const void* Q, size_t r, void* P, DType dtype, void* error,
                         cudaStream_t stream) {
+  if (error != nullptr) launch_low_rank_fold_error(M, error, n * m, dtype, stream);
   with_floating(dtype, "low-rank compression", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using A = typename LowRankMath<T>::A;
-    launch_for_each("P = M Q", n * r, MqOp<T>{static_cast<const T*>(M), static_cast<const A*>(Q), static_cast<A*>(P), m, r},
-                    stream);
+    if (n * r == 0) return;
+    mq_kernel<T><<<blocks_for(n * r * kDotLanes), kThreads, 0, stream>>>(
+        static_cast<const T*>(M), static_cast<const A*>(Q), static_cast<A*>(P), n, m, r);
+    check_launch("P = M Q");
   });
 }
 
@@ -197,12 +206,14 @@ void launch_low_rank_mtp(const void* M, size_t n, size_t m, const void* P, size_
 }
 
 void launch_low_rank_pqt(const void* P, const void* Q, size_t n, size_t m, size_t r, void* M, DType dtype,
-                         cudaStream_t stream) {
+                         void* error, cudaStream_t stream) {
   with_floating(dtype, "low-rank decompression", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using A = typename LowRankMath<T>::A;
     launch_for_each("M = P Q^T", n * m,
-                    PqtOp<T>{static_cast<const A*>(P), static_cast<const A*>(Q), static_cast<T*>(M), m, r}, stream);
+                    PqtOp<T>{static_cast<const A*>(P), static_cast<const A*>(Q), static_cast<T*>(M),
+                             static_cast<A*>(error), m, r},
+                    stream);
   });
 }
 

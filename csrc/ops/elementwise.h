@@ -155,6 +155,16 @@ void with_floating(DType dtype, const char* what, F&& f) {
     default: throw InvalidArgument(std::string(what) + " needs a floating dtype, got " + dtype_name(dtype));
   }
 }
+// As with_floating for float32 and float64 only (the low-rank step's compute types, ops/low_rank_math.h).
+template <typename F>
+void with_compute_dtype(DType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(static_cast<float*>(nullptr));
+    case DType::kFloat64: return f(static_cast<double*>(nullptr));
+    default: throw InvalidArgument(std::string(what) + ": the compute dtype must be float32 or float64, got " +
+                                   dtype_name(dtype));
+  }
+}
 // As with_floating for QAdam's momentum, which takes float32 and float64 only.
 template <typename F>
 void with_momentum_dtype(DType dtype, F&& f) {

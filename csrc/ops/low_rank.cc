@@ -76,7 +76,13 @@ LowRankStep::LowRankStep(CommSet comms, const StepParams& params, BucketLayout l
         q_count_ += m * r;
       }
     }
-    if (!part.compressed) uncompressed_count_ += tl.numel;
+    if (!part.compressed) {
+      uncompressed_count_ += tl.numel;
+      if (!runs_.empty() && runs_.back().offset + runs_.back().numel == tl.offset)
+        runs_.back().numel += tl.numel;
+      else
+        runs_.push_back(Run{tl.offset, tl.numel});
+    }
     parts_.push_back(part);
   }
 }
@@ -127,24 +133,29 @@ bool LowRankStep::run_with_state(const ExecContext& ctx, Span data, Span, const 
   void* error = error_feedback_ ? block : nullptr;
   char* q_all = error_feedback_ ? at(block, data.count, compute) : static_cast<char*>(block);
 
-  if (error) step_kernels::low_rank_fold_error(ctx, data.data, error, data.count, data.dtype);
+  const size_t item = dtype_size(data.dtype);
+  // Error feedback on the uncompressed tensors here; the products fold and finish the matrices' in
+  // their own passes over them.
+  if (error)
+    for (const Run& u : runs_)
+      step_kernels::low_rank_fold_error(ctx, at(data.data, u.offset, data.dtype), at(error, u.offset, compute), u.numel,
+                                        data.dtype);
 
-  if (uncompressed_count_ > 0) {
-    char* buffer = static_cast<char*>(ctx.scratch->get(kUncompressedSlot, uncompressed_count_ * dtype_size(data.dtype)));
+  if (runs_.size() == 1) {
+    comms_.global->allreduce(at(data.data, runs_[0].offset, data.dtype), at(data.data, runs_[0].offset, data.dtype),
+                             runs_[0].numel, data.dtype, ReduceOp::kAvg, ctx.stream);
+  } else if (runs_.size() > 1) {  // gathered into one allreduce
+    char* buffer = static_cast<char*>(ctx.scratch->get(kUncompressedSlot, uncompressed_count_ * item));
     size_t filled = 0;
-    for (const Part& p : parts_) {
-      if (p.compressed) continue;
-      step_kernels::copy(ctx, at(buffer, filled, data.dtype), at(data.data, p.offset, data.dtype),
-                         p.numel * dtype_size(data.dtype));
-      filled += p.numel;
+    for (const Run& u : runs_) {
+      step_kernels::copy(ctx, at(buffer, filled, data.dtype), at(data.data, u.offset, data.dtype), u.numel * item);
+      filled += u.numel;
     }
     comms_.global->allreduce(buffer, buffer, uncompressed_count_, data.dtype, ReduceOp::kAvg, ctx.stream);
     filled = 0;
-    for (const Part& p : parts_) {
-      if (p.compressed) continue;
-      step_kernels::copy(ctx, at(data.data, p.offset, data.dtype), at(buffer, filled, data.dtype),
-                         p.numel * dtype_size(data.dtype));
-      filled += p.numel;
+    for (const Run& u : runs_) {
+      step_kernels::copy(ctx, at(data.data, u.offset, data.dtype), at(buffer, filled, data.dtype), u.numel * item);
+      filled += u.numel;
     }
   }
 
@@ -160,7 +171,8 @@ bool LowRankStep::run_with_state(const ExecContext& ctx, Span data, Span, const 
                                                             static_cast<uint64_t>(p.tensor)));
       step_kernels::low_rank_orthogonalize(ctx, q, p.m, p.r, compute, epsilon_);
       step_kernels::low_rank_mq(ctx, at(data.data, p.offset, data.dtype), p.n, p.m, q, p.r,
-                                at(p_all, p.p_offset, compute), data.dtype);
+                                at(p_all, p.p_offset, compute), data.dtype,
+                                error ? at(error, p.offset, compute) : nullptr);
     }
     comms_.global->allreduce(p_all, p_all, p_count_, compute, ReduceOp::kSum, ctx.stream);
     for (const Part& p : parts_) {
@@ -174,11 +186,15 @@ bool LowRankStep::run_with_state(const ExecContext& ctx, Span data, Span, const 
     for (const Part& p : parts_) {
       if (!p.compressed) continue;
       step_kernels::low_rank_pqt(ctx, at(p_all, p.p_offset, compute), at(q_all, p.q_offset, compute), p.n, p.m, p.r,
-                                 at(data.data, p.offset, data.dtype), data.dtype);
+                                 at(data.data, p.offset, data.dtype), data.dtype,
+                                 error ? at(error, p.offset, compute) : nullptr);
     }
   }
 
-  if (error) step_kernels::low_rank_finish_error(ctx, data.data, error, data.count, data.dtype);
+  if (error)
+    for (const Run& u : runs_)
+      step_kernels::low_rank_finish_error(ctx, at(data.data, u.offset, data.dtype), at(error, u.offset, compute),
+                                          u.numel, data.dtype);
   return true;
 }
 

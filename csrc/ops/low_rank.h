@@ -14,15 +14,17 @@
 // Step number s (0-based):
 //   s < start_iter: the bucket is allreduced (mean over the group), as torch's
 //     first start_powerSGD_iter iterations;
-//   after: with error_feedback, data += error (the whole bucket) and error <-
-//     that input; the uncompressed tensors are gathered into one buffer and
-//     allreduced (mean); for each compressed matrix, in bucket order,
-//     Q (m x r) <- the initial Q if s == start_iter or without warm_start
-//     (seeded: ops/low_rank_math.h, key (seed, s, the tensor's index in the
-//     bucket)), else last step's averaged Q; Q <- orthogonalised; P = M Q;
-//     all P allreduced (sum, one call); each P orthogonalised; Q = M^T P; all
-//     Q allreduced (mean, one call); M <- P Q^T. With error_feedback, error
-//     <- input - data (the whole bucket: uncompressed tensors keep their
+//   after: with error_feedback, data += error and error <- that input (every
+//     tensor; the matrices' in the pass of P = M Q over them); the
+//     uncompressed tensors are allreduced (mean) in one call (gathered into
+//     one buffer unless they lie next to each other); for each compressed
+//     matrix, in bucket order, Q (m x r) <- the initial Q if s == start_iter
+//     or without warm_start (seeded: ops/low_rank_math.h, key (seed, s, the
+//     tensor's index in the bucket)), else last step's averaged Q; Q <-
+//     orthogonalised; P = M Q; all P allreduced (sum, one call); each P
+//     orthogonalised; Q = M^T P; all Q allreduced (mean, one call); M <- P
+//     Q^T. With error_feedback, error <- input - data (every tensor, the
+//     matrices' in the pass of M <- P Q^T: uncompressed tensors keep their
 //     distance to the mean, as torch's hook).
 // Orthogonalisation is modified Gram-Schmidt on the columns (torch's hook
 // uses it for rank <= 2 and 16-bit data, else a QR factorisation, whose
@@ -34,6 +36,9 @@
 // gradients are orthogonalised and communicated (P, Q) in float32; the
 // uncompressed tensors and the result are in the data's dtype. Element math:
 // ops/low_rank_math.h, host loops and CUDA kernels: ops/low_rank_kernels.h.
+// All of it is streaming work, O(bucket) for a fixed rank: each matrix is
+// read twice (P = M Q with the fold, Q = M^T P) and written once (M <- P Q^T
+// with the finish).
 //
 // State (one block of the compute type, zeros at first, Step::state_layout):
 // the error memory (the bucket's element count; absent without
@@ -88,6 +93,11 @@ class LowRankStep : public Step {
   bool warm_start_;
   int64_t seed_;
   std::vector<Part> parts_;
+  // The uncompressed tensors as runs of adjacent ones (one allreduce in place when there is one run).
+  struct Run {
+    size_t offset, numel;
+  };
+  std::vector<Run> runs_;
   size_t p_count_ = 0, q_count_ = 0, uncompressed_count_ = 0;
 };
 

@@ -1,6 +1,6 @@
 // Element math of the low-rank step (ops/low_rank.h), written once for the
-// host loops (ops/low_rank_kernels.cc) and the CUDA kernels
-// (kernels/low_rank_cuda.cu), which therefore give the same bits (neither
+// host loops (kernels/low_rank_cpu.h) and the CUDA kernels
+// (kernels/low_rank_cuda.h), which therefore give the same bits (neither
 // side contracts a * b + c into an FMA; sqrt and division are IEEE-rounded on
 // both; NaN payloads aside).
 //
@@ -11,12 +11,18 @@
 // Matrices are row-major: M is n x m (the tensor viewed as shape[0] x the
 // rest), P is n x r, Q is m x r, element (i, k) of an R x r matrix at i*r + k.
 //
-// Sums of the orthogonalisation (column norms and dot products over a
-// column's rows) run in one fixed order both sides follow: kLanes partial sums
-// (lane l adds rows l, l + kLanes, ... in ascending order, from zero), then a
-// pairwise tree (for s = kLanes/2, ..., 1: lane l += lane l + s). The CUDA
-// kernel is one block of kLanes threads per matrix. The matrix products sum
-// over their inner index in ascending order, one output element per thread.
+// Every sum is a chain of madd steps (s + x * y, the product rounded, then
+// the sum) in one fixed order both sides follow:
+// * lane sums of L lanes: lane l adds the terms l, l + L, l + 2L, ... in
+//   ascending order, from zero; then a pairwise tree (for s = L/2, ..., 1:
+//   lane l += lane l + s) gives lane 0. The orthogonalisation's sums (column
+//   norms, dot products over a column's rows) are lane sums of kLanes (the
+//   CUDA kernel: one block of kLanes threads per matrix); P = M Q's sums over
+//   a row of M are lane sums of kDotLanes (CUDA: one warp per element of P;
+//   the host: kDotLanes accumulators that vectorise);
+// * Q = M^T P and M = P Q^T sum over their inner index (M's row; the rank) in
+//   ascending order, from zero (CUDA: one thread per output element; the
+//   host: row by row, streaming M once).
 //
 // The initial Q (ops/low_rank.h) is an integer function: for element e of
 // tensor t, initialised at step s with seed `seed`,
@@ -39,7 +45,22 @@
 namespace bagua {
 namespace low_rank {
 
-constexpr int kLanes = 256;
+constexpr int kLanes = 256;     // the orthogonalisation's lane sums
+constexpr int kDotLanes = 32;   // P = M Q's lane sums (a CUDA warp)
+
+// The one step of every sum: s + x * y (never an FMA: see above).
+template <typename A>
+BAGUA_HD A madd(A s, A x, A y) {
+  return s + x * y;
+}
+
+// The pairwise tree over L lane sums (see above); returns lane 0, overwriting the lanes.
+template <int L, typename A>
+BAGUA_HD A lane_tree(A* lanes) {
+  for (int s = L / 2; s >= 1; s /= 2)
+    for (int l = 0; l < s; ++l) lanes[l] = lanes[l] + lanes[l + s];
+  return lanes[0];
+}
 
 // The compute type of data of type T, and the conversions.
 template <typename T>
@@ -80,23 +101,22 @@ struct LowRankMath {
   // After decompression: the error is what compression lost.
   static BAGUA_HD void finish_error(const T* data, A* error, size_t i) { error[i] = error[i] - Acc<T>::load(data[i]); }
 
-  // P = M Q, element (a, k).
-  static BAGUA_HD A mq(const T* M, const A* Q, size_t m, size_t r, size_t a, size_t k) {
+  // P = M Q, element (a, k): lane l's partial sum (the tree of kDotLanes lanes gives the element).
+  static BAGUA_HD A mq_lane(const T* M, const A* Q, size_t m, size_t r, size_t a, size_t k, size_t l) {
     A s = A(0);
-    for (size_t j = 0; j < m; ++j) s = s + Acc<T>::load(M[a * m + j]) * Q[j * r + k];
+    for (size_t j = l; j < m; j += kDotLanes) s = madd(s, Acc<T>::load(M[a * m + j]), Q[j * r + k]);
     return s;
   }
   // Q = M^T P, element (j, k).
   static BAGUA_HD A mtp(const T* M, const A* P, size_t n, size_t m, size_t r, size_t j, size_t k) {
     A s = A(0);
-    for (size_t a = 0; a < n; ++a) s = s + Acc<T>::load(M[a * m + j]) * P[a * r + k];
+    for (size_t a = 0; a < n; ++a) s = madd(s, Acc<T>::load(M[a * m + j]), P[a * r + k]);
     return s;
   }
   // M = P Q^T, element (a, j), rounded to T.
-  static BAGUA_HD T pqt(const A* P, const A* Q, size_t m, size_t r, size_t a, size_t j) {
-    (void)m;
+  static BAGUA_HD T pqt(const A* P, const A* Q, size_t r, size_t a, size_t j) {
     A s = A(0);
-    for (size_t k = 0; k < r; ++k) s = s + P[a * r + k] * Q[j * r + k];
+    for (size_t k = 0; k < r; ++k) s = madd(s, P[a * r + k], Q[j * r + k]);
     return Acc<T>::store(s);
   }
 };
