@@ -26,7 +26,10 @@ rank), side by side in the same processes (benchmarks/_training.py):
                                    optax.sgd(0.01, momentum=0.9))`` under jax.jit
 
 A Bagua configuration followed by " 1 lane" (e.g. ``Bagua ByteGrad 1 lane``) runs with one engine lane
-(``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other) beside the default two.
+(``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other) beside the default two. A Bagua
+gradient configuration followed by " overlap" (``Bagua ByteGrad overlap`` is in the default list) wraps
+with ``overlap_optimizer=True``: backward does not wait for the exchange, and ``optimizer.step()``
+updates each bucket's parameters as that bucket's exchange finishes.
 
 SGD with momentum (lr 0.01, 0.9) except QAdam (lr 1e-3, eps 1e-3, warming up during the untimed
 steps, so the timed steps communicate compressed momentum). One torch thread and single-threaded
@@ -62,8 +65,9 @@ import _launch  # benchmarks/_launch.py: launchers, signals, timeouts
 import _report  # benchmarks/_report.py: load, JSON, table, plots
 import _training  # benchmarks/_training.py: models, trainers, timing
 
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
-           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps", "JAX Bagua GradientAllReduce")
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad overlap",
+           "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps",
+           "JAX Bagua GradientAllReduce")
 BASELINE = "DDP"
 JAX_CONFIG = "JAX Bagua GradientAllReduce"
 DEFAULT_RATES = "10gbit,1gbit,100mbit"
