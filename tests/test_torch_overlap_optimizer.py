@@ -6,7 +6,7 @@ ranks, several buckets: BAGUA_BUCKET_SIZE=2048 bytes):
 * every supported algorithm (GradientAllReduce, ByteGrad with and without
   error feedback, LowRank, QAdam with its optimizer) x SGD (momentum;
   Nesterov with weight decay), Adam (two parameter groups), AdamW; with an LR
-  scheduler; do_flatten=False; a closure; a checkpoint round trip (model,
+  scheduler; bagua_torch.DistributedDataParallel with do_flatten=False; a closure; a checkpoint round trip (model,
   optimizer, scheduler and algorithm state) resumed with the overlap;
 * the step is really left open at the end of backward and ends in step();
   step hooks run once per step;
@@ -162,10 +162,15 @@ class Worker:
         self.compare(run)
 
     def bitwise_no_flatten(self):
+        """bagua_torch.DistributedDataParallel, gradients in their own memory (copied per bucket)."""
         def run(overlap):
-            model, opt = self.wrapped("bytegrad", "adam_two_groups", overlap, do_flatten=False)
-            self.train(model, opt, STEPS)
-            model.bagua_ddp.close()
+            model = self.model()
+            opt = self.optimizer("adam_two_groups", model)
+            ddp = self.w.bt.DistributedDataParallel(model, [opt], self.A.ByteGradAlgorithm(),
+                                                    gradient_as_bucket_view=False, overlap_optimizer=overlap)
+            assert len(ddp.bagua_buckets) >= 3 and ddp.inner.overlap_optimizer == overlap
+            self.train(ddp, opt, STEPS)
+            ddp.close()
             return self.state(model, opt)
         self.compare(run)
 
