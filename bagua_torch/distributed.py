@@ -145,8 +145,8 @@ class _StepGuard:
                 t0 = monotonic_ns()
                 if overlapped:
                     out = _overlap.step_by_bucket(self, overlapped, self._bagua_original_step, args, kwargs)
-                    for owner in overlapped:
-                        owner.finish_step()  # every bucket has finished: ends at once
+                    for owner in overlapped:  # ends at once, unless another optimizer holds some buckets
+                        owner.finish_step()
                 else:
                     out = self._bagua_original_step(*args, **kwargs)
                 t1 = monotonic_ns()
@@ -736,9 +736,10 @@ class BaguaDistributedDataParallel:
             self._marked.clear()
 
     def wait_bucket_of_step(self, buckets: Sequence[int]) -> int:
-        """overlap_optimizer: the first of ``buckets`` (indices) whose exchange
-        has finished in the open step (:meth:`Engine.wait_any`), its results
-        in the gradients torch uses. A failure ends the step and raises, as
+        """overlap_optimizer: the lowest of ``buckets`` (indices) whose
+        exchange has finished in the open step, waiting for one
+        (:meth:`Engine.wait_any`); its results are then in the gradients torch
+        uses. A failure ends the step and raises, as
         :meth:`finish_step` does."""
         try:
             i = self.engine.wait_any(buckets, self._stream())

@@ -13,6 +13,7 @@ ranks, several buckets: BAGUA_BUCKET_SIZE=2048 bytes):
 * skipped steps: gradient accumulation with no_sync, a step skipped with
   zero_grad, a step skipped without it (the next forward ends it), two
   forwards then two backwards (the second backward ends the first's step);
+  gradients clipped after ``bagua_ddp.finish_step()``;
 * refusals at wrap time, on every rank: algorithms that communicate weights,
   optimizers that are not per-parameter (LBFGS, a subclass with its own
   step), no optimizer, a parameter no optimizer updates.
@@ -40,6 +41,7 @@ MATRIX = [f"bitwise_{a}_{o}" for a in ALGORITHMS for o in OPTIMIZERS] + ["bitwis
 OTHERS = ["bitwise_with_lr_scheduler", "bitwise_no_flatten", "bitwise_closure", "checkpoint_round_trip",
           "step_is_open_after_backward_and_ends_in_step", "step_hooks_run_once",
           "no_sync_accumulation", "skipped_step_with_zero_grad", "skipped_step_next_forward_ends_it",
+          "clipping_after_finish_step",
           "two_forwards_then_two_backwards", "refuses_weight_algorithms", "refuses_optimizers_not_per_parameter",
           "refuses_missing_optimizer"]
 
@@ -287,6 +289,21 @@ class Worker:
                 if step % 2 == 1:
                     opt.step()
                     opt.zero_grad()
+            model.bagua_ddp.close()
+            return self.state(model, opt)
+        self.compare(run)
+
+    def clipping_after_finish_step(self):
+        """The contract's way to read gradients between backward and step:
+        finish_step() makes them final (that step is not overlapped)."""
+        def run(overlap):
+            model, opt = self.wrapped("bytegrad", "sgd_momentum", overlap)
+            for step in range(STEPS):
+                opt.zero_grad()
+                self.loss(model, step).backward()
+                model.bagua_ddp.finish_step()
+                self.torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                opt.step()
             model.bagua_ddp.close()
             return self.state(model, opt)
         self.compare(run)
