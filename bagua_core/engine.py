@@ -22,6 +22,10 @@ A frontend uses it in three moves:
    bucket has finished, resets readiness for the next step, and raises the
    first failure, naming the bucket and its tensors (``CommTimeoutError`` for a
    tensor never marked ready or a stuck peer, ``PeerError`` for a dead one).
+   Or bucket by bucket: ``engine.wait_any(indices)`` returns one of the
+   step's buckets that has finished (the lowest), so its results can be used
+   (e.g. the optimizer applied to its parameters) while later buckets still
+   communicate; ``wait()`` then ends the step, at once.
 
 Decentralized averaging communicates weights (buckets over the parameters):
 at the start of EVERY training forward call ``engine.mark_all_ready()`` (the
@@ -363,6 +367,22 @@ class Engine:
         made to wait for the step's device work; without it the call blocks
         until the device finished."""
         self._core.wait(stream)
+
+    def wait_any(self, buckets: Sequence[int], stream: Optional[int] = None) -> int:
+        """The lowest of ``buckets`` (indices) that has finished in the current
+        step, blocking (without the GIL) until one has; the lowest of them at
+        once when no step is in progress. It does not end the step:
+        :meth:`wait` does (at once when every bucket has finished). Timeouts
+        and failures as :meth:`wait` (a bucket that does not launch within the
+        timeout, a stuck or dead peer: an exception once no lane runs a
+        bucket; afterwards every call raises). ``stream``: as for
+        :meth:`wait`, for that bucket's device work."""
+        return self._core.wait_any([int(b) for b in buckets], stream)
+
+    def wait_bucket(self, bucket: int, stream: Optional[int] = None) -> None:
+        """Blocks until bucket ``bucket`` (index) has finished in the current
+        step: :meth:`wait_any` of that one bucket."""
+        self._core.wait_any([int(bucket)], stream)
 
     @property
     def device(self):

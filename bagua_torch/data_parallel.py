@@ -33,6 +33,10 @@ class DistributedDataParallel(torch.nn.Module):
         gradient_as_bucket_view: gradients (or weights) live in the
             communication buckets (no copies); ``do_flatten`` of ``with_bagua``.
         bucket_cap_mb: bucket size (default: ``BAGUA_BUCKET_SIZE``, 10 MiB).
+        overlap_optimizer: ``optimizer.step()`` updates each bucket's
+            parameters as its exchange finishes, instead of backward waiting
+            for every bucket; nothing may read the gradients between backward
+            and the step (see :func:`bagua_torch.distributed.with_bagua`).
 
     Parameters and buffers named in ``module._bagua_params_and_buffers_to_ignore``
     or ``module._ddp_params_and_buffers_to_ignore`` (names as in
@@ -68,7 +72,8 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = (),
                  algorithm=None, process_group: Optional[ProcessGroup] = None,
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
-                 gradient_as_bucket_view: bool = True, bucket_cap_mb: Optional[float] = None):
+                 gradient_as_bucket_view: bool = True, bucket_cap_mb: Optional[float] = None,
+                 overlap_optimizer: bool = False):
         super().__init__()
         self.module = module
         bucket_bytes = None if bucket_cap_mb is None else max(1, int(bucket_cap_mb * 1024 * 1024))
@@ -76,7 +81,7 @@ class DistributedDataParallel(torch.nn.Module):
             module, optimizers, GradientAllReduceAlgorithm() if algorithm is None else algorithm, process_group,
             module_name=f"DistributedDataParallel_{id(module)}", do_flatten=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
-            bucket_bytes=bucket_bytes,
+            bucket_bytes=bucket_bytes, overlap_optimizer=overlap_optimizer,
         )
 
     def forward(self, *inputs, **kwargs):

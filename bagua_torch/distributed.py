@@ -27,7 +27,12 @@ gradients or weights, in which phase). At wrap time (every rank, same order):
    gradient ready, so buckets communicate while backward still runs), a
    callback queued on the autograd engine that ends the step when backward
    ends (``engine.wait()``, then e.g. the decentralized copy-back), and each
-   optimizer's ``step`` wrapped to end a step left open.
+   optimizer's ``step`` wrapped to end a step left open. With
+   ``overlap_optimizer=True`` backward's end does not wait: the wrapped
+   ``step`` updates each bucket's parameters as that bucket's exchange
+   finishes (``engine.wait_any``, bagua_torch._overlap), and ``zero_grad``,
+   the next forward or the next backward end a step whose optimizer step was
+   skipped.
 
 Errors of the communication (a dead or stuck peer) surface as Python
 exceptions from ``loss.backward()`` (or ``optimizer.step()``), on every rank.
@@ -53,7 +58,7 @@ from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _sync
+from bagua_torch import _overlap, _sync
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
 from bagua_torch.bucket import BaguaBucket
 
@@ -117,25 +122,47 @@ def _ignored_names(module: torch.nn.Module) -> set:
 class _StepGuard:
     """Wraps an optimizer's ``step`` once, so it first ends the open step of
     every wrapped model it updates (a safety net: the post-backward callback
-    normally did). Stays a bound method, as LR schedulers expect."""
+    normally did), or, for models wrapped with ``overlap_optimizer``, steps
+    their parameters bucket by bucket as their exchange finishes
+    (bagua_torch._overlap). Stays a bound method, as LR schedulers expect.
+    ``zero_grad`` is wrapped too: it ends an open overlapped step first (the
+    gradients it zeroes are the engine's buckets)."""
 
     @staticmethod
     def attach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
         if "_bagua_ddps" not in optimizer.__dict__:
             optimizer._bagua_ddps = weakref.WeakSet()
             optimizer._bagua_original_step = optimizer.step
+            optimizer._bagua_original_zero_grad = optimizer.zero_grad
 
             def step(self, *args, **kwargs):
                 owners = list(self._bagua_ddps)
+                overlapped = [o for o in owners if o.overlap_optimizer and not o._closed]
                 for owner in owners:
-                    owner.finish_step()
+                    if owner not in overlapped:
+                        owner.finish_step()
                     owner.before_optimizer_step()
-                out = self._bagua_original_step(*args, **kwargs)
+                t0 = monotonic_ns()
+                if overlapped:
+                    out = _overlap.step_by_bucket(self, overlapped, self._bagua_original_step, args, kwargs)
+                    for owner in overlapped:  # ends at once, unless another optimizer holds some buckets
+                        owner.finish_step()
+                else:
+                    out = self._bagua_original_step(*args, **kwargs)
+                t1 = monotonic_ns()
                 for owner in owners:
+                    owner.trace_optimizer_step(t0, t1)
                     owner.after_optimizer_step()
                 return out
 
+            def zero_grad(self, *args, **kwargs):
+                for owner in list(self._bagua_ddps):
+                    if owner.overlap_optimizer:
+                        owner.finish_step()
+                return self._bagua_original_zero_grad(*args, **kwargs)
+
             optimizer.step = types.MethodType(step, optimizer)
+            optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
         optimizer._bagua_ddps.add(ddp)
 
     @staticmethod
@@ -151,7 +178,8 @@ class BaguaDistributedDataParallel:
 
     def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group: Optional[ProcessGroup] = None,
                  module_name: Optional[str] = None, do_flatten: bool = True, find_unused_parameters: bool = False,
-                 broadcast_buffers: bool = True, bucket_bytes: Optional[int] = None):
+                 broadcast_buffers: bool = True, bucket_bytes: Optional[int] = None,
+                 overlap_optimizer: bool = False):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if isinstance(optimizers, torch.optim.Optimizer):
@@ -175,6 +203,11 @@ class BaguaDistributedDataParallel:
         self.broadcast_buffers = bool(broadcast_buffers)
         self.require_backward_grad_sync = True  # False inside no_sync()
         self.step_pending = False  # the engine has a step this wrapper must end
+        # optimizer.step() applies each bucket as its exchange finishes (bagua_torch._overlap)
+        self.overlap_optimizer = bool(overlap_optimizer)
+        self._awaiting_optimizer = False  # overlap: backward ended, its step is still open
+        self.bucket_params: List[List[torch.nn.Parameter]] = []  # per engine bucket, its parameters
+        self._optimizer_spans: List[tuple] = []  # overlap, traced: (bucket, start ns, end ns) of this step
         self.engine = None
         self._hooks: list = []
         self._marked: set = set()
@@ -207,6 +240,8 @@ class BaguaDistributedDataParallel:
             self._check_one_optimizer_updates_all()
         if self.plan.optimizer_state:
             self._check_own_optimizer()
+        if self.overlap_optimizer:
+            self._check_overlap_optimizer()
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         check_tensors(self.impl.description, [tuple(p.shape) for _, p in self.params])
@@ -311,6 +346,33 @@ class BaguaDistributedDataParallel:
                 self._shared_state.append((self._by_name[n], state[off:off + slot.numel()].view(slot.shape)))
         self._share_optimizer_state()
 
+    def _check_overlap_optimizer(self) -> None:
+        """overlap_optimizer: a gradient algorithm whose step ends with
+        backward, and optimizers that update every communicated parameter,
+        each from its own gradient and state (so the step can go bucket by
+        bucket). Raises ValueError, the same on every rank, before any
+        communication."""
+        name = type(self.algorithm).__name__
+        if self.background_plan is not None or self.plan.phase != BACKWARD or self.communicates_weights:
+            raise ValueError(
+                f"overlap_optimizer=True applies to algorithms that exchange gradients during backward "
+                f"(GradientAllReduce, ByteGrad, LowRank, QAdam); {name} communicates weights "
+                f"({'in the background' if self.background_plan is not None else self.plan.phase.replace('_', ' ')}), "
+                "so there is no exchange for the optimizer to overlap with. Wrap without overlap_optimizer")
+        if not self.optimizers:
+            raise ValueError("overlap_optimizer=True needs the optimizers that update the model: pass them to "
+                             "with_bagua, since their step() is where the gradients are waited for")
+        for opt in self.optimizers:
+            _overlap.check_optimizer(opt)
+        owned = {id(p) for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
+        missing = [n for n, p in self.params if id(p) not in owned]
+        if missing:
+            raise ValueError(
+                f"overlap_optimizer=True: parameter(s) {', '.join(repr(n) for n in missing[:8])} are not updated by "
+                "the optimizers passed to with_bagua; their gradients would be read before their exchange ends. "
+                "Add them to an optimizer, list them in module._bagua_params_and_buffers_to_ignore, or wrap "
+                "without overlap_optimizer")
+
     def _check_one_optimizer_updates_all(self) -> None:
         """Algorithms that communicate after ``optimizer.step()`` run once per
         step of exactly one optimizer, which must update every parameter."""
@@ -374,6 +436,7 @@ class BaguaDistributedDataParallel:
         else:
             buckets = self.engine.create_buckets(decls, bucket_bytes, alignment)
         self.buckets = buckets
+        self.bucket_params = [[self._by_name[n] for n in b.tensor_names] for b in buckets]
         self.slots: Dict[str, torch.Tensor] = {}
         for b in buckets:
             self.slots.update(_bucket_tensors(b, b.tensor_names))
@@ -502,6 +565,8 @@ class BaguaDistributedDataParallel:
                 functools.partial(self._keep_parameters, held)))
         for n, p in self.params:
             self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, n)))
+            if self.overlap_optimizer:  # before the gradient is accumulated into its bucket slot
+                self._hooks.append(p.register_hook(self._grad_pre_hook))
         for opt in self.optimizers:
             _StepGuard.attach(opt, self)
 
@@ -530,6 +595,8 @@ class BaguaDistributedDataParallel:
         if self._closed or not (module.training and torch.is_grad_enabled()):
             return
         if not self.require_backward_grad_sync:  # no_sync(): accumulate locally
+            if self.overlap_optimizer:
+                self.finish_step()  # a step whose optimizer step was skipped: its buckets are the gradients
             self.attach_gradients()
             return
         self.finish_step()  # a step left open (backward never ran)
@@ -567,6 +634,13 @@ class BaguaDistributedDataParallel:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
 
+    def _grad_pre_hook(self, grad) -> None:
+        """overlap_optimizer: a backward that starts while the last one's step
+        is still open (its optimizer step skipped) ends that step first, as
+        its gradients are about to be accumulated into the engine's buckets."""
+        if self._awaiting_optimizer:
+            self.finish_step()
+
     def _post_backward(self) -> None:
         self._callback_queued = False
         if self._closed:
@@ -574,7 +648,10 @@ class BaguaDistributedDataParallel:
         if self._tracer is not None:
             self._t_backward_end = monotonic_ns()
         missing = self.mark_unused_gradients_ready() if self.plan.phase == BACKWARD else []
-        self.finish_step()
+        if self.overlap_optimizer and self.step_pending:
+            self._awaiting_optimizer = True  # optimizer.step() waits, bucket by bucket
+        else:
+            self.finish_step()
         self.check_unused(missing)
 
     # ------------------------------------------------------------ helpers for the algorithms
@@ -649,6 +726,7 @@ class BaguaDistributedDataParallel:
         if not self.step_pending:
             return
         self.step_pending = False
+        self._awaiting_optimizer = False
         try:
             self.engine.wait(self._stream())
             if self._tracer is not None:
@@ -656,6 +734,42 @@ class BaguaDistributedDataParallel:
             self._apply_results()
         finally:
             self._marked.clear()
+
+    def wait_bucket_of_step(self, buckets: Sequence[int]) -> int:
+        """overlap_optimizer: the lowest of ``buckets`` (indices) whose
+        exchange has finished in the open step, waiting for one
+        (:meth:`Engine.wait_any`); its results are then in the gradients torch
+        uses. A failure ends the step and raises, as
+        :meth:`finish_step` does."""
+        try:
+            i = self.engine.wait_any(buckets, self._stream())
+        except BaseException:
+            self.step_pending = self._awaiting_optimizer = False
+            self._marked.clear()
+            raise
+        if not self.do_flatten:
+            with torch.no_grad():
+                for n, p in zip(self.buckets[i].tensor_names, self.bucket_params[i]):
+                    if p.grad is None:
+                        p.grad = self.slots[n].clone()
+                    else:
+                        p.grad.copy_(self.slots[n])
+        return i
+
+    def record_optimizer_span(self, bucket: int, start_ns: int, end_ns: int) -> None:
+        if self._tracer is not None:
+            self._optimizer_spans.append((bucket, start_ns, end_ns))
+
+    def trace_optimizer_step(self, start_ns: int, end_ns: int) -> None:
+        """Traced: the optimizer step (and, overlapped, each bucket's part of
+        it) as spans of the step just ended."""
+        if self._tracer is None:
+            return
+        step = self.engine.steps - 1
+        self._tracer.span(self.module_name, "optimizer step", start_ns, end_ns, step=step)
+        for bucket, t0, t1 in self._optimizer_spans:
+            self._tracer.span(self.module_name, f"optimizer: bucket {self.buckets[bucket].name}", t0, t1, step=step)
+        self._optimizer_spans.clear()
 
     def _apply_results(self) -> None:
         """After engine.wait(): the results into the tensors torch uses."""
@@ -731,6 +845,8 @@ class BaguaDistributedDataParallel:
         (``module.state_dict()``, ``optimizer.state_dict()``);
         :class:`bagua_torch.DistributedDataParallel` puts the same values in
         its state dict as tensor entries ``bagua.*``."""
+        if self.overlap_optimizer:
+            self.finish_step()  # the steps' state is final once the exchange ended
         return {"algorithm": self.algorithm.name, "state": self.impl.state_dict()}
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -803,7 +919,8 @@ def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParall
 
 
 def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], algorithm,
-               process_group: Optional[ProcessGroup] = None, do_flatten: bool = True) -> torch.nn.Module:
+               process_group: Optional[ProcessGroup] = None, do_flatten: bool = True,
+               overlap_optimizer: bool = False) -> torch.nn.Module:
     """Makes this module train data-parallel with ``algorithm`` (a
     :mod:`bagua_torch.algorithms` algorithm or a :mod:`bagua_core.algorithms`
     description) and returns it. Call it on every rank of ``process_group``
@@ -817,8 +934,26 @@ def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer
     Checkpoints: ``self.state_dict()`` stays the plain model state; the
     algorithm's own state (e.g. the Decentralized step counter) is
     ``self.bagua_ddp.state_dict()``, restored with
-    ``self.bagua_ddp.load_state_dict(...)`` after wrapping."""
-    wrap(self, optimizers, algorithm, process_group, module_name=self.bagua_module_name, do_flatten=do_flatten)
+    ``self.bagua_ddp.load_state_dict(...)`` after wrapping.
+
+    ``overlap_optimizer=True`` (gradient algorithms that communicate during
+    backward: GradientAllReduce, ByteGrad, LowRank, QAdam; optimizers that
+    update each parameter on its own: torch's SGD, Adam, AdamW, Adamax, NAdam,
+    RAdam, Adagrad, Adadelta, RMSprop, Rprop, ASGD, Adafactor, and
+    QAdamOptimizer) overlaps the optimizer with the exchange: backward returns
+    without waiting for it, and ``optimizer.step()`` updates each bucket's
+    parameters as soon as that bucket's exchange has finished, with exactly
+    the result of the ordinary step. The contract: between ``backward()`` and
+    ``optimizer.step()`` the gradients are not final, so nothing may read or
+    write them there (no gradient clipping, ``GradScaler.unscale_``, gradient
+    logging or ``model.zero_grad(set_to_none=False)``); call
+    ``self.bagua_ddp.finish_step()`` first to make them final when you must
+    (that step is then not overlapped). Only the optimizers passed here may
+    step the model (each communicated parameter must be in one of them). A
+    skipped ``optimizer.step()`` is fine: ``optimizer.zero_grad()``, the next
+    forward or the next backward ends the open step."""
+    wrap(self, optimizers, algorithm, process_group, module_name=self.bagua_module_name, do_flatten=do_flatten,
+         overlap_optimizer=overlap_optimizer)
     return self
 
 

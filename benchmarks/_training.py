@@ -63,6 +63,13 @@ def _algorithm_kwargs(name, options):
 def unavailable_reason(name, options=None):
     """Why configuration ``name`` cannot run with ``options`` in this checkout (its Bagua algorithm, or
     one of its arguments, is missing), or None when it can."""
+    if name.endswith(OVERLAP):
+        import inspect
+
+        import bagua_torch
+        if "overlap_optimizer" not in inspect.signature(bagua_torch.distributed.with_bagua).parameters:
+            return "with_bagua takes no overlap_optimizer"
+        name = name[:-len(OVERLAP)]
     if name not in BAGUA_ALGORITHMS:
         return None
     try:
@@ -73,6 +80,7 @@ def unavailable_reason(name, options=None):
 
 
 ONE_LANE = " 1 lane"
+OVERLAP = " overlap"  # with_bagua(..., overlap_optimizer=True): the optimizer steps bucket by bucket
 
 
 def wrap(name, model, opt, options=None):
@@ -81,7 +89,8 @@ def wrap(name, model, opt, options=None):
     Names: ``DDP``, ``DDP+fp16``, ``DDP+PowerSGD``, ``no communication``, ``Bagua QAdam`` (``opt``
     must be a QAdamOptimizer), ``Bagua GradientAllReduce 25MiB`` and the keys of BAGUA_ALGORITHMS;
     a Bagua name ending in " 1 lane" builds its engine with one lane (``BAGUA_ENGINE_LANES=1``)
-    instead of the default two, so both run side by side.
+    instead of the default two, so both run side by side; one ending in " overlap" (before any
+    " 1 lane") wraps with ``overlap_optimizer=True`` (gradient algorithms).
 
     ``options``: for DDP+PowerSGD ``rank`` and ``start_iter`` (default 1 and POWERSGD_START_ITER);
     for a Bagua algorithm, its constructor's keyword arguments (Bagua LowRank: ``rank`` and
@@ -96,6 +105,9 @@ def wrap(name, model, opt, options=None):
                 del os.environ["BAGUA_ENGINE_LANES"]
             else:
                 os.environ["BAGUA_ENGINE_LANES"] = saved
+    overlap = name.startswith("Bagua") and name.endswith(OVERLAP)
+    if overlap:
+        name = name[:-len(OVERLAP)]
     if name == "no communication":
         return model, lambda: None
     if name.startswith("DDP"):
@@ -120,7 +132,7 @@ def wrap(name, model, opt, options=None):
     if name == "Bagua GradientAllReduce 25MiB":
         import bagua_torch
         ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
-                                                  bucket_cap_mb=25)
+                                                  bucket_cap_mb=25, **({"overlap_optimizer": True} if overlap else {}))
         return ddp, ddp.close
     if name == "Bagua QAdam":
         algorithm = A.QAdamAlgorithm(opt)
@@ -130,7 +142,7 @@ def wrap(name, model, opt, options=None):
         except LookupError as e:
             raise ValueError(f"{name}: {e}") from None
         algorithm = cls(**kwargs)
-    model = model.with_bagua([opt], algorithm)
+    model = model.with_bagua([opt], algorithm, **({"overlap_optimizer": True} if overlap else {}))
     if name == "Bagua Async":
         def close():
             algorithm.abort(model)  # every rank: the loop's last round, then it stops
@@ -151,7 +163,7 @@ class Trainer:
         self.name, self.batches, self.i = name, batches, 0
         torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
         model = make_model()
-        if name.removesuffix(ONE_LANE) == "Bagua QAdam":
+        if name.removesuffix(ONE_LANE).removesuffix(OVERLAP) == "Bagua QAdam":
             from bagua_torch.algorithms import QAdamOptimizer
             # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
             self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=1e-3)
@@ -339,12 +351,14 @@ def quartiles(xs):
 
 def parse_configs(parser, text, known, baseline):
     """``--configs`` ("a,b,..."): each must be in ``known`` (a Bagua one may end in
-    " 1 lane", see :func:`wrap`), and ``baseline`` (what the ratios divide by) must be
+    " overlap" and then " 1 lane", see :func:`wrap`), and ``baseline`` (what the ratios divide by) must be
     among them; errors through ``parser``."""
     configs = tuple(c.strip() for c in text.split(",") if c.strip())
 
     def is_known(c):
         base = c[:-len(ONE_LANE)] if c.endswith(ONE_LANE) else c
+        if base not in known and base.endswith(OVERLAP):
+            base = base[:-len(OVERLAP)]
         return base in known and (base == c or base.startswith("Bagua") and base != "Bagua Async")
 
     unknown = [c for c in configs if not is_known(c)]

@@ -26,7 +26,11 @@ rank), side by side in the same processes (benchmarks/_training.py):
                                    optax.sgd(0.01, momentum=0.9))`` under jax.jit
 
 A Bagua configuration followed by " 1 lane" (e.g. ``Bagua ByteGrad 1 lane``) runs with one engine lane
-(``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other) beside the default two.
+(``BAGUA_ENGINE_LANES=1``: consecutive buckets one after the other) beside the default two. A Bagua
+gradient configuration followed by " overlap" (``Bagua ByteGrad overlap`` is in the default list) wraps
+with ``overlap_optimizer=True``: backward does not wait for the exchange, and ``optimizer.step()``
+updates each bucket's parameters as that bucket's exchange finishes. ``no communication`` (not in the
+default list) runs the same steps without communicating: the compute a step cannot go below here.
 
 SGD with momentum (lr 0.01, 0.9) except QAdam (lr 1e-3, eps 1e-3, warming up during the untimed
 steps, so the timed steps communicate compressed momentum). One torch thread and single-threaded
@@ -62,8 +66,11 @@ import _launch  # benchmarks/_launch.py: launchers, signals, timeouts
 import _report  # benchmarks/_report.py: load, JSON, table, plots
 import _training  # benchmarks/_training.py: models, trainers, timing
 
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua Decentralized",
-           "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps", "JAX Bagua GradientAllReduce")
+CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad overlap",
+           "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps",
+           "JAX Bagua GradientAllReduce")
+# Not run by default: the same steps without communication (the compute a step cannot go below).
+EXTRA_CONFIGS = ("no communication",)
 BASELINE = "DDP"
 JAX_CONFIG = "JAX Bagua GradientAllReduce"
 DEFAULT_RATES = "10gbit,1gbit,100mbit"
@@ -76,7 +83,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default=DEFAULT_RATES, help=f"comma-separated tc rates (default {DEFAULT_RATES})")
     p.add_argument("--nproc-per-host", type=int, default=1, choices=(1, 2), help="workers per host (default 1)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help="comma-separated subset of: " + ", ".join(CONFIGS + EXTRA_CONFIGS))
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
     p.add_argument("--features", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=2048)
@@ -99,7 +107,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.batch_size, args.features, args.hidden, args.warmup, args.steps = 4, 16, 32, 1, 2
         args.max_steps, args.max_seconds = min(args.max_steps, 5), min(args.max_seconds, 30.0)
-    args.configs = _training.parse_configs(p, args.configs, CONFIGS, BASELINE)
+    args.configs = _training.parse_configs(p, args.configs, CONFIGS + EXTRA_CONFIGS, BASELINE)
     args.rates = tuple(r.strip().lower() for r in args.rates.split(",") if r.strip())
     try:
         if not args.rates:

@@ -99,6 +99,28 @@ def test_without_root_it_says_so(tmp_path):
     assert p.returncode == 2 and "expected a number followed by kbit, mbit or gbit" in p.stderr, _explain(p)
 
 
+@pytest.mark.timeout(30)
+def test_overlap_and_one_lane_suffixes_and_extra_configurations_parse():
+    import argparse
+
+    import _training  # noqa: E402  (benchmarks/_training.py)
+
+    class Refused(Exception):
+        pass
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise Refused(message)
+
+    from bandwidth import EXTRA_CONFIGS
+
+    ok = "DDP,Bagua ByteGrad overlap,Bagua GradientAllReduce overlap 1 lane,Bagua ByteGrad 1 lane,no communication"
+    assert _training.parse_configs(Parser(), ok, CONFIGS + EXTRA_CONFIGS, "DDP") == tuple(ok.split(","))
+    for bad in ("DDP,DDP overlap", "DDP,Bagua ByteGrad 1 lane overlap", "DDP,Bagua Nothing overlap"):
+        with pytest.raises(Refused, match="unknown configuration"):
+            _training.parse_configs(Parser(), bad, CONFIGS, "DDP")
+
+
 # ------------------------------------------------------------ as root ---
 
 def _namespaces_usable():

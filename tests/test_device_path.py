@@ -153,6 +153,31 @@ def test_consumer_stream_waits_for_the_comm_stream(comm):
     eng.close()
 
 
+def test_consumer_stream_waits_for_the_bucket_of_wait_any(comm):
+    """wait_any(stream=consumer) makes the consumer wait for that bucket's
+    device work (the optimizer of one bucket reads its result), and without a
+    stream it blocks until the device finished the bucket."""
+    data = values(5000, seed=3)
+    want = host_reference(comm, "bytegrad", {"hierarchical": False, "average": True}, data)
+    d = _C.Device.host(delay_us=DELAY_US)
+    eng = device_engine(comm, d)
+    b0, b1 = eng.create_buckets([("g0", data.shape, "float32"), ("g1", data.shape, "float32")], bucket_bytes=1)
+    for b in (b0, b1):
+        b.append_op("bytegrad", hierarchical=False, average=True)
+    fast = d.new_stream(delay_us=0)
+    np.asarray(b0.view("g0"))[...] = data
+    eng.mark_ready("g0")
+    assert eng.wait_any([0, 1], stream=fast) == 0
+    assert read(d, fast, b0.view("g0")).tobytes() == want.tobytes()
+    np.asarray(b1.view("g1"))[...] = data
+    eng.mark_ready("g1")
+    eng.wait_bucket(1)
+    assert np.asarray(b1.view("g1")).tobytes() == want.tobytes()
+    eng.wait()
+    assert eng.steps == 1
+    eng.close()
+
+
 def test_weight_result_is_copied_back_in_consumer_order(comm):
     """Decentralized averaging writes its peer average into a result buffer on
     the device; copy_back(stream) enqueues result -> bucket on the consumer

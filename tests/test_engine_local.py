@@ -327,6 +327,62 @@ def test_background_errors_keep_their_type_with_a_prefix(kind, cls, text):
         assert type(info.value) is BaguaError
 
 
+def test_wait_any_returns_a_finished_bucket_while_later_ones_are_pending(eng):
+    b0, b1 = _two_buckets(eng)
+    np.asarray(b0.view("a"))[...] = 3
+    eng.mark_ready("a")
+    eng.mark_ready("b")
+    assert eng.wait_any([1, 0]) == 0  # bucket 1 cannot launch: "c" is not ready
+    assert eng.timings()[0].end_ns > 0 and eng.timings()[1].launch_ns == -1
+    assert eng.in_step and eng.steps == 0  # the step goes on
+    np.testing.assert_array_equal(np.asarray(b0.view("a")), 3)
+    eng.mark_ready("c")
+    eng.wait_bucket(1)
+    assert eng.wait_any([0, 1]) == 0  # both finished: the lowest
+    eng.wait()
+    assert eng.steps == 1 and not eng.in_step
+    assert eng.wait_any([1]) == 1  # no step: at once
+
+
+def test_wait_any_bad_arguments(eng):
+    _two_buckets(eng)
+    with pytest.raises(ValueError, match="no bucket given"):
+        eng.wait_any([])
+    with pytest.raises(ValueError, match="no bucket 2"):
+        eng.wait_any([0, 2])
+
+
+def test_wait_any_on_a_never_ready_bucket_times_out_naming_it(comm):
+    eng = E.Engine(comm, timeout_s=0.5)
+    _two_buckets(eng)
+    eng.mark_ready("a")
+    eng.mark_ready("b")
+    assert eng.wait_bucket(0) is None
+    t = time.monotonic()
+    with pytest.raises(CommTimeoutError) as info:
+        eng.wait_bucket(1)
+    assert 0.4 < time.monotonic() - t < 3.0
+    assert "'c'" in str(info.value) and "never marked ready" in str(info.value)
+    assert eng.broken
+    with pytest.raises(BaguaError, match="unusable"):
+        eng.wait_any([0])
+    with pytest.raises(BaguaError, match="unusable"):
+        eng.wait()
+    eng.close()
+
+
+def test_wait_raises_a_failure_after_wait_any_once_no_bucket_runs(comm):
+    # the failure is raised once (by whichever wait comes first), then "unusable"
+    eng = E.Engine(comm, timeout_s=0.3)
+    _two_buckets(eng)
+    eng.mark_ready("c")
+    with pytest.raises(CommTimeoutError, match="never marked ready"):
+        eng.wait_any([0, 1])
+    with pytest.raises(BaguaError, match="unusable"):
+        eng.wait()
+    eng.close()
+
+
 def test_readiness_errors(eng):
     _two_buckets(eng)
     with pytest.raises(ValueError, match="no tensor named"):

@@ -4,7 +4,10 @@ steps after that raise at once.
 
 Sessions of 3 processes with BAGUA_TIMEOUT=4: rank 2 trains 3 steps, then
 exits (``dead``: GradientAllReduce) or stops answering for longer than the
-timeout and then exits (``stuck``: Decentralized).
+timeout and then exits (``stuck``: Decentralized). With
+``overlap_optimizer=True`` and several buckets, where backward does not wait
+and the failure must come out of ``optimizer.step()``: ``dead_overlap``
+(ByteGrad) and ``stuck_overlap`` (GradientAllReduce).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ if __name__ == "__main__":  # worker process: make `tests` importable
 from tests.mp import launch  # noqa: E402
 
 TIMEOUT_S = 4.0
-SESSIONS = {"dead": "gradient_allreduce", "stuck": "decentralized"}
+SESSIONS = {"dead": "gradient_allreduce", "stuck": "decentralized", "dead_overlap": "bytegrad",
+            "stuck_overlap": "gradient_allreduce"}
 CASES = ["survivor_raises_within_timeout", "later_steps_raise_at_once"]
 VICTIM = 2
 VICTIM_RC = 3
@@ -33,7 +37,7 @@ def worker_main():
 
     import bagua_torch
     from bagua_core import BaguaError
-    from bagua_torch.algorithms import DecentralizedAlgorithm, GradientAllReduceAlgorithm
+    from bagua_torch.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm
     from tests.worker import report
 
     mode = sys.argv[1]
@@ -43,17 +47,24 @@ def worker_main():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    algo = GradientAllReduceAlgorithm() if mode == "dead" else DecentralizedAlgorithm(hierarchical=False)
-    model.with_bagua([opt], algo)
+    algo = {"gradient_allreduce": GradientAllReduceAlgorithm, "bytegrad": ByteGradAlgorithm,
+            "decentralized": lambda: DecentralizedAlgorithm(hierarchical=False)}[SESSIONS[mode]]()
+    overlap = mode.endswith("_overlap")
+    model.with_bagua([opt], algo, overlap_optimizer=overlap)
+    assert len(model.bagua_buckets) > 1 or not overlap
+    phase = [""]
 
     def train_step():
+        phase[0] = "zero_grad"
         opt.zero_grad()
+        phase[0] = "forward and backward"
         model(torch.randn(8, 4)).pow(2).mean().backward()
+        phase[0] = "optimizer.step()"
         opt.step()
 
     for step in range(20):
         if rank == VICTIM and step == 3:
-            if mode == "stuck":
+            if mode.startswith("stuck"):
                 time.sleep(TIMEOUT_S + 3)
             os._exit(VICTIM_RC)
         t0 = time.monotonic()
@@ -61,8 +72,9 @@ def worker_main():
             train_step()
         except BaguaError as e:
             elapsed = time.monotonic() - t0
-            report(CASES[0], elapsed < TIMEOUT_S + 4, f"{type(e).__name__} after {elapsed:.1f} s: {e}",
-                   elapsed=elapsed, message=str(e))
+            where_ok = not overlap or phase[0] == "optimizer.step()"  # overlapped, backward does not wait
+            report(CASES[0], elapsed < TIMEOUT_S + 4 and where_ok,
+                   f"{type(e).__name__} in {phase[0]} after {elapsed:.1f} s: {e}", elapsed=elapsed, message=str(e))
             t0 = time.monotonic()
             try:
                 train_step()
@@ -79,7 +91,10 @@ def worker_main():
 
 @functools.lru_cache(maxsize=None)
 def session(name: str):
-    return launch(os.path.abspath(__file__), 3, timeout=60, args=[name], env={"BAGUA_TIMEOUT": str(TIMEOUT_S)})
+    env = {"BAGUA_TIMEOUT": str(TIMEOUT_S)}
+    if name.endswith("_overlap"):
+        env["BAGUA_BUCKET_SIZE"] = "128"  # several buckets
+    return launch(os.path.abspath(__file__), 3, timeout=60, args=[name], env=env)
 
 
 @pytest.mark.timeout(120)

@@ -459,6 +459,14 @@ wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)d
            }, py::arg("stream") = py::none(),
            "Ends the step. Device buckets: `stream` (the optimizer's) waits for the step's device work; "
            "None: the call blocks until the device finished it.")
+      .def("wait_any", [](Engine& e, const std::vector<size_t>& buckets, std::optional<uintptr_t> stream) {
+             const std::optional<Stream> s = stream_arg(stream);
+             py::gil_scoped_release release;
+             return e.wait_any(buckets, s);
+           }, py::arg("buckets"), py::arg("stream") = py::none(),
+           "The lowest of `buckets` (indices) that has finished in the current step, waiting for one if none has; "
+           "does not end the step (wait() does). Timeouts and failures as wait(). Device buckets: `stream` waits "
+           "for that bucket's device work; None: the call blocks until the device finished it.")
       .def_property_readonly("device", &Engine::device, "The buckets' Device (None: host memory).")
       .def("lane_stream", [](const Engine& e, size_t lane) { return reinterpret_cast<uintptr_t>(e.lane_stream(lane)); },
            py::arg("lane"), "Lane `lane`'s comm stream handle (0 for host buckets).")

@@ -386,66 +386,101 @@ std::string Engine::unready_report_locked() const {
   return msg;
 }
 
-void Engine::wait(std::optional<Stream> consumer) {
-  std::unique_lock<std::mutex> lk(mu_);
-  check_usable_locked();
-  auto raise_failure = [&]() {
-    if (!error_raised_) {
-      error_raised_ = true;
-      std::rethrow_exception(error_);
-    }
-    throw Error("the engine is unusable after an earlier failure: " + broken_);
-  };
-  if (error_ && error_raised_) raise_failure();
-  if (!in_step_ && !error_) return;
+void Engine::raise_failure_locked() {
+  if (!error_raised_) {
+    error_raised_ = true;
+    std::rethrow_exception(error_);
+  }
+  throw Error("the engine is unusable after an earlier failure: " + broken_);
+}
 
+void Engine::await_locked(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done, size_t must_launch) {
   const auto begun = Clock::now();
   const auto unready_deadline = begun + timeout_;
   const auto watchdog = timeout_ + timeout_ / 2;
+  auto watchdog_deadline = [&](size_t running) {
+    const BucketTiming& t = entries_[running].timing;
+    return std::max(begun, from_ns(t.start_ns >= 0 ? t.start_ns : t.launch_ns)) + watchdog;
+  };
   for (;;) {
     if (closed_) throw Error("engine closed during wait()");
-    const size_t n = entries_.size();
     const size_t running = first_unfinished_locked();
     // After a failure the buckets other lanes still run end first (or meet the
     // watchdog): once wait() raises, no comm thread touches the buckets.
-    if (error_ && running == next_launch_) raise_failure();
-    if (!error_ && next_launch_ == n && finished_ == n) {
-      reset_step_locked();
-      ++steps_;
-      if (device_) finish_on_device_locked(lk, consumer);
-      return;
-    }
+    if (error_ && running == next_launch_) raise_failure_locked();
+    if (!error_ && done()) return;
     auto deadline = Clock::time_point::max();
-    if (!error_ && next_launch_ < n) deadline = unready_deadline;
-    if (running < next_launch_) {
-      const BucketTiming& t = entries_[running].timing;
-      const auto since = std::max(begun, from_ns(t.start_ns >= 0 ? t.start_ns : t.launch_ns));
-      deadline = std::min(deadline, since + watchdog);
-    }
+    if (!error_ && next_launch_ < must_launch) deadline = unready_deadline;
+    if (running < next_launch_) deadline = std::min(deadline, watchdog_deadline(running));
     if (done_cv_.wait_until(lk, deadline) == std::cv_status::no_timeout) continue;
-    if (Clock::now() < deadline) continue;
-    if (error_) raise_failure();  // a bucket still in flight after the failure overran the watchdog
-    if (next_launch_ == n && finished_ == n) continue;
-    if (next_launch_ < n && Clock::now() >= unready_deadline) {
+    const auto now = Clock::now();
+    if (now < deadline) continue;
+    if (error_) raise_failure_locked();  // a bucket still in flight after the failure overran the watchdog
+    if (done()) continue;
+    if (next_launch_ < must_launch && now >= unready_deadline) {
       fail_locked(std::make_exception_ptr(TimeoutError(unready_report_locked())));
-    } else {
-      const Entry& e = entries_[running];
+      continue;
+    }
+    const size_t late = first_unfinished_locked();
+    if (late < next_launch_ && now >= watchdog_deadline(late)) {
+      const Entry& e = entries_[late];
       fail_locked(std::make_exception_ptr(TimeoutError(
-                      e.bucket->describe(position(running)) + " did not finish within " +
+                      e.bucket->describe(position(late)) + " did not finish within " +
                       seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
                       " of its start (a peer may be stuck)")));
-      raise_failure();
+      raise_failure_locked();
     }
+    // else a launch moved the deadlines (launches do not notify done_cv_): look again
   }
 }
 
-// The device work of a finished step: the consumer stream waits for it, or the
-// caller does (the lock released: a stuck device must not block other
-// callers). A failure there breaks the engine like a comm thread's.
-void Engine::finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer) {
-  const DevicePtr device = device_;
+void Engine::wait(std::optional<Stream> consumer) {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable_locked();
+  if (error_ && error_raised_) raise_failure_locked();
+  if (!in_step_ && !error_) return;
+  const size_t n = entries_.size();
+  await_locked(lk, [&] { return next_launch_ == n && finished_ == n; }, n);
   std::vector<DeviceEventPtr> done;
   for (const auto& e : entries_) done.push_back(e.done_event);
+  reset_step_locked();
+  ++steps_;
+  if (device_) finish_on_device_locked(lk, consumer, done);
+}
+
+size_t Engine::wait_any(const std::vector<size_t>& buckets, std::optional<Stream> consumer) {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable_locked();
+  if (buckets.empty()) throw InvalidArgument("wait_any: no bucket given");
+  for (size_t b : buckets)
+    if (b >= entries_.size())
+      throw InvalidArgument("wait_any: no bucket " + std::to_string(b) + " (the engine has " +
+                            std::to_string(entries_.size()) + ")");
+  if (error_ && error_raised_) raise_failure_locked();
+  const size_t lowest = *std::min_element(buckets.begin(), buckets.end());
+  if (!in_step_ && !error_) return lowest;
+  size_t found = 0;
+  await_locked(lk, [&] {
+    bool any = false;
+    for (size_t b : buckets) {
+      if (b < next_launch_ && entries_[b].finished && (!any || b < found)) {
+        found = b;
+        any = true;
+      }
+    }
+    return any;
+  }, lowest + 1);
+  if (device_) finish_on_device_locked(lk, consumer, {entries_[found].done_event});
+  return found;
+}
+
+// The device work of finished buckets (their done events): the consumer
+// stream waits for it, or the caller does (the lock released: a stuck device
+// must not block other callers). A failure there breaks the engine like a
+// comm thread's.
+void Engine::finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer,
+                                     const std::vector<DeviceEventPtr>& done) {
+  const DevicePtr device = device_;
   std::exception_ptr error;
   if (consumer) {
     try {

@@ -39,6 +39,14 @@
 // mark_ready is ignored, the lanes skip their queued buckets and every later
 // wait() raises, since ranks can no longer agree on what was sent.
 //
+// wait_any(buckets) waits for some of the step's buckets only: it returns the
+// lowest of `buckets` that has finished, so a frontend can use each bucket's
+// results (e.g. apply the optimizer to its parameters) while later buckets
+// still communicate. Same deadlines, failures and device handling as wait()
+// (the unready deadline applies while the lowest of `buckets` has not
+// launched); it does not end the step: wait() does, at once when every bucket
+// has finished.
+//
 // Thread safety: mark_ready may be called from any thread; registration
 // (add_bucket, append_op, ...) only between steps. Nothing here touches the
 // GIL; the bindings release it around blocking calls.
@@ -49,6 +57,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <mutex>
 #include <string>
@@ -113,6 +122,11 @@ class Engine {
   // Ends the step (see above). Returns at once when no step is in progress.
   // `consumer`: see "Device buckets" above; ignored for host buckets.
   void wait(std::optional<Stream> consumer = std::nullopt);
+  // The lowest of `buckets` (indices, not empty) that has finished in the
+  // current step, waiting for one if none has (see above); the lowest of
+  // them at once when no step is in progress. `consumer`: as for wait(), for
+  // that bucket's device work.
+  size_t wait_any(const std::vector<size_t>& buckets, std::optional<Stream> consumer = std::nullopt);
 
   // The Device of the buckets (null for host buckets) and lane l's comm stream.
   const DevicePtr& device() const { return device_; }
@@ -164,7 +178,12 @@ class Engine {
   void launch_ready_locked(const std::optional<Stream>& producer);
   void use_device_locked(const DevicePtr& device);
   void reset_step_locked();
-  void finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer);
+  // Blocks until done() holds, or raises as wait() does; the unready deadline
+  // applies while fewer than `must_launch` buckets have launched.
+  void await_locked(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done, size_t must_launch);
+  [[noreturn]] void raise_failure_locked();
+  void finish_on_device_locked(std::unique_lock<std::mutex>& lk, const std::optional<Stream>& consumer,
+                               const std::vector<DeviceEventPtr>& done);
   void fail_locked(std::exception_ptr error);
   std::string unready_report_locked() const;
   std::string position(size_t index) const;  // "#i of n"
