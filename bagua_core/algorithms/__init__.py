@@ -1,8 +1,16 @@
 """Framework-neutral descriptions of Bagua's algorithms, one module each.
 
 A description is a frozen dataclass of hyperparameters, validated when built
-(``TypeError`` for a wrong type, ``ValueError`` for a wrong value); defaults
-live only there. Its :meth:`plan` says what a frontend must do with it: which
+(``TypeError`` for a wrong type, ``ValueError`` for a wrong value), registered
+under its ``name`` with ``@register``. Its fields, their defaults, their docs
+(the docstring's ``Args:`` section) and their checks are written only there:
+the frontends' classes (``bagua_torch.algorithms``, ``bagua_jax.algorithms``,
+``bagua.torch_api.algorithms``) take their signatures, argument docs and
+validation from it (:mod:`bagua_core.algorithms.frontend`), and every list of
+algorithms (``names()``, each frontend's ``__all__`` and
+``Algorithm.registered()``) comes from the registry.
+
+A description's :meth:`plan` says what a frontend must do with it: which
 registered engine step runs (``csrc/ops/registry.h``) with which parameters,
 which tensors travel (gradients or weights), in which phase of a training
 step, how they are bucketed and which state the step needs. Each frontend has
@@ -55,8 +63,9 @@ from bagua_core.algorithms._base import (
     WEIGHTS,
     Plan,
     as_description,
-    check_tensors,
     by_name,
+    check_tensors,
+    description_type,
     names,
 )
 from bagua_core.algorithms.async_model_average import AsyncModelAverage
@@ -68,12 +77,11 @@ from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecent
 from bagua_core.algorithms.low_rank import LowRank
 from bagua_core.algorithms.qadam import QAdam
 
-AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized, LowPrecisionDecentralized, QAdam,
-                             AsyncModelAverage, LocalSteps, LowRank]
+_DESCRIPTIONS = tuple(description_type(name) for name in names())
+AlgorithmDescription = Union[_DESCRIPTIONS]  # any registered description
 
 __all__ = [
     "AFTER_OPTIMIZER_STEP", "BACKGROUND", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
-    "AlgorithmDescription", "AsyncModelAverage",
-    "ByteGrad", "Decentralized", "GradientAllReduce", "LocalSteps", "LowPrecisionDecentralized", "LowRank", "Plan",
-    "QAdam", "as_description", "by_name", "check_tensors", "names",
+    "AlgorithmDescription", *(d.__name__ for d in _DESCRIPTIONS), "Plan",
+    "as_description", "by_name", "check_tensors", "description_type", "names",
 ]
