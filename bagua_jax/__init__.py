@@ -63,24 +63,18 @@ from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
 from bagua_jax._src.transform import BaguaState, transform
 from bagua_jax import algorithms
-from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
-                                  QAdamAlgorithm)
 from bagua_jax._src.qadam import QAdamState, qadam
 
 _register_targets()
 
+# Every algorithm class (GradientAllReduceAlgorithm, ...), one per registered description.
+_ALGORITHM_CLASSES = algorithms.Algorithm.classes()
+globals().update(_ALGORITHM_CLASSES)
+
 __all__ = [
-    "AsyncModelAverageAlgorithm",
+    *_ALGORITHM_CLASSES,
     "BaguaState",
-    "ByteGradAlgorithm",
-    "DecentralizedAlgorithm",
-    "GradientAllReduceAlgorithm",
     "GroupNotInitializedError",
-    "LocalStepsAlgorithm",
-    "LowPrecisionDecentralizedAlgorithm",
-    "LowRankAlgorithm",
-    "QAdamAlgorithm",
     "QAdamState",
     "ReduceOp",
     "algorithms",

@@ -1,7 +1,9 @@
 """Bagua's algorithms for JAX, under the original names and defaults (the
-same classes as ``bagua_torch.algorithms``). Pass one to
-:func:`bagua_jax.transform`; a :mod:`bagua_core.algorithms` description or a
-registered name (``"bytegrad"``, ...) works too."""
+same classes as ``bagua_torch.algorithms``; arguments, defaults, their docs
+and checks come from the :mod:`bagua_core.algorithms` descriptions). Pass one
+to :func:`bagua_jax.transform`; a description or a registered name
+(``"bytegrad"``, ...) works too. There is one class per registered
+description; ``__all__`` lists them from that registry."""
 
 from __future__ import annotations
 
@@ -12,33 +14,24 @@ from bagua_core.algorithms.frontend import FrontendAlgorithm
 class Algorithm(FrontendAlgorithm):
     """Base of the JAX algorithms; ``Algorithm.init(name, **kwargs)`` builds one by name."""
 
-    _registry: dict = {}
+    _classes: dict = {}
     frontend = "bagua_jax.algorithms"
 
 
 class GradientAllReduceAlgorithm(Algorithm):
-    """Gradients allreduced (mean, or sum with ``average=False``); with
-    ``hierarchical`` within each node first, then among node leaders."""
+    """Gradients allreduced (mean, or sum with ``average=False``): a gradient
+    algorithm, before the optimizer in the chain."""
 
     core_type = core.GradientAllReduce
 
-    def __init__(self, hierarchical: bool = False, average: bool = True):
-        super().__init__(hierarchical=hierarchical, average=average)
-
 
 class ByteGradAlgorithm(Algorithm):
-    """Gradients averaged with MinMaxUInt8 compression (8-bit scatter-reduce-gather).
-    ``error_feedback``: each bucket's residual of this rank's own quantisation,
-    ``e = (g + e) - decompress(compress(g + e))``, is added to the next
-    step's gradients before compressing (EF-SGD; the quantisation of the
-    reduced chunk before the gather is not fed back). It lives in the
-    transform's state (``BaguaState.step_state``), one element per bucket
-    element, zero after ``init``."""
+    """Gradients averaged with MinMaxUInt8 compression (8-bit
+    scatter-reduce-gather): a gradient algorithm, before the optimizer in the
+    chain. The residual of ``error_feedback`` lives in the transform's state
+    (``BaguaState.step_state``), zero after ``init``."""
 
     core_type = core.ByteGrad
-
-    def __init__(self, hierarchical: bool = True, average: bool = True, error_feedback: bool = False):
-        super().__init__(hierarchical=hierarchical, average=average, error_feedback=error_feedback)
 
 
 class DecentralizedAlgorithm(Algorithm):
@@ -47,11 +40,6 @@ class DecentralizedAlgorithm(Algorithm):
     algorithm: it goes *after* the optimizer in the chain and needs ``params``."""
 
     core_type = core.Decentralized
-
-    def __init__(self, hierarchical: bool = True, peer_selection_mode: str = "all",
-                 communication_interval: int = 1):
-        super().__init__(hierarchical=hierarchical, peer_selection_mode=peer_selection_mode,
-                         communication_interval=communication_interval)
 
 
 class LowPrecisionDecentralizedAlgorithm(Algorithm):
@@ -63,9 +51,6 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
 
     core_type = core.LowPrecisionDecentralized
 
-    def __init__(self, hierarchical: bool = True, communication_interval: int = 1):
-        super().__init__(hierarchical=hierarchical, communication_interval=communication_interval)
-
 
 class LocalStepsAlgorithm(Algorithm):
     """Local steps with an outer optimizer (local SGD / DiLoCo): each rank
@@ -73,21 +58,10 @@ class LocalStepsAlgorithm(Algorithm):
     weights' movement since the last synchronisation is averaged and applied
     to the common anchor by an outer SGD with (Nesterov) momentum. A weight
     algorithm of the after-optimizer phase: it goes *after* the optimizer in
-    the chain and needs ``params``; the anchor and the outer momentum live in
-    the transform's state. ``compression="minmax_uint8"`` averages the
-    pseudo-gradient 8-bit compressed; ``error_feedback`` adds each rank's
-    residual of its own quantisation to its next pseudo-gradient, the
-    residual a third copy of the weights in the state (see
-    :class:`bagua_core.algorithms.LocalSteps`)."""
+    the chain and needs ``params``; the anchor, the outer momentum and the
+    residual of ``error_feedback`` live in the transform's state."""
 
     core_type = core.LocalSteps
-
-    def __init__(self, sync_interval: int = 8, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 nesterov: bool = True, warmup_steps: int = 0, hierarchical: bool = False, compression: str = "none",
-                 error_feedback: bool = False):
-        super().__init__(sync_interval=sync_interval, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                         nesterov=nesterov, warmup_steps=warmup_steps, hierarchical=hierarchical,
-                         compression=compression, error_feedback=error_feedback)
 
 
 class LowRankAlgorithm(Algorithm):
@@ -100,13 +74,6 @@ class LowRankAlgorithm(Algorithm):
 
     core_type = core.LowRank
 
-    def __init__(self, rank: int = 4, start_iter: int = 1000, min_compression_rate: float = 2.0,
-                 orthogonalization_epsilon: float = 0.0, error_feedback: bool = True, warm_start: bool = True,
-                 seed: int = 0):
-        super().__init__(rank=rank, start_iter=start_iter, min_compression_rate=min_compression_rate,
-                         orthogonalization_epsilon=orthogonalization_epsilon, error_feedback=error_feedback,
-                         warm_start=warm_start, seed=seed)
-
 
 class QAdamAlgorithm(Algorithm):
     """QAdam's communication for ``q_adam_optimizer`` (what
@@ -114,16 +81,22 @@ class QAdamAlgorithm(Algorithm):
     is then the whole optimizer (communication and update; use it in place of
     ``tx``). Gradients are averaged while ``t < warmup_steps``, then the
     momentum is updated with the local gradient and averaged with MinMaxUInt8
-    compression."""
+    compression.
+
+    Args:
+        q_adam_optimizer: what :func:`bagua_jax.qadam` returns; its
+            ``warmup_steps`` and ``b1`` are the algorithm's.
+    """
 
     core_type = core.QAdam
+    derived_fields = ("warmup_steps", "beta1")  # the optimizer's
 
-    def __init__(self, q_adam_optimizer, hierarchical: bool = True):
+    def __init__(self, q_adam_optimizer, **fields):
         from bagua_jax._src.qadam import hyperparameters_of
 
         hp = hyperparameters_of(q_adam_optimizer)
         self.optimizer = q_adam_optimizer
-        super().__init__(hierarchical=hierarchical, warmup_steps=hp.warmup_steps, beta1=hp.b1)
+        super().__init__(warmup_steps=hp.warmup_steps, beta1=hp.b1, **fields)
 
     @classmethod
     def from_description(cls, description):
@@ -145,10 +118,6 @@ class AsyncModelAverageAlgorithm(Algorithm):
     again."""
 
     core_type = core.AsyncModelAverage
-
-    def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500, warmup_steps: int = 0):
-        super().__init__(peer_selection_mode=peer_selection_mode, sync_interval_ms=sync_interval_ms,
-                         warmup_steps=warmup_steps)
 
     def _bind(self, binding) -> None:
         old = self.__dict__.get("_binding")
@@ -200,6 +169,4 @@ def as_algorithm(algorithm) -> Algorithm:
     return Algorithm.coerce(algorithm, accept_names=True)
 
 
-__all__ = ["Algorithm", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm", "GradientAllReduceAlgorithm",
-           "LowPrecisionDecentralizedAlgorithm", "LocalStepsAlgorithm", "LowRankAlgorithm", "QAdamAlgorithm",
-           "as_algorithm"]
+__all__ = ["Algorithm", *Algorithm.classes(), "as_algorithm"]

@@ -18,6 +18,7 @@ processes, or ``bagua-run`` / torchrun does). Manual optimization and
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Optional, Union
 
@@ -28,7 +29,7 @@ from lightning.fabric.utilities.seed import reset_seed
 
 import bagua_torch
 from bagua_core.comm import ReduceOp
-from bagua_torch.algorithms import Algorithm
+from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 _REDUCE_OPS = {"mean": ReduceOp.AVG, "avg": ReduceOp.AVG, "sum": ReduceOp.SUM}
 _TORCH_REDUCE_OPS = {"SUM": ReduceOp.SUM, "PRODUCT": ReduceOp.PROD, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX,
@@ -46,7 +47,7 @@ class BaguaStrategy(DDPStrategy):
                          precision_plugin=precision_plugin)
         self._qadam_kwargs = None  # "qadam" by name: made once the optimizer exists
         if algorithm == "qadam" and "q_adam_optimizer" not in bagua_kwargs:
-            unknown = set(bagua_kwargs) - {"hierarchical"}
+            unknown = set(bagua_kwargs) - set(inspect.signature(QAdamAlgorithm).parameters)
             if unknown:
                 raise TypeError(f"unknown keyword arguments for qadam: {sorted(unknown)}")
             self._qadam_kwargs = bagua_kwargs
@@ -88,8 +89,6 @@ class BaguaStrategy(DDPStrategy):
 
     def _setup_model(self, model: torch.nn.Module) -> bagua_torch.DistributedDataParallel:
         if self._qadam_kwargs is not None:
-            from bagua_torch.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
-
             if len(self.optimizers) != 1 or not isinstance(self.optimizers[0], QAdamOptimizer):
                 raise ValueError("BaguaStrategy(algorithm='qadam') needs configure_optimizers to return exactly one "
                                  f"QAdamOptimizer, got {[type(o).__name__ for o in self.optimizers]}")

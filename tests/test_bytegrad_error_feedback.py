@@ -235,21 +235,15 @@ test_case, test_session_exits_cleanly = session_tests(
 
 
 def test_error_feedback_must_be_a_bool():
+    """(Every frontend raises the description's errors: tests/test_algorithm_surfaces.py.)"""
     import pytest
 
-    pytest.importorskip("jax")
-    import bagua_jax
-    import bagua_torch
-    from bagua.torch_api.algorithms import bytegrad as original
     from bagua_core import algorithms as core
 
     for bad in (1, 0, "yes", None, np.bool_(True)):
-        for make in (core.ByteGrad, bagua_torch.algorithms.ByteGradAlgorithm, bagua_jax.ByteGradAlgorithm,
-                     original.ByteGradAlgorithm):
-            with pytest.raises(TypeError, match="ByteGrad: error_feedback must be a bool"):
-                make(error_feedback=bad)
+        with pytest.raises(TypeError, match="ByteGrad: error_feedback must be a bool"):
+            core.ByteGrad(error_feedback=bad)
     assert core.ByteGrad().error_feedback is False
-    assert original.ByteGradAlgorithm(error_feedback=True).to_core() == core.ByteGrad(error_feedback=True)
     assert core.ByteGrad().plan().params == {"hierarchical": True, "average": True}  # as without the option
     assert core.ByteGrad(error_feedback=True).plan().params_text() == "average=true;error_feedback=true;hierarchical=true"
 

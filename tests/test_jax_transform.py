@@ -81,16 +81,10 @@ class Worker(JaxWorker):
         assert g is bagua_jax.init() and g.size == self.world and g.rank == self.rank
 
     def algorithms_api(self):
-        import inspect
-
+        # signatures, defaults and errors against torch's: tests/test_algorithm_surfaces.py
         import bagua_jax
-        import bagua_torch.algorithms as ta
         from bagua_core import algorithms as core
 
-        for name in ("GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm"):
-            jcls, tcls = getattr(bagua_jax.algorithms, name), getattr(ta, name)
-            assert inspect.signature(jcls) == inspect.signature(tcls), name
-            assert jcls().to_core() == tcls().to_core(), name
         assert bagua_jax.algorithms.as_algorithm("bytegrad") == bagua_jax.ByteGradAlgorithm()
         assert bagua_jax.algorithms.as_algorithm(core.Decentralized()) == bagua_jax.DecentralizedAlgorithm()
         assert bagua_jax.algorithms.Algorithm.init("decentralized", communication_interval=3).communication_interval == 3

@@ -9,7 +9,8 @@
 * JAX gives bitwise the torch frontend's weights (same C++ step, same state),
   its state lives in the optax state and survives pickling, steps between
   synchronisations are the inner update alone;
-* bad input; the loss goes down in both frameworks.
+* the description refuses bad settings (and every frontend with it:
+  tests/test_algorithm_surfaces.py); the loss goes down in both frameworks.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SHAPES = [(6, 5), (7,), (3, 4)]
 
 def case_names(session: str):
     return ["init", "torch_matches_reference", "plain_averaging_is_the_mean", "jax_matches_torch",
-            "jax_state_pickles_and_local_steps_are_local", "bad_input", "loss_goes_down"]
+            "jax_state_pickles_and_local_steps_are_local", "loss_goes_down"]
 
 
 def reference(world, grads_of, steps, lr, momentum, H, warmup, outer_lr, outer_mu, nesterov):
@@ -171,19 +172,6 @@ class Worker(JaxWorker):
         np.testing.assert_array_equal(np.asarray(sa[1].step_state[0]), np.asarray(sb[1].step_state[0]))
         assert not np.array_equal(np.asarray(ua["w"]), np.asarray(-0.1 * g["w"]))
 
-    def bad_input(self):
-        import bagua_jax
-        import bagua_torch.algorithms as ta
-
-        for make in (ta.LocalStepsAlgorithm, bagua_jax.LocalStepsAlgorithm):
-            expect_error(ValueError, lambda: make(sync_interval=0), "sync_interval must be >= 1")
-            expect_error(TypeError, lambda: make(sync_interval=2.5), "sync_interval must be an int")
-            expect_error(ValueError, lambda: make(outer_lr=0.0), "outer_lr must be > 0")
-            expect_error(ValueError, lambda: make(outer_momentum=1.0), "outer_momentum must be >= 0.0 and < 1.0")
-            expect_error(TypeError, lambda: make(outer_lr="0.7"), "outer_lr must be a number")
-            expect_error(TypeError, lambda: make(nesterov=1), "nesterov must be a bool")
-            expect_error(ValueError, lambda: make(warmup_steps=-1), "warmup_steps must be >= 0")
-
     def loss_goes_down(self):
         import bagua_jax
 
@@ -194,6 +182,18 @@ class Worker(JaxWorker):
 test_case, test_session_exits_cleanly = session_tests(
     __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
     timeout=150, test_timeout=240, requires=("jax", "optax"))
+
+
+def test_bad_settings_are_refused():
+    from bagua_core.algorithms import LocalSteps
+
+    expect_error(ValueError, lambda: LocalSteps(sync_interval=0), "sync_interval must be >= 1")
+    expect_error(TypeError, lambda: LocalSteps(sync_interval=2.5), "sync_interval must be an int")
+    expect_error(ValueError, lambda: LocalSteps(outer_lr=0.0), "outer_lr must be > 0")
+    expect_error(ValueError, lambda: LocalSteps(outer_momentum=1.0), "outer_momentum must be >= 0.0 and < 1.0")
+    expect_error(TypeError, lambda: LocalSteps(outer_lr="0.7"), "outer_lr must be a number")
+    expect_error(TypeError, lambda: LocalSteps(nesterov=1), "nesterov must be a bool")
+    expect_error(ValueError, lambda: LocalSteps(warmup_steps=-1), "warmup_steps must be >= 0")
 
 
 if __name__ == "__main__":

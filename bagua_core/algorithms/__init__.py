@@ -1,8 +1,16 @@
 """Framework-neutral descriptions of Bagua's algorithms, one module each.
 
 A description is a frozen dataclass of hyperparameters, validated when built
-(``TypeError`` for a wrong type, ``ValueError`` for a wrong value); defaults
-live only there. Its :meth:`plan` says what a frontend must do with it: which
+(``TypeError`` for a wrong type, ``ValueError`` for a wrong value), registered
+under its ``name`` with ``@register``. Its fields, their defaults, their docs
+(the docstring's ``Args:`` section) and their checks are written only there:
+the frontends' classes (``bagua_torch.algorithms``, ``bagua_jax.algorithms``,
+``bagua.torch_api.algorithms``) take their signatures, argument docs and
+validation from it (:mod:`bagua_core.algorithms.frontend`), and every list of
+algorithms (``names()``, each frontend's ``__all__`` and
+``Algorithm.registered()``) comes from the registry.
+
+A description's :meth:`plan` says what a frontend must do with it: which
 registered engine step runs (``csrc/ops/registry.h``) with which parameters,
 which tensors travel (gradients or weights), in which phase of a training
 step, how they are bucketed and which state the step needs. Each frontend has
@@ -42,6 +50,37 @@ then among node leaders, then back within the node. Constraints that depend
 on the group (``shift_one`` needs an even number of peers, ByteGrad's chunk
 count) are checked once, by the engine step, when a frontend binds the plan
 to a group (:func:`bagua_core.steps.check_plan`).
+
+Adding an algorithm that needs no frontend code of its own (no optimizer of
+its own, no background loop: a stateless class in each frontend) touches
+nine files:
+
+1. ``bagua_core/algorithms/<name>.py``: the ``@register``-ed description:
+   fields with defaults, an ``Args:`` entry for each, checks in
+   ``__post_init__``, ``plan()``;
+2. ``bagua_core/algorithms/__init__.py``: its import, and its line in the
+   list above;
+3. ``csrc/ops/<step>.h`` and 4. ``csrc/ops/<step>.cc``: its engine step
+   (CMake finds the new file; element math it lacks goes in
+   ``csrc/kernels/``, written once for CPU and CUDA);
+5. ``csrc/ops/registry.cc``: the step's entry in the registry of steps;
+6. ``bagua_torch/algorithms/<name>.py``: ``class <Name>Algorithm(Algorithm)``
+   with ``core_type = core.<Name>`` and a docstring of its torch specifics,
+   and 7. ``bagua_torch/algorithms/__init__.py``: its import;
+8. ``bagua_jax/algorithms.py``: the same class for JAX;
+9. ``tests/test_<name>.py``: its numbers against a reference in both
+   frontends.
+
+Everything else follows the registry: ``names()``, every frontend's
+``__all__``, ``Algorithm.registered()`` and ``init(name)``,
+``bagua.torch_api.algorithms``, ``bagua_jax``'s top level, ``bagua-compare``
+(``tests/test_compare.py`` then compares torch and JAX on it), and
+``tests/test_algorithm_surfaces.py``, which proves that the three surfaces
+agree with the description; it makes up a non-default value for each bool,
+int and float field, and a str field needs one line in its ``NON_DEFAULT``
+table (a tenth file). A frontend without a class for a registered
+description fails to import, naming it. Users learn of the algorithm from
+its row in README.md's table of algorithms (documentation, not counted).
 """
 
 from typing import Union
@@ -55,8 +94,9 @@ from bagua_core.algorithms._base import (
     WEIGHTS,
     Plan,
     as_description,
-    check_tensors,
     by_name,
+    check_tensors,
+    description_type,
     names,
 )
 from bagua_core.algorithms.async_model_average import AsyncModelAverage
@@ -68,12 +108,11 @@ from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecent
 from bagua_core.algorithms.low_rank import LowRank
 from bagua_core.algorithms.qadam import QAdam
 
-AlgorithmDescription = Union[GradientAllReduce, ByteGrad, Decentralized, LowPrecisionDecentralized, QAdam,
-                             AsyncModelAverage, LocalSteps, LowRank]
+_DESCRIPTIONS = tuple(description_type(name) for name in names())
+AlgorithmDescription = Union[_DESCRIPTIONS]  # any registered description
 
 __all__ = [
     "AFTER_OPTIMIZER_STEP", "BACKGROUND", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
-    "AlgorithmDescription", "AsyncModelAverage",
-    "ByteGrad", "Decentralized", "GradientAllReduce", "LocalSteps", "LowPrecisionDecentralized", "LowRank", "Plan",
-    "QAdam", "as_description", "by_name", "check_tensors", "names",
+    "AlgorithmDescription", *(d.__name__ for d in _DESCRIPTIONS), "Plan",
+    "as_description", "by_name", "check_tensors", "description_type", "names",
 ]

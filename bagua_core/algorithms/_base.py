@@ -63,16 +63,22 @@ def register(cls: type) -> type:
     return cls
 
 
-def by_name(name: str, **hyperparameters):
-    """The description called ``name`` (see :func:`names`), built from ``hyperparameters``."""
+def description_type(name: str) -> type:
+    """The description class registered as ``name`` (see :func:`names`)."""
     try:
-        cls = _BY_NAME[name]
+        return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(names())}") from None
-    return cls(**hyperparameters)
+
+
+def by_name(name: str, **hyperparameters):
+    """The description called ``name`` (see :func:`names`), built from ``hyperparameters``."""
+    return description_type(name)(**hyperparameters)
 
 
 def names() -> Tuple[str, ...]:
+    """The registered algorithms' names, sorted: the one list of algorithms,
+    from which the frontends derive theirs."""
     return tuple(sorted(_BY_NAME))
 
 

@@ -18,12 +18,20 @@ class AsyncModelAverage:
     """Asynchronous model average. Training steps ``t < warmup_steps``
     allreduce the gradients (mean); from then on a background loop, on its
     own clone of the group, averages the weights of every rank every
-    ``sync_interval_ms`` (0: back to back) while each rank trains at its own
-    pace: one round snapshots the weights, averages the snapshots, and moves
-    the weights by ``average - snapshot`` (keeping the local progress made
-    meanwhile). An optimizer step never sees half an average (a weight lock).
-    ``peer_selection_mode``: "all" (the only mode, as in Bagua 0.9). Needs
-    ``do_flatten=True`` (torch: the weights live in the loop's buckets)."""
+    ``sync_interval_ms`` while each rank trains at its own pace: one round
+    snapshots the weights, averages the snapshots, and moves the weights by
+    ``average - snapshot`` (keeping the local progress made meanwhile). An
+    optimizer step never sees half an average (a weight lock). Needs
+    ``do_flatten=True`` (torch: the weights live in the loop's buckets).
+
+    Args:
+        peer_selection_mode: "all" (every rank's weights are averaged; the
+            only mode, as in Bagua 0.9).
+        sync_interval_ms: pause between two averaging rounds of the
+            background loop (0: back to back).
+        warmup_steps: training steps that allreduce gradients (mean) before
+            the background averaging starts.
+    """
 
     peer_selection_mode: str = "all"
     sync_interval_ms: int = 500

@@ -15,13 +15,18 @@ class ByteGrad:
     """Centralized gradient averaging with MinMaxUInt8 compression
     (scatter-reduce-gather; buckets padded to a multiple of the group size).
 
-    ``error_feedback``: keep, per bucket, the residual of this rank's own
-    (first) quantisation, ``e = (g + e) - decompress(compress(g + e))``, and
-    add it to the next step's gradient before compressing (EF-SGD). The
-    second quantisation (of the reduced chunk, before the allgather) is not
-    fed back. With ``hierarchical`` the node leader, which quantises the node
-    average, keeps it. The residual is algorithm state (checkpointed; one
-    element of the gradients' dtype per bucket element, zero at the start).
+    Args:
+        hierarchical: average within each node first, compress only between
+            node leaders.
+        average: mean of the gradients (else their sum).
+        error_feedback: keep, per bucket, the residual of this rank's own
+            (first) quantisation, ``e = (g + e) - decompress(compress(g + e))``,
+            and add it to the next step's gradient before compressing
+            (EF-SGD). The second quantisation (of the reduced chunk, before
+            the allgather) is not fed back. With ``hierarchical`` the node
+            leader, which quantises the node average, keeps it. The residual
+            is algorithm state (checkpointed; one element of the gradients'
+            dtype per bucket element, zero at the start).
     """
 
     hierarchical: bool = True

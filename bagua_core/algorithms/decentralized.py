@@ -15,8 +15,17 @@ PEER_SELECTION_MODES = ("all", "shift_one")
 @dataclasses.dataclass(frozen=True)
 class Decentralized:
     """Decentralized SGD: weights averaged with peers every
-    ``communication_interval`` steps. ``shift_one`` pairs peers, so it needs an
-    even number of them (processes, or nodes when ``hierarchical``)."""
+    ``communication_interval`` steps.
+
+    Args:
+        hierarchical: average within each node first; exchange between node
+            leaders only.
+        peer_selection_mode: "all" (global average of the weights) or
+            "shift_one" (one partner per communication, rotating; it pairs
+            peers, so it needs an even number of them: processes, or nodes
+            when ``hierarchical``).
+        communication_interval: communicate every this many steps.
+    """
 
     hierarchical: bool = True
     peer_selection_mode: str = "all"

@@ -11,7 +11,13 @@ from bagua_core.algorithms._base import Plan, check_bool, register
 @register
 @dataclasses.dataclass(frozen=True)
 class GradientAllReduce:
-    """Centralized full-precision gradient allreduce (mean when ``average``)."""
+    """Centralized full-precision gradient allreduce, like torch DDP.
+
+    Args:
+        hierarchical: reduce within each node to its leader, allreduce among
+            leaders, broadcast within the node.
+        average: mean of the gradients (else their sum).
+    """
 
     hierarchical: bool = False
     average: bool = True

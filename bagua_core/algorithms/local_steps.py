@@ -30,26 +30,37 @@ class LocalSteps:
     """Every rank runs its own optimizer (any torch optimizer, any optax
     chain) ``sync_interval`` steps without communicating; then the weights'
     movement since the last synchronisation is averaged over the ranks and
-    applied to the common anchor by an outer SGD (``outer_lr``,
-    ``outer_momentum``, ``nesterov``; DiLoCo's defaults). ``outer_lr=1,
-    outer_momentum=0`` is plain periodic weight averaging (post-local SGD).
-    The first ``warmup_steps`` steps average the weights after every optimizer
-    step. The anchor and the outer momentum are algorithm state
-    (checkpointed): twice the weights' memory. ``hierarchical`` averages within
-    each node first. DiLoCo's outer momentum 0.9 suits an AdamW inside; with
-    an inner SGD with momentum a lighter one (0.5) or plain averaging is
-    steadier (the demos: 85.7% against 39.7% accuracy with 0.9).
+    applied to the common anchor by an outer SGD with (Nesterov) momentum
+    (DiLoCo's defaults). ``outer_lr=1, outer_momentum=0`` is plain periodic
+    weight averaging (post-local SGD). The anchor and the outer momentum are
+    algorithm state (checkpointed): twice the weights' memory. DiLoCo's outer
+    momentum 0.9 suits an AdamW inside; with an inner SGD with momentum a
+    lighter one (0.5) or plain averaging is steadier (the demos: 85.7%
+    against 39.7% accuracy with 0.9).
 
-    ``compression="minmax_uint8"`` averages the pseudo-gradient with
-    ByteGrad's MinMaxUInt8 compressed scatter-reduce-gather (8 bits per
-    element on the wire, each element quantised twice; the weights' buckets
-    are padded to a multiple of the group size); the warm-up averages stay
-    uncompressed. ``error_feedback`` (needs the compression) keeps each
-    rank's residual of its own quantisation of its pseudo-gradient,
-    ``e = (d + e) - decompress(compress(d + e))``, and adds it to the next
-    synchronisation's (with ``hierarchical`` the node leader, which quantises
-    the node average, keeps it): algorithm state like the anchor, one more
-    copy of the weights' memory, zero at the first synchronisation."""
+    Args:
+        sync_interval: optimizer steps between synchronisations (H).
+        outer_lr: the outer SGD's learning rate (1 with ``outer_momentum=0``:
+            plain weight averaging).
+        outer_momentum: the outer SGD's momentum, in [0, 1).
+        nesterov: Nesterov momentum for the outer step.
+        warmup_steps: the first steps average the weights after every
+            optimizer step.
+        hierarchical: average within each node first.
+        compression: ``"none"``, or ``"minmax_uint8"``: the pseudo-gradient
+            is averaged with ByteGrad's MinMaxUInt8 compressed
+            scatter-reduce-gather (8 bits per element on the wire, each
+            element quantised twice; the weights' buckets are padded to a
+            multiple of the group size); the warm-up averages stay
+            uncompressed.
+        error_feedback: with the compression, keep each rank's residual of
+            its own quantisation of its pseudo-gradient,
+            ``e = (d + e) - decompress(compress(d + e))``, and add it to the
+            next synchronisation's (with ``hierarchical`` the node leader,
+            which quantises the node average, keeps it): algorithm state like
+            the anchor, one more copy of the weights' memory, zero at the
+            first synchronisation.
+    """
 
     sync_interval: int = 8
     outer_lr: float = 0.7

@@ -15,9 +15,13 @@ from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, WEIGHTS, Plan, che
 class LowPrecisionDecentralized:
     """Decentralized SGD on a ring with 8-bit compressed weight differences,
     after the optimizer step, every ``communication_interval`` steps. Its
-    replicas are algorithm state (checkpointed). ``hierarchical`` averages
-    within each node first and runs the ring among node leaders (every node
-    must hold the same number of processes)."""
+    replicas of the neighbours' weights are algorithm state (checkpointed).
+
+    Args:
+        hierarchical: average within each node first; the ring runs among
+            node leaders (every node must hold the same number of processes).
+        communication_interval: communicate every this many steps.
+    """
 
     hierarchical: bool = True
     communication_interval: int = 1

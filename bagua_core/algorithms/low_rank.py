@@ -34,9 +34,8 @@ class LowRank:
     the gradient becomes ``P Q^T``. Q is kept between steps (``warm_start``;
     its first value is a seeded function of ``seed``, equal on every rank),
     and with ``error_feedback`` each rank adds what compression lost to its
-    next gradient. The first ``start_iter`` steps allreduce the gradients
-    uncompressed (torch's ``start_powerSGD_iter``, same default).
-    Orthogonalisation and P, Q are float32 also for 16-bit gradients.
+    next gradient. Orthogonalisation and P, Q are float32 also for 16-bit
+    gradients.
 
     The state per bucket (checkpointed): the error memory (the bucket's size,
     float32, float64 for float64 gradients; none without ``error_feedback``)
@@ -49,6 +48,19 @@ class LowRank:
     orthogonalization_epsilon=..., use_error_feedback=error_feedback,
     warm_start=warm_start)`` give the same numbers up to float rounding when
     the hook starts from the same Q.
+
+    Args:
+        rank: rank of the approximation of each matrix (torch's
+            ``matrix_approximation_rank``; capped per matrix as torch does).
+        start_iter: steps of uncompressed allreduce first (torch's
+            ``start_powerSGD_iter``, same default).
+        min_compression_rate: a matrix is compressed only when it shrinks by
+            more than this factor.
+        orthogonalization_epsilon: added to each column's norm when
+            orthogonalising.
+        error_feedback: add what compression lost to the next gradient.
+        warm_start: keep Q between steps (else a fresh seeded Q every step).
+        seed: the seed of the initial Q (equal on every rank).
     """
 
     rank: int = 4

@@ -20,7 +20,15 @@ class QAdam:
     padded to a multiple of the group size). The optimizer (torch
     ``QAdamOptimizer``, ``bagua_jax.qadam``) owns the momentum; the frontends
     share it with the engine step, and take ``warmup_steps`` and ``beta1``
-    from the optimizer."""
+    from the optimizer.
+
+    Args:
+        hierarchical: compressed averaging within each node first, then among
+            node leaders.
+        warmup_steps: optimizer steps ``t < warmup_steps`` allreduce the
+            gradients (the optimizer's ``warmup_steps``).
+        beta1: the momentum's decay (the optimizer's first beta).
+    """
 
     hierarchical: bool = True
     warmup_steps: int = 100

@@ -1,7 +1,10 @@
 """Bagua's algorithms for PyTorch, under the original names and defaults.
 
 Each is built from (and converts to, with ``.to_core()``) a framework-neutral
-description in :mod:`bagua_core.algorithms`; ``with_bagua`` accepts either.
+description in :mod:`bagua_core.algorithms`, which gives it its arguments,
+their defaults, docs and checks; ``with_bagua`` accepts either. There is one
+class per registered description (:func:`bagua_core.algorithms.names`);
+``__all__`` lists them from that registry.
 """
 
 from bagua_torch.algorithms.async_model_average import AsyncModelAverageAlgorithm
@@ -14,9 +17,4 @@ from bagua_torch.algorithms.low_precision_decentralized import LowPrecisionDecen
 from bagua_torch.algorithms.low_rank import LowRankAlgorithm
 from bagua_torch.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 
-__all__ = [
-    "Algorithm", "AlgorithmImpl", "as_algorithm", "registered",
-    "GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "LowPrecisionDecentralizedAlgorithm", "LowRankAlgorithm", "QAdamAlgorithm", "QAdamOptimizer",
-    "AsyncModelAverageAlgorithm", "LocalStepsAlgorithm",
-]
+__all__ = ["Algorithm", "AlgorithmImpl", "as_algorithm", "registered", *Algorithm.classes(), "QAdamOptimizer"]

@@ -34,14 +34,6 @@ def _ddp_of(model):
 class AsyncModelAverageAlgorithm(Algorithm):
     """Asynchronous model average.
 
-    Args:
-        peer_selection_mode: "all" (every rank's weights are averaged; the
-            only mode).
-        sync_interval_ms: pause between two averaging rounds of the
-            background loop (0: back to back).
-        warmup_steps: training steps that allreduce gradients (mean) before
-            the background averaging starts.
-
     The loop starts at the first training forward after the warm-up. Every
     rank must call :meth:`abort` when training stops (before evaluation,
     checkpointing or exit) and :meth:`resume` before training again. Needs
@@ -51,10 +43,6 @@ class AsyncModelAverageAlgorithm(Algorithm):
     """
 
     core_type = core.AsyncModelAverage
-
-    def __init__(self, peer_selection_mode: str = "all", sync_interval_ms: int = 500, warmup_steps: int = 0):
-        super().__init__(peer_selection_mode=peer_selection_mode, sync_interval_ms=sync_interval_ms,
-                         warmup_steps=warmup_steps)
 
     def reify(self, process_group) -> "AsyncModelAverageImpl":
         return AsyncModelAverageImpl(self, process_group)

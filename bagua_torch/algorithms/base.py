@@ -6,7 +6,9 @@ the framework-neutral :mod:`bagua_core.algorithms` description, whose plan says
 what travels, when, and which engine step runs). ``reify(process_group)``
 gives the :class:`AlgorithmImpl` of one wrapped model: the plan and the
 engine's step ops. The generic driver (:mod:`bagua_torch.distributed`) runs
-any plan; an algorithm class only carries its original name and signature.
+any plan; an algorithm class only carries its original name, and takes its
+signature, defaults, argument docs and checks from its description
+(:mod:`bagua_core.algorithms.frontend`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from bagua_core.algorithms.frontend import FrontendAlgorithm
 class Algorithm(FrontendAlgorithm):
     """Base of the torch algorithms. Subclasses set ``core_type`` (the
     :mod:`bagua_core.algorithms` dataclass); their constructor arguments are
-    the description's fields, with the original defaults."""
+    the description's fields, with its defaults."""
 
-    _registry: dict = {}
+    _classes: dict = {}
     frontend = "bagua_torch.algorithms"
 
     def reify(self, process_group) -> "AlgorithmImpl":
@@ -35,6 +37,7 @@ def as_algorithm(algorithm) -> Algorithm:
 
 
 def registered() -> List[str]:
+    """The registered algorithms' names (:func:`bagua_core.algorithms.names`)."""
     return Algorithm.registered()
 
 

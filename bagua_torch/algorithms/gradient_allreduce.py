@@ -8,15 +8,6 @@ from bagua_torch.algorithms.base import Algorithm
 
 
 class GradientAllReduceAlgorithm(Algorithm):
-    """Centralized full-precision synchronous data parallelism (like DDP).
-
-    Args:
-        hierarchical: reduce within each node to its leader, allreduce among
-            leaders, broadcast within the node.
-        average: mean of the gradients (else their sum).
-    """
+    """Centralized full-precision synchronous data parallelism (like DDP)."""
 
     core_type = core.GradientAllReduce
-
-    def __init__(self, hierarchical: bool = False, average: bool = True):
-        super().__init__(hierarchical=hierarchical, average=average)

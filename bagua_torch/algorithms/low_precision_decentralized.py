@@ -10,15 +10,6 @@ from bagua_torch.algorithms.base import Algorithm
 class LowPrecisionDecentralizedAlgorithm(Algorithm):
     """Decentralized SGD on a ring with MinMaxUInt8-compressed differences,
     run after ``optimizer.step()``. Its replicas of the neighbours' weights are
-    checkpointed by ``bagua_ddp.state_dict()``.
-
-    Args:
-        hierarchical: average within each node first; the ring runs among node
-            leaders.
-        communication_interval: communicate every this many steps.
-    """
+    checkpointed by ``bagua_ddp.state_dict()``."""
 
     core_type = core.LowPrecisionDecentralized
-
-    def __init__(self, hierarchical: bool = True, communication_interval: int = 1):
-        super().__init__(hierarchical=hierarchical, communication_interval=communication_interval)

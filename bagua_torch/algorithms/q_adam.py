@@ -88,14 +88,14 @@ class QAdamAlgorithm(Algorithm):
     gradient and averaged with MinMaxUInt8 compression.
 
     Args:
-        q_adam_optimizer: a :class:`QAdamOptimizer`.
-        hierarchical: compressed averaging within each node first, then among
-            node leaders.
+        q_adam_optimizer: a :class:`QAdamOptimizer`; its ``warmup_steps`` and
+            first beta are the algorithm's.
     """
 
     core_type = core.QAdam
+    derived_fields = ("warmup_steps", "beta1")  # the optimizer's
 
-    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = True):
+    def __init__(self, q_adam_optimizer: QAdamOptimizer, **fields):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise TypeError(f"QAdamAlgorithm needs a QAdamOptimizer, got {type(q_adam_optimizer).__name__}")
         groups = q_adam_optimizer.param_groups
@@ -103,8 +103,7 @@ class QAdamAlgorithm(Algorithm):
             if any(g[key] != groups[0][key] for g in groups):
                 raise ValueError(f"QAdamAlgorithm: every parameter group of the optimizer must share {key}")
         self.optimizer = q_adam_optimizer
-        super().__init__(hierarchical=hierarchical, warmup_steps=groups[0]["warmup_steps"],
-                         beta1=float(groups[0]["betas"][0]))
+        super().__init__(warmup_steps=groups[0]["warmup_steps"], beta1=float(groups[0]["betas"][0]), **fields)
 
     @classmethod
     def from_description(cls, description):
