@@ -28,9 +28,12 @@ BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Ba
                     "Bagua Async": "AsyncModelAverageAlgorithm", "Bagua LocalSteps": "LocalStepsAlgorithm",
                     "Bagua ByteGrad+EF": "ByteGradAlgorithm", "Bagua LowRank": "LowRankAlgorithm",
                     "Bagua LocalSteps+8bit": "LocalStepsAlgorithm"}
-# Constructor arguments a configuration always passes (beside the tuned ones given to wrap()).
+# Constructor arguments a configuration passes unless wrap()'s options give others. Bagua LowRank
+# starts as DDP+PowerSGD does (rank 1 from step POWERSGD_START_ITER), not at its own defaults
+# (rank 4 after 1000 steps: a throughput run of a few steps would never compress).
 FIXED_OPTIONS = {"Bagua ByteGrad+EF": {"error_feedback": True},
-                 "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True}}
+                 "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True},
+                 "Bagua LowRank": {"rank": 1, "start_iter": POWERSGD_START_ITER}}
 # A low-rank algorithm's settings under the names of wrap()'s options, and the names its
 # constructor may use for them (the first one in its signature is taken).
 LOW_RANK_PARAMETERS = {"rank": ("rank", "matrix_approximation_rank"),

@@ -19,9 +19,12 @@ rank), side by side in the same processes (benchmarks/_training.py):
 
     DDP, DDP+fp16, DDP+PowerSGD    torch DistributedDataParallel over gloo, with no hook, the fp16
                                    compress hook, the PowerSGD hook (rank 1, from step 2; one bucket)
-    Bagua GradientAllReduce, Bagua ByteGrad, Bagua Decentralized, Bagua LowPrecisionDecentralized,
-    Bagua QAdam, Bagua LocalSteps  ``model.with_bagua([opt], Algorithm())``, defaults (10 MiB buckets;
-                                   LocalSteps: synchronises every 8 steps, outer Nesterov SGD 0.7/0.9)
+    Bagua GradientAllReduce, Bagua ByteGrad, Bagua ByteGrad+EF, Bagua Decentralized, Bagua
+    LowPrecisionDecentralized, Bagua QAdam, Bagua LowRank, Bagua LocalSteps, Bagua LocalSteps+8bit
+                                   ``model.with_bagua([opt], Algorithm())``, defaults (10 MiB buckets;
+                                   +EF: error_feedback=True; LowRank: rank 1 from step 2, as the hook;
+                                   LocalSteps: synchronises every 8 steps, outer Nesterov SGD 0.7/0.9;
+                                   +8bit: compression="minmax_uint8", error_feedback=True)
     JAX Bagua GradientAllReduce    Flax, ``optax.chain(bagua_jax.transform(GradientAllReduceAlgorithm()),
                                    optax.sgd(0.01, momentum=0.9))`` under jax.jit
 
@@ -67,8 +70,8 @@ import _report  # benchmarks/_report.py: load, JSON, table, plots
 import _training  # benchmarks/_training.py: models, trainers, timing
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad overlap",
-           "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam", "Bagua LocalSteps",
-           "JAX Bagua GradientAllReduce")
+           "Bagua ByteGrad+EF", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
+           "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit", "JAX Bagua GradientAllReduce")
 # Not run by default: the same steps without communication (the compute a step cannot go below).
 EXTRA_CONFIGS = ("no communication",)
 BASELINE = "DDP"

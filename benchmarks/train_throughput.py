@@ -25,8 +25,13 @@ SGD with momentum, in the same processes:
                           ``model.with_bagua([opt], Algorithm())`` with the original defaults
                           (10 MiB buckets; the environment variable BAGUA_BUCKET_SIZE, in
                           bytes, changes that)
+    Bagua ByteGrad+EF     ByteGradAlgorithm(error_feedback=True)
     Bagua LowPrecisionDecentralized
                           the same (after the optimizer step, 8-bit differences on a ring)
+    Bagua LowRank         LowRankAlgorithm(rank=1, start_iter=2): PowerSGD as the hook above
+    Bagua LocalSteps, Bagua LocalSteps+8bit
+                          LocalStepsAlgorithm() (weights synchronised every 8 steps), and with
+                          compression="minmax_uint8", error_feedback=True
     Bagua QAdam           QAdamOptimizer (Adam, lr 1e-3, eps 1e-3) with QAdamAlgorithm(); its warm-up lasts
                           the untimed steps, so the timed ones communicate compressed momentum
     Bagua Async           AsyncModelAverageAlgorithm() (weights averaged every 500 ms by the engine's
@@ -76,8 +81,9 @@ import _launch  # benchmarks/_launch.py: the script is its own driver
 from _training import Trainer, finish, parse_configs, quartiles, timed_async_window, timed_steps  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
-           "Bagua ByteGrad", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "Bagua Async", "no communication")
+           "Bagua ByteGrad", "Bagua ByteGrad+EF", "Bagua Decentralized", "Bagua LowPrecisionDecentralized",
+           "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit", "Bagua Async",
+           "no communication")
 BASELINE = "DDP"
 COLLECTIVE_TIMEOUT_S = 120
 
