@@ -26,26 +26,9 @@ namespace bagua {
 namespace minmax_uint8 {
 namespace {
 
-#define BAGUA_ISA_NS baseline
-#define BAGUA_ISA_TARGET
-#include "kernels/compress_cpu_loops.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-
-#if BAGUA_X86_ISAS
-#define BAGUA_ISA_NS avx2
-#define BAGUA_ISA_TARGET BAGUA_AVX2_TARGET
-#include "kernels/compress_cpu_loops.inc"
-#include "kernels/compress_cpu_avx2_f32.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-
-#define BAGUA_ISA_NS avx512
-#define BAGUA_ISA_TARGET BAGUA_AVX512_TARGET
-#include "kernels/compress_cpu_loops.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-#endif
+#define BAGUA_ISA_LOOPS "kernels/compress_cpu_loops.inc"
+#define BAGUA_ISA_AVX2_EXTRA "kernels/compress_cpu_avx2_f32.inc"
+#include "kernels/cpu_isa_copies.h"
 
 // The copy of a loop for the ISA in use is chosen per chunk or tile (BAGUA_ISA_CALL), a negligible cost.
 

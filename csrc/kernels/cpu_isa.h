@@ -22,9 +22,10 @@ void set_cpu_isa(CpuIsa isa);
 }  // namespace bagua
 
 // For the files that compile their loops once per ISA (kernels/compress_cpu.cc,
-// kernels/low_rank_cpu.cc): whether this compiler builds the x86 copies, the
-// target attributes of the AVX2 and AVX-512 copies, and `return ns::fn(args)`
-// for the namespace (baseline, avx2, avx512) of the ISA in use. fn must deduce
+// kernels/low_rank_cpu.cc; kernels/cpu_isa_copies.h makes the copies): whether
+// this compiler builds the x86 copies, the target attributes of the AVX2 and
+// AVX-512 copies, and `return ns::fn(args)` for the namespace (baseline, avx2,
+// avx512) of the ISA in use. fn must deduce
 // its template arguments (the macro splits on commas).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BAGUA_X86_ISAS 1

@@ -25,25 +25,8 @@ constexpr size_t kMtpRows = 4;
 // Row block of M = P Q^T: its sums stay in L1.
 constexpr size_t kPqtBlock = 2048;
 
-#define BAGUA_ISA_NS baseline
-#define BAGUA_ISA_TARGET
-#include "kernels/low_rank_cpu_loops.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-
-#if BAGUA_X86_ISAS
-#define BAGUA_ISA_NS avx2
-#define BAGUA_ISA_TARGET BAGUA_AVX2_TARGET
-#include "kernels/low_rank_cpu_loops.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-
-#define BAGUA_ISA_NS avx512
-#define BAGUA_ISA_TARGET BAGUA_AVX512_TARGET
-#include "kernels/low_rank_cpu_loops.inc"
-#undef BAGUA_ISA_NS
-#undef BAGUA_ISA_TARGET
-#endif
+#define BAGUA_ISA_LOOPS "kernels/low_rank_cpu_loops.inc"
+#include "kernels/cpu_isa_copies.h"
 
 // Per-thread temporaries, one per slot and compute type; they only grow.
 enum Slot { kTransposed = 0, kRow = 1, kAcc = 2, kSlots = 3 };
