@@ -154,6 +154,26 @@ def wrap(name, model, opt, options=None):
     return model, model.bagua_ddp.close
 
 
+def start_worker(timeout_s, bagua=True):
+    """A benchmark worker's start: one torch thread (one process per core), torch's gloo group (its
+    store on MASTER_PORT) and, with ``bagua``, Bagua's (its store on MASTER_PORT + 1). A collective
+    stuck for ``timeout_s`` seconds raises instead of hanging. Returns (rank, world size, ``say``:
+    print on rank 0 only)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    if bagua:
+        import bagua_torch
+        bagua_torch.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    return rank, world, say
+
+
 class Trainer:
     """One torch configuration: its own model from ``make_model()`` (the same initial weights for
     every configuration), optimizer and position in ``batches`` (a list of (x, y) tensors).

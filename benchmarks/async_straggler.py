@@ -32,7 +32,7 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import finish  # benchmarks/_training.py
+from _training import finish, start_worker  # benchmarks/_training.py
 
 CONFIGS = ("DDP", "Bagua Async", "no communication")
 
@@ -109,18 +109,11 @@ def run(name, args, batches, rank, slow_ms):
 
 def work(argv) -> int:
     args = parse_args(argv)
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    import bagua_torch
     from train_throughput import make_batches
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    bagua_torch.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    import torch.distributed as dist
+
+    rank, world, _ = start_worker(120)
     if not 0 <= args.slow_rank < world:
         raise SystemExit(f"--slow-rank {args.slow_rank} is not a rank of {world}")
     batches = make_batches(rank, args.batch_size)

@@ -204,18 +204,9 @@ def _run_shaped(args, argv, tmp, runs) -> int:
 def work(argv) -> int:
     args = parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-    import torch
-
-    torch.set_num_threads(1)
     import torch.distributed as dist
 
-    import bagua_torch
-
-    # torch's store on MASTER_PORT, Bagua's on MASTER_PORT + 1; the timeout turns a stuck collective into an error.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    bagua_torch.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
     n_params = _training.mlp_parameters(args.features, args.hidden, args.classes)
     say(f"[{args.link}] MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}: {n_params / 1e6:.2f} M "
         f"parameters ({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, "

@@ -35,7 +35,7 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import Trainer, finish, quartiles, timed_steps  # benchmarks/_training.py
+from _training import Trainer, finish, quartiles, start_worker, timed_steps  # benchmarks/_training.py
 
 COLLECTIVE_TIMEOUT_S = 120
 NO_COMM = "no communication"
@@ -107,16 +107,9 @@ def format_table(results, ranks):
 def work(argv) -> int:
     args = parse_args(argv)
     import torch
-    torch.set_num_threads(1)  # 2 processes on 2 cores
-    import datetime
     import torch.distributed as dist
-    import bagua_torch
 
-    # torch's store on MASTER_PORT, Bagua's on MASTER_PORT + 1; the timeout turns a stuck collective into an error.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    bagua_torch.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    rank, world, say = start_worker(COLLECTIVE_TIMEOUT_S)
     widths = args.widths
     n_params = sum(p.numel() for p in build_model(widths).parameters())
     say(f"MLP {' -> '.join(map(str, widths))}: {n_params / 1e6:.2f} M parameters; world size {world}, batch "

@@ -582,17 +582,9 @@ def train(args, workload, track, method, hp, seed, max_seconds, max_steps, tx_by
 
 def work(argv) -> int:
     args = parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)
     import torch.distributed as dist
 
-    import bagua_torch
-
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    bagua_torch.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
     tx = os.environ.get("TTA_TX_BYTES")
     doc = {"link": args.link, "world_size": world, "bytes_counted": tx is not None,
            "bytes_note": None if tx else NOT_COUNTED, "workloads": {}, "cases": {},

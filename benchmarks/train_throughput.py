@@ -78,7 +78,8 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import Trainer, finish, parse_configs, quartiles, timed_async_window, timed_steps  # benchmarks/_training.py
+from _training import (Trainer, finish, parse_configs, quartiles, start_worker, timed_async_window,  # benchmarks/_training.py
+                       timed_steps)
 
 CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
            "Bagua ByteGrad", "Bagua ByteGrad+EF", "Bagua Decentralized", "Bagua LowPrecisionDecentralized",
@@ -151,17 +152,9 @@ def format_table(results, configs):
 def work(argv) -> int:
     args = parse_args(argv)
     import torch
-    torch.set_num_threads(1)  # 2 processes on 2 cores
-    import datetime
     import torch.distributed as dist
-    import bagua_torch
 
-    # torch's store on MASTER_PORT, Bagua's on MASTER_PORT + 1; the timeout turns a stuck collective into an error.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    if any(c.startswith("Bagua") for c in args.configs):
-        bagua_torch.init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    rank, world, say = start_worker(COLLECTIVE_TIMEOUT_S, bagua=any(c.startswith("Bagua") for c in args.configs))
     samples = args.steps * args.batch_size * world
 
     n_params = sum(p.numel() for p in build_model(args.channels, args.hidden).parameters())
