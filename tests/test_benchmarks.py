@@ -1,35 +1,23 @@
 """Smoke test of benchmarks/collectives.py: tiny sizes, 2 processes, every system and column."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.mp import REPO
+from tests.benchmark_scripts import run_script, table_cells
 
-SCRIPT = os.path.join(REPO, "benchmarks", "collectives.py")
 COLUMNS = ["procs", "op", "size", "bagua GB/s", "torch GB/s", "jax GB/s", "bagua/torch", "bagua/jax"]
-
-
-def _cells(line):
-    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 @pytest.mark.timeout(120)
 def test_collectives_benchmark_prints_full_table(tmp_path):
     out_json = tmp_path / "bench.json"
-    env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--sizes", "1K", "64K", "--iters", "3", "--warmup", "1",
-         "--world-size", "2", "--quiet", "--timeout", "100", "--json", str(out_json)],
-        env=env, capture_output=True, text=True, timeout=110,
-    )
+    proc = run_script("collectives.py", "--sizes", "1K", "64K", "--iters", "3", "--warmup", "1", "--world-size", "2",
+                      "--quiet", "--timeout", "100", "--json", str(out_json), timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith("|")]
-    assert _cells(lines[0]) == COLUMNS, lines[0]
-    rows = [_cells(l) for l in lines[2:]]
+    assert table_cells(lines[0]) == COLUMNS, lines[0]
+    rows = [table_cells(l) for l in lines[2:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("2", op, size) for op in ("allreduce", "allgather", "alltoall") for size in ("1 KiB", "64 KiB")]
     for r in rows:

@@ -4,31 +4,22 @@ user runs it (the script launches its 2 workers through bagua-run)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("optuna")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "autotune.py")
+from tests.benchmark_scripts import explain, run_script  # noqa: E402
 
 
 def _run(tmp_path, *extra):
     out = tmp_path / "results.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
     args = ["--layers", "3", "--width", "32", "--batch-size", "4", "--rounds", "2", "--steps", "1",
             "--max-samples", "2", "--confidence", "0", "--warmup", "0", "--interval", "2", "--confirm-pairs", "2",
             "--max-tune-steps", "80", "--json", str(out), "--timeout", "90", *extra]
-    p = subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=110)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("autotune.py", *args, timeout=110)
+    assert p.returncode == 0, explain(p)
     assert "autotuned plan:" in p.stdout and ", completed;" in p.stdout, p.stdout
     return p.stdout, json.loads(out.read_text())
 

@@ -16,34 +16,21 @@ import pytest
 
 pytest.importorskip("torch")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "bandwidth.py")
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import _hosts  # noqa: E402  (benchmarks/_hosts.py)
+from tests.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
+                                     script_path, start_script)
 from bandwidth import CONFIGS  # noqa: E402  (every configuration the script runs by default)
 
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
-    return env
+SCRIPT = "bandwidth.py"
 
 
-def _run(*args, timeout=100, **kw):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout, **kw)
-
-
-def _explain(p):
-    return f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+def _run(*args, timeout=100):
+    return run_script(SCRIPT, *args, timeout=timeout)
 
 
 @pytest.mark.timeout(120)
 def test_smoke_run_unshaped_writes_table_json_and_png(tmp_path):
     p = _run("--smoke", "--no-shaping", "--out-dir", str(tmp_path), "--timeout", "90")
-    assert p.returncode == 0, _explain(p)
+    assert p.returncode == 0, explain(p)
     assert "shaping skipped: --no-shaping given" in p.stdout
 
     rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
@@ -71,7 +58,7 @@ def test_smoke_run_unshaped_writes_table_json_and_png(tmp_path):
 def test_time_to_loss_smoke_writes_curves(tmp_path):
     p = _run("--smoke", "--no-shaping", "--time-to-loss", "--configs", "DDP,Bagua ByteGrad", "--target-loss", "0.0",
              "--max-steps", "3", "--out-dir", str(tmp_path), "--timeout", "50", timeout=58)
-    assert p.returncode == 0, _explain(p)
+    assert p.returncode == 0, explain(p)
     doc = json.loads((tmp_path / "time_to_loss.json").read_text())
     for name in ("DDP", "Bagua ByteGrad"):
         r = doc["runs"]["loopback (unshaped)"]["results"][name]
@@ -86,17 +73,18 @@ def test_time_to_loss_smoke_writes_curves(tmp_path):
 def test_without_root_it_says_so(tmp_path):
     """Not root: the message names root. Root: run with CAP_NET_ADMIN dropped (setpriv), as in a
     container without it; the message names the capability."""
-    cmd = [sys.executable, SCRIPT, "--rates", "100mbit", "--out-dir", str(tmp_path)]
+    cmd = [sys.executable, script_path(SCRIPT), "--rates", "100mbit", "--out-dir", str(tmp_path)]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("root, and setpriv (util-linux) is missing to drop CAP_NET_ADMIN")
         cmd = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", *cmd]
-    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=25)
-    assert p.returncode == 2, _explain(p)
-    assert "CAP_NET_ADMIN" in p.stderr and "--no-shaping" in p.stderr, _explain(p)
+    p = subprocess.run(cmd, cwd=REPO, env=driver_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                       timeout=25)
+    assert p.returncode == 2, explain(p)
+    assert "CAP_NET_ADMIN" in p.stderr and "--no-shaping" in p.stderr, explain(p)
     assert not (tmp_path / "bandwidth.json").exists()
     p = _run("--rates", "3 parsecs", timeout=25)
-    assert p.returncode == 2 and "expected a number followed by kbit, mbit or gbit" in p.stderr, _explain(p)
+    assert p.returncode == 2 and "expected a number followed by kbit, mbit or gbit" in p.stderr, explain(p)
 
 
 @pytest.mark.timeout(30)
@@ -123,27 +111,12 @@ def test_overlap_and_one_lane_suffixes_and_extra_configurations_parse():
 
 # ------------------------------------------------------------ as root ---
 
-def _namespaces_usable():
-    reason = _hosts.unavailable_reason()
-    if reason is not None:
-        return reason
-    probe = f"{_hosts.NETNS_PREFIX}probe{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
-    return None if p.returncode == 0 else f"'ip netns add' fails here: {p.stderr.strip()}"
-
-
-_reason = _namespaces_usable()
-needs_netns = pytest.mark.skipif(_reason is not None, reason=f"shaped runs need network namespaces: {_reason}")
-
-
 def _own_netns(pid):
     return sorted(n for n in _hosts.list_netns() if n.startswith(f"{_hosts.NETNS_PREFIX}{pid}-"))
 
 
 def _start(*args):
-    return subprocess.Popen([sys.executable, SCRIPT, *args], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start_script(SCRIPT, *args)
 
 
 def _wait_for_workers(proc, timeout=40):
@@ -235,28 +208,26 @@ def test_run_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path):
     assert _gone_soon(pids), _alive(pids)  # the launchers die with the driver, the workers with them
     assert _own_netns(proc.pid) == names  # nothing could remove them
     p = _run("--cleanup", timeout=30)
-    assert p.returncode == 0, _explain(p)
+    assert p.returncode == 0, explain(p)
     assert _own_netns(proc.pid) == []
 
 
-LANES_SCRIPT = os.path.join(REPO, "benchmarks", "engine_lanes.py")
 LANES_TINY = ("--rounds", "2", "--buckets", "3", "--bucket-mib", "0.25")
 
 
 def _lanes(*args, timeout=60):
-    return subprocess.run([sys.executable, LANES_SCRIPT, *args], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    return run_script("engine_lanes.py", *args, timeout=timeout)
 
 
 @pytest.mark.timeout(80)
 def test_engine_lanes_benchmark_over_loopback():
     for step in ("bytegrad", "centralized_allreduce"):
         p = _lanes("--no-shaping", "--step", step, *LANES_TINY)
-        assert p.returncode == 0, _explain(p)  # the engines' results were also compared bitwise
-        assert f"{step}, 3 buckets" in p.stdout and "link loopback" in p.stdout, _explain(p)
-        assert "1 lane :" in p.stdout and "2 lanes:" in p.stdout and "x the one-lane speed" in p.stdout, _explain(p)
+        assert p.returncode == 0, explain(p)  # the engines' results were also compared bitwise
+        assert f"{step}, 3 buckets" in p.stdout and "link loopback" in p.stdout, explain(p)
+        assert "1 lane :" in p.stdout and "2 lanes:" in p.stdout and "x the one-lane speed" in p.stdout, explain(p)
     p = _lanes("--buckets", "1")
-    assert p.returncode == 2 and "--buckets must be >= 2" in p.stderr, _explain(p)
+    assert p.returncode == 2 and "--buckets must be >= 2" in p.stderr, explain(p)
 
 
 @needs_netns
@@ -264,5 +235,5 @@ def test_engine_lanes_benchmark_over_loopback():
 def test_engine_lanes_benchmark_on_a_shaped_link_removes_its_hosts():
     before = set(_hosts.list_netns())
     p = _lanes("--rate", "1gbit", *LANES_TINY)
-    assert p.returncode == 0 and "link 1gbit" in p.stdout, _explain(p)
+    assert p.returncode == 0 and "link 1gbit" in p.stdout, explain(p)
     assert set(_hosts.list_netns()) == before

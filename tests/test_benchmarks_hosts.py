@@ -6,18 +6,13 @@ Measured with real TCP connections between the namespaces."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import _hosts  # noqa: E402  (benchmarks/_hosts.py)
-
-from tests.test_benchmarks_bandwidth import needs_netns  # noqa: E402
+from tests.benchmark_scripts import _hosts, needs_netns
 
 PORT = 5301
 # Host 0 serves: a one-byte ping answered at once, then it counts what it receives for a while.

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("flax")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "jax_transform.py")
+from tests.benchmark_scripts import explain, run_script  # noqa: E402
+
 CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
            "torch no communication")
 
@@ -23,13 +20,8 @@ CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_
 @pytest.mark.timeout(150)
 def test_smoke_run_reports_every_configuration(tmp_path):
     out = tmp_path / "results.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
-    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--json", str(out), "--timeout", "110"], cwd=REPO,
-                       env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=140)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("jax_transform.py", "--smoke", "--json", str(out), "--timeout", "110", timeout=140)
+    assert p.returncode == 0, explain(p)
     rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
     for name in CONFIGS:
         assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"

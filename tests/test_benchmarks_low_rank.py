@@ -5,30 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "low_rank_step.py")
+from tests.benchmark_scripts import explain, run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_smoke_run_reports_both_systems_per_rank(tmp_path):
     out = tmp_path / "low_rank.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
-    # The driver stops the launcher (and so the workers) after --timeout; subprocess's timeout is a backstop.
-    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--json", str(out), "--timeout", "80"], cwd=REPO, env=env,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=100)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("low_rank_step.py", "--smoke", "--json", str(out), "--timeout", "80", timeout=100)
+    assert p.returncode == 0, explain(p)
 
     rows = [line for line in p.stdout.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| rank | DDP+powerSGD_hook ms/step | Bagua LowRank ms/step | Bagua / hook"), rows

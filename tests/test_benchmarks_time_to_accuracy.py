@@ -7,24 +7,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "time_to_accuracy.py")
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import _hosts  # noqa: E402  (benchmarks/_hosts.py)
-import time_to_accuracy as tta  # noqa: E402
-
-from tests.test_benchmarks_bandwidth import _env, _explain, needs_netns  # noqa: E402
+from tests.benchmark_scripts import _hosts, explain, needs_netns, run_script  # noqa: E402
+import time_to_accuracy as tta  # noqa: E402  (benchmarks/time_to_accuracy.py)
 
 
 def _run(*args, timeout=60):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout)
+    return run_script("time_to_accuracy.py", *args, timeout=timeout)
 
 
 # ------------------------------------------------------------ pure logic ---
@@ -90,7 +81,7 @@ def test_bad_options_are_refused():
                       (["--hosts", "3"], "not divisible by 3 hosts"), (["--tune-trials", "2"], "cover"),
                       (["--powersgd-starts", "1"], "at least 2"), (["--workloads", "gan"], "unknown")):
         p = _run(*bad, timeout=30)
-        assert p.returncode == 2 and says in p.stderr, (bad, _explain(p))
+        assert p.returncode == 2 and says in p.stderr, (bad, explain(p))
 
 
 # ------------------------------------------------------------ smoke runs ---
@@ -106,7 +97,7 @@ def _check_outputs(out_dir, tracks=("sgd", "adamw")):
 @pytest.mark.timeout(90)
 def test_smoke_run_unshaped(tmp_path):
     p = _run("--smoke", "--no-shaping", "--out-dir", str(tmp_path), "--timeout", "80", timeout=85)
-    assert p.returncode == 0, _explain(p)
+    assert p.returncode == 0, explain(p)
     assert "shaping skipped: --no-shaping given" in p.stdout
     doc, table = _check_outputs(tmp_path)
     run = doc["runs"]["2 hosts, loopback (unshaped)"]
@@ -140,7 +131,7 @@ def test_tiny_shaped_run_counts_the_bytes_on_the_wire(tmp_path):
     before = set(_hosts.list_netns())
     p = _run("--smoke", "--hosts", "2,4", "--links", "1gbit", "--tracks", "sgd", "--methods",
              "DDP,Bagua ByteGrad", "--seeds", "1", "--out-dir", str(tmp_path), "--timeout", "50", timeout=115)
-    assert p.returncode == 0, _explain(p)
+    assert p.returncode == 0, explain(p)
     assert set(_hosts.list_netns()) == before  # every namespace, the switch's too, removed
     doc, table = _check_outputs(tmp_path, tracks=("sgd",))
     assert doc["shaping"] is True and set(doc["runs"]) == {"2 hosts, 1gbit", "4 hosts, 1gbit"}

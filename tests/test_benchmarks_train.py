@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "train_throughput.py")
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from tests.benchmark_scripts import explain, run_script  # noqa: E402
 from train_throughput import CONFIGS  # noqa: E402  (every configuration the script runs by default)
 
 pytestmark = pytest.mark.timeout(90)
@@ -24,14 +19,8 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_smoke_run_reports_every_configuration(tmp_path):
     out = tmp_path / "results.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)  # the driver mode is chosen by the absence of RANK
-    # The driver stops the launcher (and so the workers) after --timeout; subprocess's timeout is a backstop.
-    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--json", str(out), "--timeout", "60"], cwd=REPO, env=env,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=80)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("train_throughput.py", "--smoke", "--json", str(out), "--timeout", "60", timeout=80)
+    assert p.returncode == 0, explain(p)
 
     rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
     for name in CONFIGS:
@@ -52,14 +41,8 @@ def test_smoke_run_reports_every_configuration(tmp_path):
 
 def test_async_straggler_smoke_run(tmp_path):
     out = tmp_path / "straggler.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    script = os.path.join(REPO, "benchmarks", "async_straggler.py")
-    p = subprocess.run([sys.executable, script, "--smoke", "--json", str(out), "--timeout", "70"], cwd=REPO, env=env,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=85)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("async_straggler.py", "--smoke", "--json", str(out), "--timeout", "70", timeout=85)
+    assert p.returncode == 0, explain(p)
     doc = json.loads(out.read_text())
     configs = {(r["config"], r["slow_ms"] > 0) for r in doc["results"]}
     assert configs == {(c, s) for c in ("DDP", "Bagua Async", "no communication") for s in (False, True)}
@@ -69,16 +52,10 @@ def test_async_straggler_smoke_run(tmp_path):
 
 
 def test_one_lane_variants_run_beside_the_default(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
     configs = ["DDP", "Bagua ByteGrad", "Bagua ByteGrad 1 lane", "Bagua QAdam 1 lane"]
-    p = subprocess.run([sys.executable, SCRIPT, "--smoke", "--timeout", "60", "--configs", ",".join(configs)],
-                       cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=80)
-    assert p.returncode == 0, f"rc={p.returncode}\n[stdout]\n{p.stdout[-4000:]}\n[stderr]\n{p.stderr[-4000:]}"
+    p = run_script("train_throughput.py", "--smoke", "--timeout", "60", "--configs", ",".join(configs), timeout=80)
+    assert p.returncode == 0, explain(p)
     rows = {line.split("|")[1].strip() for line in p.stdout.splitlines() if line.startswith("| ")}
     assert set(configs) <= rows, p.stdout
-    bad = subprocess.run([sys.executable, SCRIPT, "--smoke", "--configs", "DDP,DDP 1 lane"], cwd=REPO, env=env,
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    bad = run_script("train_throughput.py", "--smoke", "--configs", "DDP,DDP 1 lane", timeout=60)
     assert bad.returncode == 2 and "unknown configuration" in bad.stderr, bad.stderr
