@@ -93,13 +93,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import math
 import os
 import secrets
 import statistics
 import sys
-import tempfile
 import time
 
 import _hosts  # benchmarks/_hosts.py: namespaces, bridge, veth, tc
@@ -119,6 +119,7 @@ BASELINE, POWERSGD = "DDP", "DDP+PowerSGD"
 LOCAL_STEPS_FIXED = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "warmup_steps": 0}
 DEFAULT_LINKS = "100mbit,1gbit,10gbit,100mbit+5ms"
 UNSHAPED = "loopback (unshaped)"
+PARTIAL_PREFIX = "partial-"  # a launch's results while it runs (removed once time_to_accuracy.json is written)
 NOT_COUNTED = "not counted: unshaped run over loopback (no veth of its own to count on)"
 TUNING_SEED = 0
 MASTER_PORT = 29500  # inside a fresh namespace every port is free
@@ -411,12 +412,13 @@ def drive(args, argv) -> int:
            "estimated_seconds_per_launch": estimate, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     t0 = time.perf_counter()
     rc = 0
-    with tempfile.TemporaryDirectory(prefix="bagua-tta-") as tmp:
-        for n in args.hosts:
-            launch = _launch_unshaped if reason is not None else _launch_shaped
-            rc = launch(args, argv, tmp, n, timeout, doc) or rc
-            if rc in (124, 130):
-                break
+    # Each launch's results go straight to the output folder, rewritten after every method: a run
+    # that is killed outright (not stopped) still leaves what it measured there.
+    for n in args.hosts:
+        launch = _launch_unshaped if reason is not None else _launch_shaped
+        rc = launch(args, argv, args.out_dir, n, timeout, doc) or rc
+        if rc in (124, 130):
+            break
     doc.update(seconds=time.perf_counter() - t0, load_average_after=os.getloadavg(), uptime_after=_report.uptime())
     doc["summary"] = {key: {w: {t: summarize(run["cases"][w][t], [m for m in TRACKS[t] if m in args.methods],
                                              args.target_fraction, args.time_budget)
@@ -424,6 +426,8 @@ def drive(args, argv) -> int:
                       for key, run in doc["runs"].items()}
     plots = {f"time_to_accuracy_{t}.png": (lambda d, path, t=t: plot_track(d, path, t)) for t in args.tracks}
     _report.write_outputs(doc, args.out_dir, "time_to_accuracy", format_table(doc), plots)
+    for partial in glob.glob(os.path.join(args.out_dir, PARTIAL_PREFIX + "*.json")):
+        os.remove(partial)  # all of it is in time_to_accuracy.json now
     return rc
 
 
@@ -447,16 +451,21 @@ def _worker_argv(argv, link, result):
     return [*argv, "--link", link, "--result", result]
 
 
-def _launch_unshaped(args, argv, tmp, n, timeout, doc):
+def _partial_result(out_dir, n, link):
+    slug = "".join(c if c.isalnum() or c in "+-." else "-" for c in link)
+    return os.path.join(out_dir, f"{PARTIAL_PREFIX}{n}h-{slug}.json")
+
+
+def _launch_unshaped(args, argv, out_dir, n, timeout, doc):
     key = _run_key(n, UNSHAPED)
     print(f"--- {key}: {n} processes on this host", flush=True)
-    result = os.path.join(tmp, f"{n}-unshaped.json")
+    result = _partial_result(out_dir, n, UNSHAPED)
     cmd = _launch.launcher_cmd(__file__, _worker_argv(argv, UNSHAPED, result), n)
     return _collect(doc, key, result, _launch.wait_all([_launch.start(cmd, _launch.worker_env())], timeout,
                                                        "time_to_accuracy.py"))
 
 
-def _launch_shaped(args, argv, tmp, n, timeout, doc):
+def _launch_shaped(args, argv, out_dir, n, timeout, doc):
     secret = secrets.token_hex(32)  # the same on every host: the store admits only this job's workers
     with _hosts.EmulatedHosts(n) as hosts:
         print(f"emulated hosts: namespaces {', '.join(hosts.netns)} ({', '.join(_hosts.ADDRESSES[:n])})"
@@ -471,7 +480,7 @@ def _launch_shaped(args, argv, tmp, n, timeout, doc):
                 doc.setdefault("delay_method", {})[key] = hosts.delay_method()
             print(f"--- {key} each way" + (f", {delay} ms one way ({hosts.delay_method()})" if delay else ""),
                   flush=True)
-            result = os.path.join(tmp, f"{n}-{link}.json")
+            result = _partial_result(out_dir, n, link)
             procs = []
             for host in range(n):
                 env = _launch.worker_env({"GLOO_SOCKET_IFNAME": hosts.ifaces[host], "BAGUA_STORE_SECRET": secret,

@@ -91,6 +91,7 @@ def _check_outputs(out_dir, tracks=("sgd", "adamw")):
     for t in tracks:
         assert (out_dir / f"time_to_accuracy_{t}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out_dir / "time_to_accuracy.md").read_text()
+    assert not list(out_dir.glob(tta.PARTIAL_PREFIX + "*")), "a launch's partial results outlived the run"
     return doc, table
 
 
