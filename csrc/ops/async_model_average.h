@@ -1,4 +1,4 @@
-// Asynchronous model average (§2.6 of the behaviour reference), full precision.
+// Asynchronous model average, full precision.
 //
 // Runs on a background thread (sched/async_averager.h), never in a training
 // step's op chain, on communicators nobody else uses. One round:

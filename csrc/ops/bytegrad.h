@@ -1,4 +1,4 @@
-// ByteGrad's step (§2.2): the MinMaxUInt8 compressed scatter-reduce-gather
+// ByteGrad's step: the MinMaxUInt8 compressed scatter-reduce-gather
 // (ops/compressed_exchange.h) of float data, in place. The element count must
 // be a multiple of the group size: the exchange splits it into one chunk per
 // rank, or per node when hierarchical (intra-node reduce to the leader, the

@@ -1,4 +1,4 @@
-// GradientAllReduce's step (§2.1): every rank's data becomes the sum or the
+// GradientAllReduce's step: every rank's data becomes the sum or the
 // mean over the group, in place. Hierarchical: intra-node reduce to the node
 // leader, allreduce among leaders, intra-node broadcast.
 //

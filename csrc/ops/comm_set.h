@@ -1,8 +1,8 @@
 // The communicators an engine's ops run on.
 //
-// Flat ops use `global`. Hierarchical ops (§3.4 of the behaviour reference)
-// reduce within the node over `intra` to its rank 0 (the node leader), run the
-// algorithm among leaders over `inter`, then broadcast within the node. Every
+// Flat ops use `global`. Hierarchical ops reduce within the node over `intra`
+// to its rank 0 (the node leader), run the algorithm among leaders over
+// `inter`, then broadcast within the node. Every
 // node must hold the same number of processes; `inter` is null on non-leaders.
 #pragma once
 

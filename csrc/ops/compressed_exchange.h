@@ -1,5 +1,5 @@
 // The MinMaxUInt8 compressed exchange shared by ByteGrad, QAdam and
-// low-precision decentralized SGD (§2.2 of the behaviour reference).
+// low-precision decentralized SGD.
 //
 // scatter_reduce_gather on a communicator of n ranks, rank r, over `data`
 // (count divisible by n) split in n chunks:

@@ -1,4 +1,4 @@
-// Decentralized SGD's weight averaging (§2.3), full precision.
+// Decentralized SGD's weight averaging, full precision.
 //
 // data = this rank's weights (read only), result = the peer-averaged weights.
 // Step number s communicates when s % communication_interval == 0; the

@@ -1,4 +1,4 @@
-// Low-precision decentralized SGD (§2.4 of the behaviour reference): after the
+// Low-precision decentralized SGD: after the
 // optimizer step, each rank moves its weights towards the average of its ring
 // neighbours, sending only MinMaxUInt8-compressed differences.
 //
