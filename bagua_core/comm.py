@@ -315,6 +315,9 @@ def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[Pr
 
 @one_caller
 def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+    """Reduces ``tensor`` of every rank and writes the result into ``tensor`` on
+    every rank.
+    """
     g = _group(group)
     if not g.is_member:
         return
@@ -478,6 +481,9 @@ def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None
 
 @one_caller
 def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
+    """As :func:`alltoall`, with ``tensor`` both sent and received (its chunk
+    ``j`` goes to rank ``j`` and is replaced by rank ``j``'s chunk ``i``).
+    """
     g = _group(group)
     if not g.is_member:
         return

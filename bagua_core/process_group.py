@@ -629,6 +629,9 @@ atexit.register(lambda: destroy_process_group())
 
 
 def is_initialized() -> bool:
+    """Whether :func:`init_process_group` has run in this process (and
+    :func:`destroy_process_group` has not).
+    """
     return _ctx is not None
 
 
@@ -652,6 +655,9 @@ def _context() -> _Context:
 
 
 def get_default_group() -> ProcessGroup:
+    """The world group made by :func:`init_process_group` (every rank of the
+    job); the group collectives use when none is passed.
+    """
     return _context().world
 
 
@@ -727,16 +733,22 @@ def get_rank() -> int:
 
 
 def get_world_size() -> int:
+    """Number of processes in the job (from the environment when not initialised)."""
     return _settings().world_size
 
 
 def get_local_rank() -> int:
+    """Rank of this process on its node (``LOCAL_RANK``)."""
     return _settings().local_rank
 
 
 def get_local_world_size() -> int:
+    """Number of processes on this node (``LOCAL_WORLD_SIZE``)."""
     return _settings().local_world_size
 
 
 def get_node_rank() -> int:
+    """Index of this node in the job (``NODE_RANK`` or ``GROUP_RANK``; default
+    ``RANK // LOCAL_WORLD_SIZE``).
+    """
     return _settings().node_rank

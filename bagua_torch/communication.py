@@ -92,14 +92,24 @@ def _out(result, recv_tensor):
 
 
 def send(tensor: torch.Tensor, dst: int, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    """Sends ``tensor`` to rank ``dst``, which calls :func:`recv`; blocks until sent."""
     _core.send(_t(tensor), dst, _g(comm, group))
 
 
 def recv(tensor: torch.Tensor, src: int, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    """Receives into ``tensor`` what rank ``src`` passes to :func:`send`."""
     _core.recv(_t(tensor), src, _g(comm, group))
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, comm: Optional[ProcessGroup] = None, *, group=None) -> None:
+    """Overwrites ``tensor`` on every rank with rank ``src``'s.
+
+    Example:
+        >>> t = torch.arange(4.0) if bagua_torch.get_rank() == 0 else torch.zeros(4)
+        >>> bagua_torch.broadcast(t, src=0)
+        >>> t
+        tensor([0., 1., 2., 3.])
+    """
     _core.broadcast(_t(tensor), src, _g(comm, group))
 
 
@@ -109,20 +119,33 @@ def broadcast_object(obj, src: int = 0, comm: Optional[ProcessGroup] = None, *, 
 
 
 def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM, comm=None, *, group=None):
+    """Reduces ``send_tensor`` of every rank with ``op`` into ``recv_tensor`` on
+    rank ``dst`` (returned; a new tensor when ``recv_tensor`` is None).
+    """
     out = _core.reduce(_t(send_tensor), _t(recv_tensor), dst, op, _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    """Reduces ``tensor`` of every rank with ``op`` into ``tensor`` on rank ``dst``."""
     _core.reduce_inplace(_t(tensor), dst, op, _g(comm, group))
 
 
 def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, comm=None, *, group=None):
+    """Reduces ``send_tensor`` of every rank with ``op`` into ``recv_tensor`` on
+    every rank (returned; a new tensor when ``recv_tensor`` is None).
+
+    Example:
+        >>> x = torch.ones(3)
+        >>> bagua_torch.allreduce(x)  # a world of one process
+        tensor([1., 1., 1.])
+    """
     out = _core.allreduce(_t(send_tensor), _t(recv_tensor), op, _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    """Reduces ``tensor`` of every rank with ``op`` into ``tensor`` on every rank."""
     _core.allreduce_inplace(_t(tensor), op, _g(comm, group))
 
 
@@ -133,15 +156,24 @@ def allgather(send_tensor, recv_tensor=None, comm=None, *, group=None):
 
 
 def allgather_inplace(tensor, comm=None, *, group=None) -> None:
+    """Gathers chunk ``i`` of ``tensor`` from rank ``i`` into every rank's
+    ``tensor`` (each rank's own chunk is its input).
+    """
     _core.allgather_inplace(_t(tensor), _g(comm, group))
 
 
 def gather(send_tensor, recv_tensor=None, dst: int = 0, comm=None, *, group=None):
+    """Every rank's ``send_tensor`` in rank order, in ``recv_tensor`` on rank
+    ``dst`` (returned; a new tensor when ``recv_tensor`` is None).
+    """
     out = _core.gather(_t(send_tensor), _t(recv_tensor), dst, _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def gather_inplace(tensor, count: int, dst: int = 0, comm=None, *, group=None) -> None:
+    """On ``dst``, ``tensor`` holds ``size * count`` elements and its own
+    contribution at chunk ``dst``; elsewhere it holds the ``count`` elements sent.
+    """
     _core.gather_inplace(_t(tensor), count, dst, _g(comm, group))
 
 
@@ -153,39 +185,60 @@ def scatter(send_tensor, recv_tensor, src: int = 0, comm=None, *, group=None):
 
 
 def scatter_inplace(tensor, count: int, src: int = 0, comm=None, *, group=None) -> None:
+    """On ``src``, ``tensor`` holds ``size * count`` elements (chunk ``src``
+    stays); elsewhere it receives its ``count`` elements.
+    """
     _core.scatter_inplace(_t(tensor), count, src, _g(comm, group))
 
 
 def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, comm=None, *, group=None):
+    """Reduces ``send_tensor`` of every rank with ``op``; rank ``i`` gets chunk
+    ``i`` of the result in ``recv_tensor`` (returned; new when None).
+    """
     out = _core.reduce_scatter(_t(send_tensor), _t(recv_tensor), op, _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None, *, group=None) -> None:
+    """As :func:`reduce_scatter`; the result for this rank is written over
+    chunk ``rank`` of ``tensor``.
+    """
     _core.reduce_scatter_inplace(_t(tensor), op, _g(comm, group))
 
 
 def alltoall(send_tensor, recv_tensor=None, comm=None, *, group=None):
+    """Chunk ``j`` of ``send_tensor`` goes to rank ``j``, which stores it as chunk
+    ``i`` (the sender's rank) of ``recv_tensor`` (returned; new when None).
+    """
     out = _core.alltoall(_t(send_tensor), _t(recv_tensor), _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def alltoall_inplace(tensor, comm=None, *, group=None) -> None:
+    """As :func:`alltoall`, with ``tensor`` both sent and received."""
     _core.alltoall_inplace(_t(tensor), _g(comm, group))
 
 
 def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
                recv_counts: Sequence[int], recv_displs: Sequence[int], comm=None, *, group=None):
+    """As :func:`alltoall` with chunks of different sizes: rank ``j`` receives
+    ``send_counts[j]`` elements from ``send_displs[j]`` of ``send_tensor``,
+    written at ``recv_displs[i]`` of its ``recv_tensor``.
+    """
     out = _core.alltoall_v(_t(send_tensor), send_counts, send_displs, _t(recv_tensor), recv_counts,
                            recv_displs, _g(comm, group))
     return _out(out, recv_tensor)
 
 
 def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int], comm=None, *, group=None) -> None:
+    """:func:`alltoall_v` on one tensor, with the same counts and
+    displacements on both sides.
+    """
     _core.alltoall_v_inplace(_t(tensor), counts, displs, _g(comm, group))
 
 
 def barrier(comm=None, *, group=None) -> None:
+    """Returns once every rank of the group has called it."""
     _core.barrier(_g(comm, group))
 
 

@@ -8,18 +8,22 @@ from bagua_core import config
 
 
 def get_world_size() -> int:
+    """Number of processes in the job, from the environment."""
     return config.load().world_size
 
 
 def get_rank() -> int:
+    """Global rank of this process, from the environment."""
     return config.load().rank
 
 
 def get_local_rank() -> int:
+    """Rank of this process on its node, from the environment."""
     return config.load().local_rank
 
 
 def get_local_size() -> int:
+    """Number of processes on this node, from the environment."""
     return config.load().local_world_size
 
 
