@@ -8,104 +8,128 @@ are read instead. With neither, the process runs alone (world size 1).
 
 Settings (all optional):
 
-===============================  =======================================================
-``BAGUA_TIMEOUT``                seconds every blocking call may take (default 600: a
-                                 first jitted step can compile for minutes)
-``BAGUA_STORE_PORT``             port of the rendezvous store on ``MASTER_ADDR``
-                                 (default ``MASTER_PORT + 1``, so it never clashes with
-                                 torchrun's own store on ``MASTER_PORT``). Alias:
-                                 ``BAGUA_SERVICE_PORT`` (Bagua 0.9's one extra port on
-                                 the master; values <= 0 mean the default, as there)
-``BAGUA_HOSTNAME``               address this process listens on for its peers (default:
-                                 the local address that routes to ``MASTER_ADDR``)
-``BAGUA_DEBUG_CHECKS``           also check send/recv pairs and collective sequence
-                                 numbers across ranks (default off; Gloo groups
-                                 always check that collectives agree on op, dtype,
-                                 count and root; costs one small allgather per
-                                 collective and a round trip per send/recv)
-``BAGUA_SHM``                    when every rank of a group runs on this host (same
-                                 kernel, network/IPC/mount namespaces and user),
-                                 CPU allreduces go through POSIX shared memory
-                                 instead of TCP (default on); 0 keeps them on TCP.
-                                 Every rank must set the same value, or the group
-                                 stays on TCP
-``BAGUA_BACKEND``                communicator of process groups: ``auto`` (default:
-                                 NCCL when this build has CUDA, every rank sees a
-                                 CUDA device for its ``LOCAL_RANK`` and finds an NCCL
-                                 library; Gloo otherwise), ``nccl`` (an error on every
-                                 rank when one of them cannot) or ``gloo``. The
-                                 ``backend`` argument of ``init_process_group()`` /
-                                 ``new_group()`` overrides it
-``BAGUA_NCCL_LIBRARY``           full path of ``libnccl.so.2`` (or its directory);
-                                 used when torch has not loaded an NCCL in this
-                                 process already, before the ``nvidia-nccl`` wheel
-                                 (see :mod:`bagua_core._nccl`)
-``BAGUA_LOG_LEVEL``              level of the ``bagua`` logger: DEBUG, INFO, WARNING,
-                                 ERROR or CRITICAL (default: as the application set it;
-                                 see :mod:`bagua_core.log`)
-``BAGUA_BUCKET_SIZE``            bytes of gradients (or weights) per bucket of the
-                                 default bucket plan (default 10 MiB = 10485760);
-                                 smaller buckets start communicating earlier in
-                                 backward, larger ones make fewer, bigger calls.
-                                 Alias: ``BAGUA_DEFAULT_BUCKET_SIZE`` (Bagua 0.9's name)
-``BAGUA_STORE_SECRET``           the job's secret: a rendezvous store client must
-                                 prove it holds it (HMAC-SHA256 challenge) before
-                                 anything else. ``bagua-run`` makes one for
-                                 single-node jobs; multi-node jobs (and torchrun) set
-                                 the same value on every node. Unset: any client that
-                                 reaches the store is accepted (a warning on
-                                 multi-node jobs)
-``BAGUA_STORE_MAX_VALUE_BYTES``  largest value one store SET may hold
-                                 (default 64 MiB)
-``BAGUA_STORE_MAX_BYTES``        total bytes of keys and values the store holds
-                                 (default 256 MiB)
-``BAGUA_STORE_IDLE_TIMEOUT``     seconds an authenticated store connection may stay
-                                 silent outside a blocking request before the store
-                                 closes it (default 60; ranks ping theirs well within it)
-``BAGUA_TRACE``                  path of a Chrome trace (Perfetto) of the engine's
-                                 per-bucket timings; each rank writes
-                                 ``<stem>.rank<r><suffix>`` (see :mod:`bagua_core.trace`).
-                                 Unset: no trace, no clock reads
-``BAGUA_WIRE_PACKING``           ``auto``, ``on`` or ``off``: whether large float32
-                                 SUM/AVG allreduces over Gloo may send their bytes
-                                 top-byte packed (lossless, about 12% fewer bytes).
-                                 ``auto`` (default) packs once every rank has measured
-                                 the link under 2 Gbit/s; ``on`` always packs;
-                                 ``off`` keeps Gloo's ring
-``BAGUA_ENGINE_LANES``           comm threads of each wrapped model's engine, each on its
-                                 own clone of the group; consecutive buckets alternate
-                                 between them, so one computes while the other's bytes
-                                 travel (default: 2 on Gloo groups, 1 on NCCL groups:
-                                 NCCL kernels of two communicators launched at once can
-                                 wait for each other on the device; see
-                                 :func:`engine_lanes_for`)
-``BAGUA_AUTOTUNE``               autotune level: >= 1 tunes the bucket size and order
-                                 online (see :mod:`bagua_core.autotune`); default 0
-``BAGUA_AUTOTUNE_MAX_SAMPLES``   plans measured before the best one is kept (default 60)
+``BAGUA_TIMEOUT``
+    seconds every blocking call may take (default 600: a
+    first jitted step can compile for minutes)
+``BAGUA_STORE_PORT``
+    port of the rendezvous store on ``MASTER_ADDR``
+    (default ``MASTER_PORT + 1``, so it never clashes with
+    torchrun's own store on ``MASTER_PORT``). Alias:
+    ``BAGUA_SERVICE_PORT`` (Bagua 0.9's one extra port on
+    the master; values <= 0 mean the default, as there)
+``BAGUA_HOSTNAME``
+    address this process listens on for its peers (default:
+    the local address that routes to ``MASTER_ADDR``)
+``BAGUA_DEBUG_CHECKS``
+    also check send/recv pairs and collective sequence
+    numbers across ranks (default off; Gloo groups
+    always check that collectives agree on op, dtype,
+    count and root; costs one small allgather per
+    collective and a round trip per send/recv)
+``BAGUA_SHM``
+    when every rank of a group runs on this host (same
+    kernel, network/IPC/mount namespaces and user),
+    CPU allreduces go through POSIX shared memory
+    instead of TCP (default on); 0 keeps them on TCP.
+    Every rank must set the same value, or the group
+    stays on TCP
+``BAGUA_BACKEND``
+    communicator of process groups: ``auto`` (default:
+    NCCL when this build has CUDA, every rank sees a
+    CUDA device for its ``LOCAL_RANK`` and finds an NCCL
+    library; Gloo otherwise), ``nccl`` (an error on every
+    rank when one of them cannot) or ``gloo``. The
+    ``backend`` argument of ``init_process_group()`` /
+    ``new_group()`` overrides it. Must be the same on
+    every rank
+``BAGUA_NCCL_LIBRARY``
+    full path of ``libnccl.so.2`` (or its directory);
+    used when torch has not loaded an NCCL in this
+    process already, before the ``nvidia-nccl`` wheel
+    (see :mod:`bagua_core._nccl`); NCCL >= 2.14, major
+    version 2
+``BAGUA_LOG_LEVEL``
+    level of the ``bagua`` logger: DEBUG, INFO, WARNING,
+    ERROR or CRITICAL (default: as the application set it;
+    see :mod:`bagua_core.log`)
+``BAGUA_BUCKET_SIZE``
+    bytes of gradients (or weights) per bucket of the
+    default bucket plan (default 10 MiB = 10485760);
+    smaller buckets start communicating earlier in
+    backward, larger ones make fewer, bigger calls.
+    Alias: ``BAGUA_DEFAULT_BUCKET_SIZE`` (Bagua 0.9's name)
+``BAGUA_STORE_SECRET``
+    the job's secret: a rendezvous store client must
+    prove it holds it (HMAC-SHA256 challenge) before
+    anything else. ``bagua-run`` makes one for
+    single-node jobs; multi-node jobs (and torchrun) set
+    the same value on every node. Unset: any client that
+    reaches the store is accepted (a warning on
+    multi-node jobs)
+``BAGUA_STORE_MAX_VALUE_BYTES``
+    largest value one store SET may hold
+    (default 64 MiB)
+``BAGUA_STORE_MAX_BYTES``
+    total bytes of keys and values the store holds
+    (default 256 MiB)
+``BAGUA_STORE_IDLE_TIMEOUT``
+    seconds an authenticated store connection may stay
+    silent outside a blocking request before the store
+    closes it (default 60; ranks ping theirs well within it)
+``BAGUA_TRACE``
+    path of a Chrome trace (Perfetto) of the engine's
+    per-bucket timings; each rank writes
+    ``<stem>.rank<r><suffix>`` (see :mod:`bagua_core.trace`).
+    Unset: no trace, no clock reads
+``BAGUA_WIRE_PACKING``
+    ``auto``, ``on`` or ``off``: whether large float32
+    SUM/AVG allreduces over Gloo may send their bytes
+    top-byte packed (lossless, about 12% fewer bytes).
+    ``auto`` (default) packs once every rank has measured
+    the link under 2 Gbit/s; ``on`` always packs;
+    ``off`` keeps Gloo's ring. Must be the same on every
+    rank
+``BAGUA_ENGINE_LANES``
+    comm threads of each wrapped model's engine, each on its
+    own clone of the group; consecutive buckets alternate
+    between them, so one computes while the other's bytes
+    travel (default: 2 on Gloo groups, 1 on NCCL groups:
+    NCCL kernels of two communicators launched at once can
+    wait for each other on the device; see
+    :func:`engine_lanes_for`)
+``BAGUA_AUTOTUNE``
+    autotune level: >= 1 tunes the bucket size and order
+    online (see :mod:`bagua_core.autotune`); default 0
+``BAGUA_AUTOTUNE_MAX_SAMPLES``
+    plans measured before the best one is kept (default 60)
 ``BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S``
-                                 seconds each plan is measured (default 5.0)
-``BAGUA_AUTOTUNE_WARMUP_TIME_S`` seconds of training before the first measurement
-                                 (default 30.0)
-``BAGUA_AUTOTUNE_INTERVAL_STEPS`` steps between two autotune decisions, where every
-                                 rank meets rank 0's decision in the store (default
-                                 100, Bagua 0.9's cycle)
-``BAGUA_AUTOTUNE_CONFIRM_PAIRS`` after the search, the best plan and the default are
-                                 measured this many times each, alternately; the
-                                 best replaces the default only if its gain over
-                                 these pairs exceeds their noise (default 5, >= 2)
-``BAGUA_IS_OUTPUT_AUTOTUNE_LOG`` rank 0 writes each measured plan to
-                                 ``$TMPDIR/bagua_autotune_<model>.log`` (CSV; default off)
-===============================  =======================================================
+    seconds each plan is measured (default 5.0)
+``BAGUA_AUTOTUNE_WARMUP_TIME_S``
+    seconds of training before the first measurement
+    (default 30.0)
+``BAGUA_AUTOTUNE_INTERVAL_STEPS``
+    steps between two autotune decisions, where every
+    rank meets rank 0's decision in the store (default
+    100, Bagua 0.9's cycle)
+``BAGUA_AUTOTUNE_CONFIRM_PAIRS``
+    after the search, the best plan and the default are
+    measured this many times each, alternately; the
+    best replaces the default only if its gain over
+    these pairs exceeds their noise (default 5, >= 2)
+``BAGUA_IS_OUTPUT_AUTOTUNE_LOG``
+    rank 0 writes each measured plan to
+    ``$TMPDIR/bagua_autotune_<model>.log`` (CSV; default off)
 
 Settings of ``baguarun`` (the multi-host launcher, :func:`ssh_settings`):
 
-===============================  =======================================================
-``BAGUA_NODE_DOMAIN_NAMES``      default of ``--host_list``: ``host[:sshport],...``
-``BAGUA_SSH_PORT``               default of ``--ssh_port``
-``BAGUA_SSH_COMMAND``            the ssh client and its options, split like a shell
-                                 command line (default ``ssh``), e.g. ``ssh -i
-                                 ~/.ssh/cluster_key -o BatchMode=yes``
-===============================  =======================================================
+``BAGUA_NODE_DOMAIN_NAMES``
+    default of ``--host_list``: ``host[:sshport],...``
+``BAGUA_SSH_PORT``
+    default of ``--ssh_port``
+``BAGUA_SSH_COMMAND``
+    the ssh client and its options, split like a shell
+    command line (default ``ssh``), e.g. ``ssh -i
+    ~/.ssh/cluster_key -o BatchMode=yes``
 
 An alias is read when its new name is absent; both set to different values
 raise :class:`ConfigError`.

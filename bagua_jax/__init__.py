@@ -1,6 +1,6 @@
 """Bagua for JAX: Bagua's algorithms as an optax transformation, and
 collectives on jax arrays; both work eagerly and inside ``jax.jit``, through
-XLA FFI handlers of the Bagua engine.
+XLA FFI handlers of the Bagua engine::
 
     import bagua_jax, optax
     bagua_jax.init_process_group()        # default process group from the environment

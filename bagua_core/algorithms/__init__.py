@@ -60,13 +60,13 @@ nine files:
    ``__post_init__``, ``plan()``;
 2. ``bagua_core/algorithms/__init__.py``: its import, and its line in the
    list above;
-3. ``csrc/ops/<step>.h`` and 4. ``csrc/ops/<step>.cc``: its engine step
-   (CMake finds the new file; element math it lacks goes in
-   ``csrc/kernels/``, written once for CPU and CUDA);
+3. ``csrc/ops/<step>.h``: its engine step, the header stating its rule;
+4. ``csrc/ops/<step>.cc``: the step (CMake finds the new file; element
+   math it lacks goes in ``csrc/kernels/``, written once for CPU and CUDA);
 5. ``csrc/ops/registry.cc``: the step's entry in the registry of steps;
 6. ``bagua_torch/algorithms/<name>.py``: ``class <Name>Algorithm(Algorithm)``
-   with ``core_type = core.<Name>`` and a docstring of its torch specifics,
-   and 7. ``bagua_torch/algorithms/__init__.py``: its import;
+   with ``core_type = core.<Name>`` and a docstring of its torch specifics;
+7. ``bagua_torch/algorithms/__init__.py``: its import;
 8. ``bagua_jax/algorithms.py``: the same class for JAX;
 9. ``tests/test_<name>.py``: its numbers against a reference in both
    frontends.
@@ -79,8 +79,11 @@ Everything else follows the registry: ``names()``, every frontend's
 agree with the description; it makes up a non-default value for each bool,
 int and float field, and a str field needs one line in its ``NON_DEFAULT``
 table (a tenth file). A frontend without a class for a registered
-description fails to import, naming it. Users learn of the algorithm from
-its row in README.md's table of algorithms (documentation, not counted).
+description fails to import, naming it. The documentation follows too (not
+counted): the algorithm table (README.md, docs) is made from the plans
+(``python docs/_ext/bagua_docs.py --write-readme`` rewrites the README's
+copy), and ``make docs`` fails until ``docs/algorithms.md`` has a section for
+the new description.
 """
 
 from typing import Union
