@@ -79,3 +79,17 @@ system:
 
 clean:
 	rm -rf build bagua_core/_C*.so $(BUILT)
+
+# The documentation (docs/): Sphinx, warnings as errors, without compiling
+# the extension. The pinned doc packages go into .venv once.
+DOCS_DEPS := $(VENV)/.docs-installed
+
+.PHONY: docs
+
+docs: $(DOCS_DEPS)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs/_build/html/index.html"
+
+$(DOCS_DEPS): docs/requirements.txt | $(DEPS)
+	$(PIP) install -q -r docs/requirements.txt
+	touch $@
