@@ -11,7 +11,8 @@ At build time (``builder-inited``) this extension
   figures, notes, commands) and from the benchmark scripts' docstrings, and
   the time-to-accuracy summary on it;
 * writes ``_generated/algorithms_table.md`` from the registered algorithms'
-  plans;
+  plans, and ``_generated/trace_autotune_figures.md``: a stored trace drawn
+  as a timeline (``trace_figure.py``) and the plot of a stored autotune log;
 * fails the build when the README's copies of that table and summary (between
   the ``algorithms`` and ``tta-summary`` markers) differ from them:
   ``python docs/_ext/bagua_docs.py --write-readme`` rewrites it.
@@ -157,10 +158,13 @@ def result_section(folder: str, page_dir: str) -> str:
     meta_path = os.path.join(folder, "meta.json")
     meta = _load(meta_path) if os.path.exists(meta_path) else {}
     out = [f"### {meta.get('title', name)}", ""]
-    data = [_load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json"))) if not p.endswith("meta.json")]
+    data = [_load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json")))
+            if not os.path.basename(p).startswith(("meta.", "trace."))]
     facts = [f"folder `benchmarks/results/{name}`"]
-    for d in data[:1]:
-        facts += [f"{k} {d[k]}" for k in ("date", "machine", "commit") if d.get(k)]
+    for d in [meta, *(d for d in data if isinstance(d, dict))]:
+        if any(d.get(k) for k in ("date", "machine", "commit")):
+            facts += [f"{k} {d[k]}" for k in ("date", "machine", "commit") if d.get(k)]
+            break
     out += ["; ".join(facts) + ".", ""]
     if meta.get("commands"):
         out += ["```", *meta["commands"], "```", ""]
@@ -173,10 +177,50 @@ def result_section(folder: str, page_dir: str) -> str:
         copy = os.path.join(DOCS, "_generated", "results", name, os.path.basename(png))
         _copy(png, copy)
         out += [f"![{alt}]({os.path.relpath(copy, page_dir)})", ""]
+    for figure in drawn_figures(folder, meta):
+        out += [f"![{figure['alt']}]({os.path.relpath(figure['path'], page_dir)})", ""]
     notes = os.path.join(folder, "notes.md")
     if os.path.exists(notes):
         out += ["#### Notes", "", _shift_headings(open(notes, encoding="utf-8").read().strip(), 5), ""]
     return "\n".join(out)
+
+
+def drawn_figures(folder: str, meta: dict) -> list[dict]:
+    """The figures ``meta.json`` asks for (``"figures": {png: {"from": glob,
+    "alt": text}}``), drawn from the folder's data into ``_generated``: a
+    timeline of ``BAGUA_TRACE`` files, or the plot of an autotune log."""
+    made = []
+    for png, spec in sorted(meta.get("figures", {}).items()):
+        sources = sorted(glob.glob(os.path.join(folder, spec["from"])))
+        if not sources:
+            raise DocsError(f"{folder}/meta.json: no file matches {spec['from']!r} for {png}")
+        out = os.path.join(DOCS, "_generated", "results", os.path.basename(folder), png)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if not os.path.exists(out) or os.path.getmtime(out) < max(map(os.path.getmtime, sources)):
+            if sources[0].endswith(".log"):
+                from bagua_core.autotune.plot import plot
+
+                plot(sources[0], out)
+            else:
+                import trace_figure
+
+                trace_figure.draw(sources, out)
+        made.append({"png": png, "path": out, "alt": spec["alt"]})
+    return made
+
+
+def trace_autotune_figures() -> str:
+    """The figures of the newest stored autotune run, for the trace page."""
+    folders = [f for f in result_folders() if os.path.basename(f).startswith("autotune-")]
+    if not folders:
+        return "No trace or autotune run is stored.\n"
+    folder = folders[-1]
+    meta = _load(os.path.join(folder, "meta.json"))
+    lines = [f"From `benchmarks/results/{os.path.basename(folder)}` ({meta.get('title', '')}; "
+             "the numbers are on [Benchmarks](benchmarks.md)):", ""]
+    for figure in drawn_figures(folder, meta):
+        lines += [f"![{figure['alt']}]({os.path.relpath(figure['path'], DOCS)})", ""]
+    return "\n".join(lines)
 
 
 def benchmark_scripts() -> list[tuple[str, str]]:
@@ -325,6 +369,7 @@ def generate(app) -> None:
         _write(os.path.join(DOCS, "api", f"{package}.rst"), api_page(package))
     _write(os.path.join(DOCS, "_generated", "benchmarks.md"), benchmarks_page())
     _write(os.path.join(DOCS, "_generated", "algorithms_table.md"), algorithms_table())
+    _write(os.path.join(DOCS, "_generated", "trace_autotune_figures.md"), trace_autotune_figures())
 
 
 def setup(app):
