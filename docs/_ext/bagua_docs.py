@@ -236,11 +236,14 @@ def benchmark_scripts() -> list[tuple[str, str]]:
 
 
 def scripts_table() -> str:
-    stored = {os.path.basename(f).split("-")[0] for f in result_folders()}
-    rows = ["| script | what it measures | stored result |", "|---|---|---|"]
+    stored: dict = {}
+    for folder in result_folders():
+        name = os.path.basename(folder)
+        stored.setdefault(name.split("-")[0], []).append(name)
+    rows = ["| script | what it measures | stored results (below) |", "|---|---|---|"]
     for base, doc in benchmark_scripts():
-        stem = base[:-3]
-        where = f"below ({stem})" if stem in stored else "not stored"
+        names = stored.get(base[:-3])
+        where = ", ".join(f"`{n}`" for n in names) if names else "not stored"
         rows.append(f"| `benchmarks/{base}` | {doc.replace('|', '/')} | {where} |")
     return "\n".join(rows)
 
