@@ -300,7 +300,16 @@ def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[Proces
 
 @one_caller
 def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
-    """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank."""
+    """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank
+    (returned; a new :class:`Buffer` when ``recv_tensor`` is None). Any array
+    with ``__dlpack__`` works: numpy, torch, JAX, CuPy.
+
+    Example:
+        >>> x = np.full(4, bagua_core.get_rank() + 1, np.float32)
+        >>> out = bagua_core.allreduce(x, op=bagua_core.ReduceOp.SUM)
+        >>> np.from_dlpack(out)  # a world of one process: the input
+        array([1., 1., 1., 1.], dtype=float32)
+    """
     g = _group(group)
     if not g.is_member:
         return recv_tensor
@@ -329,7 +338,13 @@ def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = N
 @one_caller
 def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
     """Concatenates every rank's ``send_tensor`` (in rank order) into ``recv_tensor``,
-    which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``)."""
+    which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``).
+
+    Example:
+        >>> out = bagua_core.allgather(np.arange(3, dtype=np.int64))
+        >>> np.from_dlpack(out).shape  # (world size, 3)
+        (1, 3)
+    """
     g = _group(group)
     if not g.is_member:
         return recv_tensor
@@ -542,7 +557,7 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
 def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
     then the bytes). It unpickles what ``src`` sent, so it trusts its peers
-    (ranks of the same job; see the README's security model). An object that
+    (ranks of the same job; see the security model in the documentation). An object that
     cannot be pickled raises on ``src`` and ValueError on the others. The
     bytes travel on the group's host control communicator (Gloo, also on NCCL
     groups)."""

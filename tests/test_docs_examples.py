@@ -7,12 +7,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
+
 import bagua_core  # noqa: E402
+import bagua_core.comm  # noqa: E402
 import bagua_torch  # noqa: E402
 import bagua_torch.communication  # noqa: E402
 
 # Modules whose docstrings hold examples that run on one process.
-MODULES = [bagua_torch.communication]
+MODULES = [bagua_core.comm, bagua_torch.communication]
+GLOBALS = {"np": np, "torch": torch, "bagua_core": bagua_core, "bagua_torch": bagua_torch}
 
 
 @pytest.fixture
@@ -28,7 +32,7 @@ def alone(monkeypatch):
 def test_examples_run(module, alone):
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    tests = [t for t in finder.find(module, globs={"torch": torch, "bagua_torch": bagua_torch})
+    tests = [t for t in finder.find(module, globs=dict(GLOBALS))
              if t.examples]
     assert tests, f"{module.__name__} has no examples"
     for t in tests:
