@@ -45,4 +45,5 @@ suppress_warnings = ["myst.xref_missing", "myst.header"]
 
 html_theme = "furo"
 html_title = "Bagua"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]

@@ -240,11 +240,11 @@ def scripts_table() -> str:
     for folder in result_folders():
         name = os.path.basename(folder)
         stored.setdefault(name.split("-")[0], []).append(name)
-    rows = ["| script | what it measures | stored results (below) |", "|---|---|---|"]
+    rows = ["| script | stored results (below) | what it measures |", "|---|---|---|"]
     for base, doc in benchmark_scripts():
         names = stored.get(base[:-3])
         where = ", ".join(f"`{n}`" for n in names) if names else "not stored"
-        rows.append(f"| `benchmarks/{base}` | {doc.replace('|', '/')} | {where} |")
+        rows.append(f"| `benchmarks/{base}` | {where} | {doc.replace('|', '/')} |")
     return "\n".join(rows)
 
 
