@@ -11,7 +11,20 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _repository_root() -> str:
+    """The folder holding README.md and docs/, wherever under tests/ this file sits."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    while not (os.path.exists(os.path.join(here, "README.md")) and os.path.isdir(os.path.join(here, "docs"))):
+        parent = os.path.dirname(here)
+        if parent == here:
+            raise RuntimeError("no README.md and docs/ above " + __file__)
+        here = parent
+    return here
+
+
+ROOT = _repository_root()
 README = os.path.join(ROOT, "README.md")
 
 
