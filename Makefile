@@ -59,12 +59,14 @@ $(DEPS): pyproject.toml | system
 lint: $(LINT)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/clang-format --dry-run -Werror $(CSRC)
+	@echo "clang-format --dry-run -Werror: $(words $(CSRC)) files under csrc/"
+	@$(VENV)/bin/clang-format --dry-run -Werror $(CSRC)
 
 format: $(LINT)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
-	$(VENV)/bin/clang-format -i $(CSRC)
+	@echo "clang-format -i: $(words $(CSRC)) files under csrc/"
+	@$(VENV)/bin/clang-format -i $(CSRC)
 
 lint-deps: $(LINT)
 
