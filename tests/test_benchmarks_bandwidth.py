@@ -18,6 +18,8 @@ pytest.importorskip("torch")
 
 from tests.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
                                      script_path, start_script)
+# isort: split
+# tests.benchmark_scripts puts benchmarks/ on sys.path: the scripts' modules import after it
 from bandwidth import CONFIGS  # every configuration the script runs by default
 
 SCRIPT = "bandwidth.py"

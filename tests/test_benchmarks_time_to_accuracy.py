@@ -11,6 +11,8 @@ import math
 import pytest
 
 from tests.benchmark_scripts import _hosts, explain, needs_netns, run_script  # noqa: E402
+# isort: split
+# tests.benchmark_scripts puts benchmarks/ on sys.path: the scripts' modules import after it
 import time_to_accuracy as tta  # benchmarks/time_to_accuracy.py
 
 
