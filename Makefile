@@ -13,7 +13,11 @@ GLOO   := /usr/share/cmake/Gloo/GlooConfig.cmake
 TORCH  ?= torch==2.13.0
 NPROC  ?= 2
 
-.PHONY: demo test build deps system clean bench
+LINT   := $(VENV)/.lint-installed
+# C++/CUDA sources clang-format owns (the .inc files are C++ fragments included by .cc files).
+CSRC    = $(shell find csrc -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \) | sort)
+
+.PHONY: demo test build deps system clean bench lint format lint-deps
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
@@ -49,6 +53,27 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
 	$(PIP) install -q "lmdb>=1.4" "redis>=5" "optuna>=3.4"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
+	touch $@
+
+# lint checks and changes nothing; format rewrites the tree so that lint passes.
+lint: $(LINT)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@echo "clang-format --dry-run -Werror: $(words $(CSRC)) files under csrc/"
+	@$(VENV)/bin/clang-format --dry-run -Werror $(CSRC)
+
+format: $(LINT)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+	@echo "clang-format -i: $(words $(CSRC)) files under csrc/"
+	@$(VENV)/bin/clang-format -i $(CSRC)
+
+lint-deps: $(LINT)
+
+# Only the pinned linters: make lint needs no build, Gloo or torch.
+$(LINT): requirements-lint.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r requirements-lint.txt
 	touch $@
 
 system:

@@ -21,7 +21,7 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
-from jax.extend.core import Primitive  # noqa: F401  (re-exported)
+from jax.extend.core import Primitive  # re-exported
 from jax.interpreters import ad, batching, mlir
 
 from jax._src import core as _core

@@ -32,7 +32,7 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int, group: ProcessG
             by_dtype.setdefault(w.dtype, []).append(w)
         else:
             others.append(w)
-    for dtype, group_tensors in by_dtype.items():
+    for group_tensors in by_dtype.values():
         flat = torch.cat([w.reshape(-1) for w in group_tensors]) if group_tensors else None
         if flat is None or flat.numel() == 0:
             continue

@@ -273,7 +273,7 @@ class BaguaDistributedDataParallel:
         params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and n not in self.ignored]
         if not params:
             raise ValueError("the model has no parameter that requires grad (and is not ignored): nothing to train")
-        for n, p in params:
+        for _, p in params:
             as_dtype(p.dtype)  # TypeError for dtypes the engine cannot carry
         return params
 
@@ -556,7 +556,7 @@ class BaguaDistributedDataParallel:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
         owners: Dict[int, list] = {}
         params = {id(p): n for n, p in self.params}
-        for mod_name, m in self.module.named_modules():
+        for m in self.module.modules():
             for leaf, p in m._parameters.items():
                 if p is not None and id(p) in params:
                     owners.setdefault(id(m), [m, []])[1].append((leaf, p))

@@ -225,7 +225,7 @@ def work(argv) -> int:
         barrier()
         if rank == 0:
             events = [e for r in range(world) for e in trace.load(trace.rank_path(args.trace, r))]
-            for (r, model), s in sorted(trace.summary(events).items()):
+            for (r, _model), s in sorted(trace.summary(events).items()):
                 say(f"trace, rank {r}: {s['buckets']} buckets, per step (median) communication {s['comm_ms']:.1f} ms, "
                     f"{100 * s['overlap']:.0f}% of it before backward ended; forward start -> backward end "
                     f"{s['forward_backward_ms']:.1f} ms")

@@ -146,7 +146,7 @@ def work(argv) -> int:
 
     results = {label: {"ms_per_step": statistics.median(v), "rounds": v} for label, v in per_round.items()}
     base = per_round[NO_COMM]
-    for label, r in results.items():
+    for r in results.values():
         r["above_no_comm_ms"] = statistics.median(x - y for x, y in zip(r["rounds"], base))
     for rk in args.ranks:
         torch_name, bagua_name = names(rk)

@@ -376,7 +376,7 @@ def summarize(cases, methods, fraction, budget):
                                               for r in runs]),
                   "bytes_per_step": _median([r["bytes_per_step"] for r in runs]) if bytes_counted else None,
                   "bytes_counted": bytes_counted}
-    for m, s in out.items():
+    for s in out.values():
         for ref, key in ((POWERSGD, "speedup_vs_powersgd"), (BASELINE, "speedup_vs_ddp")):
             mine, theirs = s.get("median_seconds_to_target"), out.get(ref, {}).get("median_seconds_to_target")
             if "tuned" in s:
@@ -650,7 +650,7 @@ def _guarded(fn, say, what):
 
     try:
         return fn()
-    except Exception as e:  # recorded, the benchmark goes on with the next case
+    except Exception as e:  # noqa: BLE001 - recorded, the benchmark goes on with the next case
         say(f"{what} failed: {type(e).__name__}: {e}")
         dist.barrier()
         return {"error": f"{type(e).__name__}: {e}"}

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from bagua_core.launcher.ports import free_port_pair  # noqa: F401  (tests use mp.free_port_pair)
+from bagua_core.launcher.ports import free_port_pair  # tests use mp.free_port_pair
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_PREFIX = "BAGUA-CASE "

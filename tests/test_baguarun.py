@@ -127,10 +127,10 @@ def _assert_nothing_left(marker, within_s=20.0):
 def _finish(proc, timeout=120):
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timeout_error:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError("baguarun did not finish:\n" + out[-3000:] + err[-3000:])
+        raise AssertionError("baguarun did not finish:\n" + out[-3000:] + err[-3000:]) from timeout_error
     return proc.returncode, out + err
 
 

@@ -18,7 +18,9 @@ pytest.importorskip("torch")
 
 from tests.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
                                      script_path, start_script)
-from bandwidth import CONFIGS  # noqa: E402  (every configuration the script runs by default)
+# isort: split
+# tests.benchmark_scripts puts benchmarks/ on sys.path: the scripts' modules import after it
+from bandwidth import CONFIGS  # every configuration the script runs by default
 
 SCRIPT = "bandwidth.py"
 
@@ -91,7 +93,7 @@ def test_without_root_it_says_so(tmp_path):
 def test_overlap_and_one_lane_suffixes_and_extra_configurations_parse():
     import argparse
 
-    import _training  # noqa: E402  (benchmarks/_training.py)
+    import _training  # benchmarks/_training.py
 
     class Refused(Exception):
         pass

@@ -11,7 +11,9 @@ import math
 import pytest
 
 from tests.benchmark_scripts import _hosts, explain, needs_netns, run_script  # noqa: E402
-import time_to_accuracy as tta  # noqa: E402  (benchmarks/time_to_accuracy.py)
+# isort: split
+# tests.benchmark_scripts puts benchmarks/ on sys.path: the scripts' modules import after it
+import time_to_accuracy as tta  # benchmarks/time_to_accuracy.py
 
 
 def _run(*args, timeout=60):

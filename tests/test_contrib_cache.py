@@ -196,7 +196,7 @@ def _worker():
     from tests.worker import report, run_cases
 
     bagua_torch.init_process_group()
-    rank, world = bagua_torch.get_rank(), bagua_torch.get_world_size()
+    rank = bagua_torch.get_rank()
     backend = sys.argv[2]
     base = Samples()
     ds = CachedDataset(base, backend=backend, dataset_name="mp", writer_buffer_size=5)

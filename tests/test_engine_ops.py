@@ -167,7 +167,7 @@ class Worker:
             assert [b.tensor_names for b in buckets] == [["a"], ["b"], ["c"]]
             for b in buckets:
                 b.append_op("centralized_allreduce", average=False)
-            for n, s in decls:
+            for n, _ in decls:
                 np.asarray(self.view(eng, n))[...] = self.rank + 1
                 eng.mark_ready(n)
             if step == 0:

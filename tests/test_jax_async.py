@@ -66,7 +66,7 @@ class Worker(JaxWorker):
         import bagua_jax
 
         bagua_jax.init_process_group()
-        self.torch  # torch.distributed for the references
+        _ = self.torch  # torch.distributed for the references
 
     def _run(self, algo, steps, lr=0.1):
         """Eager training with SGD; returns the final params (list of leaves)."""
@@ -150,7 +150,7 @@ class Worker(JaxWorker):
         p = [jnp.asarray(x) for x in self.start()]
         state = tx.init(p)
         t = 0
-        for cycle in range(3):
+        for _cycle in range(3):
             for _ in range(8):
                 u, state = tx.update([jnp.asarray(g) for g in self.grads(t)], state, p)
                 p = optax.apply_updates(p, u)

@@ -340,7 +340,8 @@ class Worker(JaxWorker):
                  ({"a": jnp.ones(3 if self.rank != 1 else 4)}, "(4,)"),
                  ({"a": jnp.ones(3, jnp.float32 if self.rank != 1 else jnp.float16)}, "float16")]
         for tree, fragment in cases:
-            self.expect_error(ValueError, "differs across ranks", lambda: tx.init(tree))
+            e = self.expect_error(ValueError, "differs across ranks", lambda: tx.init(tree))
+            assert fragment in str(e), f"{fragment!r} not in: {e}"
         e = self.expect_error(ValueError, "rank 1", lambda: tx.init(cases[1][0]))
         assert "(4,)" in str(e)
         tx.init({"a": jnp.ones(3)})  # agreement again: no error

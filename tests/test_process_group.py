@@ -174,7 +174,7 @@ def case_clone():
     total = ws * (ws + 1) / 2
     assert all((x == 10 * total).all() and x.shape == (3,) for x in mine)
     assert all((x == total).all() and x.shape == (5,) for x in results["clone"])
-    c.intra_node_group().comm  # closed with the clone
+    _ = c.intra_node_group().comm  # closed with the clone
     raw = c.comm
     c.close()
     c.close()  # idempotent
@@ -195,7 +195,7 @@ def case_clone():
 
 
 def case_no_threads_left():
-    bc.new_group([0, 1]).comm  # a few communicators more
+    _ = bc.new_group([0, 1]).comm  # a few communicators more
     bc.get_default_group().intra_node_group()
     bc.destroy_process_group()
     assert threads() == BASELINE_THREADS, f"{threads()} threads after destroy, {BASELINE_THREADS} before init"

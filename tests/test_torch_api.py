@@ -97,7 +97,7 @@ def test_module_is_patched():
     m.bagua_module_name = "mine"
     assert m.bagua_module_name == "mine"
     with pytest.raises(AttributeError):  # not wrapped yet
-        m.bagua_algorithm
+        _ = m.bagua_algorithm
     assert bagua_torch.BaguaModule.with_bagua is torch.nn.Module.with_bagua
 
 

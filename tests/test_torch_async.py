@@ -195,7 +195,7 @@ class Worker(TorchWorker):
         algo.resume(model)
         averager = model.bagua_ddp.averager
         step = 0
-        for cycle in range(3):
+        for _cycle in range(3):
             for _ in range(8):
                 self.train_step(model, opt, step)
                 step += 1

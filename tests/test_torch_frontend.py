@@ -128,7 +128,7 @@ class Worker(TorchWorker):
         ddp = self.bt.DistributedDataParallel(model, optimizers=[opt], algorithm=self.A.GradientAllReduceAlgorithm(),
                                               bucket_cap_mb=0.0001)  # one bucket per tensor
         assert len(ddp.bagua_buckets) == 6 and ddp.bagua_buckets[0].tensor_names == ["l3.bias"]
-        for step in range(2):
+        for _step in range(2):
             opt.zero_grad()
             ddp(torch.randn(4, 8)).sum().backward()
             backward_end = time.monotonic_ns()

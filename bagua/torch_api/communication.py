@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from bagua_torch.communication import (  # noqa: F401  (re-exported)
+from bagua_torch.communication import (  # re-exported
     ReduceOp,
     allgather,
     allgather_inplace,

@@ -394,7 +394,7 @@ def main():
             cases.append((f"{kind}_kernel_{dname}", kernel_case(kind, dname)))
 
     failures = run_cases(cases)
-    del comm, comm_div
+    comm = comm_div = None  # destroy the communicators before the process exits
     return failures
 
 
