@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 from bagua_core import devices, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import as_dtype
 
+if TYPE_CHECKING:
+    from bagua_core.algorithms._base import Plan
+    from bagua_core.process_group import ProcessGroup
 
-def weight_buckets(tensors: Sequence[tuple], device=None) -> list:
+
+def weight_buckets(tensors: Sequence[tuple], device: Optional[_C.Device] = None) -> list:
     """Zeroed buckets (``_C.Bucket``), one per dtype, for ``(name, shape,
     dtype)`` declarations, tensors in the order given, in host memory or on
     ``device`` (a ``_C.Device``); ``bucket.view(name)`` is a zero-copy view
@@ -56,8 +60,9 @@ class AsyncAverager:
     training stream's last change; ``producer_stream()`` names that stream
     (called when the weight lock is released), None for host work."""
 
-    def __init__(self, group, buckets: Sequence, plan, timeout_s: Optional[float] = None, device=None,
-                 producer_stream: Optional[Callable[[], Optional[int]]] = None):
+    def __init__(self, group: ProcessGroup, buckets: Sequence, plan: Plan, timeout_s: Optional[float] = None,
+                 device: Optional[_C.Device] = None,
+                 producer_stream: Optional[Callable[[], Optional[int]]] = None) -> None:
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
         if device is not None:
@@ -105,7 +110,7 @@ class AsyncAverager:
             self._core.unlock_weights(self._producer_stream())
 
     @contextlib.contextmanager
-    def weights_locked(self):
+    def weights_locked(self) -> Iterator[None]:
         self.lock()
         try:
             yield

@@ -14,11 +14,11 @@ with ``recv=None`` return a Buffer holding the result.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 from bagua_core._loader import _C
 from bagua_core.dlpack import import_array
-from bagua_core.dtypes import as_dtype
+from bagua_core.dtypes import DTypeLike, as_dtype
 
 Buffer = _C.Buffer
 
@@ -31,17 +31,17 @@ def _shape(shape: Shape) -> list:
     return [int(d) for d in shape]
 
 
-def empty(shape: Shape, dtype="float32", device: str = "cpu", device_index: int = 0) -> Buffer:
+def empty(shape: Shape, dtype: DTypeLike = "float32", device: str = "cpu", device_index: int = 0) -> Buffer:
     """An uninitialised buffer."""
     return Buffer(_shape(shape), as_dtype(dtype), device, device_index, False)
 
 
-def zeros(shape: Shape, dtype="float32", device: str = "cpu", device_index: int = 0) -> Buffer:
+def zeros(shape: Shape, dtype: DTypeLike = "float32", device: str = "cpu", device_index: int = 0) -> Buffer:
     """A zero-filled buffer."""
     return Buffer(_shape(shape), as_dtype(dtype), device, device_index, True)
 
 
-def from_array(array) -> Buffer:
+def from_array(array: Any) -> Buffer:
     """A core-owned copy of any DLPack array (e.g. a writable copy of a JAX array)."""
     view = import_array(array)
     out = Buffer(list(view.shape), view.dtype, view.device_type, view.device_index, False)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import operator
 import pickle
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.one_caller import one_caller
 from bagua_core.process_group import ProcessGroup, get_default_group
 
+
+# An array argument: anything exporting DLPack (numpy, torch, jax, CuPy, a bagua_core.Buffer).
+Array = Any
 
 class ReduceOp(enum.IntEnum):
     """Reduction operators (values of the original Bagua)."""
@@ -61,6 +64,7 @@ class ReduceOp(enum.IntEnum):
 _OP_NAMES = {"sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "product": ReduceOp.PROD,
              "min": ReduceOp.MIN, "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG,
              "bor": ReduceOp.BOR, "band": ReduceOp.BAND, "bxor": ReduceOp.BXOR}
+Op = Union[ReduceOp, int, str]  # a ReduceOp, its code or a name from _OP_NAMES
 
 
 def _op(op) -> int:
@@ -227,7 +231,7 @@ def _unaliased(s: DLPackView, r: DLPackView):
 
 
 @one_caller
-def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
+def send(tensor: Array, dst: int, group: Optional[ProcessGroup] = None) -> None:
     """Sends ``tensor`` to group rank ``dst`` (which calls :func:`recv`)."""
     g = _group(group)
     if not g.is_member:
@@ -239,7 +243,7 @@ def send(tensor, dst: int, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
+def recv(tensor: Array, src: int, group: Optional[ProcessGroup] = None) -> None:
     """Receives into ``tensor`` what group rank ``src`` sends."""
     g = _group(group)
     if not g.is_member:
@@ -254,7 +258,7 @@ def recv(tensor, src: int, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def broadcast(tensor: Array, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """Copies ``tensor`` of group rank ``src`` into ``tensor`` of every rank (in place;
     only written on the other ranks, so ``src`` may pass a read-only array)."""
     g = _group(group)
@@ -266,8 +270,8 @@ def broadcast(tensor, src: int = 0, group: Optional[ProcessGroup] = None) -> Non
 
 
 @one_caller
-def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None):
+def reduce(send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0, op: Op = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of ``dst``.
     ``recv_tensor`` is only needed (and allocated when None) on ``dst``."""
     g = _group(group)
@@ -286,7 +290,7 @@ def reduce(send_tensor, recv_tensor=None, dst: int = 0, op=ReduceOp.SUM,
 
 
 @one_caller
-def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def reduce_inplace(tensor: Array, dst: int = 0, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     """Like :func:`reduce` with the result written over ``tensor`` on ``dst``
     (left unchanged elsewhere)."""
     g = _group(group)
@@ -299,7 +303,8 @@ def reduce_inplace(tensor, dst: int = 0, op=ReduceOp.SUM, group: Optional[Proces
 
 
 @one_caller
-def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
+def allreduce(send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM,
+              group: Optional[ProcessGroup] = None) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank
     (returned; a new :class:`Buffer` when ``recv_tensor`` is None). Any array
     with ``__dlpack__`` works: numpy, torch, JAX, CuPy.
@@ -323,7 +328,7 @@ def allreduce(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[Pr
 
 
 @one_caller
-def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def allreduce_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     """Reduces ``tensor`` of every rank and writes the result into ``tensor`` on
     every rank.
     """
@@ -336,7 +341,7 @@ def allreduce_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = N
 
 
 @one_caller
-def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
+def allgather(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[ProcessGroup] = None) -> Array:
     """Concatenates every rank's ``send_tensor`` (in rank order) into ``recv_tensor``,
     which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``).
 
@@ -357,7 +362,7 @@ def allgather(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = Non
 
 
 @one_caller
-def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
+def allgather_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> None:
     """``tensor`` holds ``size`` chunks; each rank contributes the chunk at its rank."""
     g = _group(group)
     if not g.is_member:
@@ -368,7 +373,8 @@ def allgather_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessGroup] = None):
+def gather(send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0,
+           group: Optional[ProcessGroup] = None) -> Array:
     """Like :func:`allgather`, with the result only on ``dst`` (``recv_tensor`` is
     only needed, and allocated when None, there)."""
     g = _group(group)
@@ -386,7 +392,7 @@ def gather(send_tensor, recv_tensor=None, dst: int = 0, group: Optional[ProcessG
 
 
 @one_caller
-def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def gather_inplace(tensor: Array, count: int, dst: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """On ``dst``, ``tensor`` holds ``size * count`` elements and its own
     contribution at chunk ``dst``; elsewhere it holds the ``count`` elements sent."""
     g = _group(group)
@@ -406,7 +412,7 @@ def gather_inplace(tensor, count: int, dst: int = 0, group: Optional[ProcessGrou
 
 
 @one_caller
-def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup] = None):
+def scatter(send_tensor: Array, recv_tensor: Array, src: int = 0, group: Optional[ProcessGroup] = None) -> Array:
     """Chunk ``i`` of ``send_tensor`` on ``src`` (``size * recv.numel`` elements; only
     read there, may be None elsewhere) goes to ``recv_tensor`` of rank ``i``.
     ``recv_tensor`` is required: non-src ranks could not know its shape."""
@@ -426,7 +432,7 @@ def scatter(send_tensor, recv_tensor, src: int = 0, group: Optional[ProcessGroup
 
 
 @one_caller
-def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def scatter_inplace(tensor: Array, count: int, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
     """On ``src``, ``tensor`` holds ``size * count`` elements (chunk ``src`` stays);
     elsewhere it receives ``count`` elements."""
     g = _group(group)
@@ -446,7 +452,8 @@ def scatter_inplace(tensor, count: int, src: int = 0, group: Optional[ProcessGro
 
 
 @one_caller
-def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None):
+def reduce_scatter(send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM,
+                   group: Optional[ProcessGroup] = None) -> Array:
     """Reduces ``send_tensor`` (``size`` chunks) across ranks; rank ``i`` receives
     the reduction of chunk ``i``."""
     g = _group(group)
@@ -463,7 +470,7 @@ def reduce_scatter(send_tensor, recv_tensor=None, op=ReduceOp.SUM, group: Option
 
 
 @one_caller
-def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def reduce_scatter_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
     """The result for this rank is written over chunk ``rank`` of ``tensor``."""
     g = _group(group)
     if not g.is_member:
@@ -478,7 +485,7 @@ def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, group: Optional[ProcessGroup
 
 
 @one_caller
-def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None):
+def alltoall(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[ProcessGroup] = None) -> Array:
     """Chunk ``j`` of ``send_tensor`` goes to rank ``j``, which stores it as chunk
     ``i`` (the sender's rank) of ``recv_tensor``."""
     g = _group(group)
@@ -495,7 +502,7 @@ def alltoall(send_tensor, recv_tensor=None, group: Optional[ProcessGroup] = None
 
 
 @one_caller
-def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
+def alltoall_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> None:
     """As :func:`alltoall`, with ``tensor`` both sent and received (its chunk
     ``j`` goes to rank ``j`` and is replaced by rank ``j``'s chunk ``i``).
     """
@@ -509,8 +516,9 @@ def alltoall_inplace(tensor, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
-               recv_counts: Sequence[int], recv_displs: Sequence[int], group: Optional[ProcessGroup] = None):
+def alltoall_v(send_tensor: Array, send_counts: Sequence[int], send_displs: Sequence[int],
+               recv_tensor: Optional[Array], recv_counts: Sequence[int], recv_displs: Sequence[int],
+               group: Optional[ProcessGroup] = None) -> Array:
     """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
     rank ``j``, which stores them at ``recv_displs[i]`` (``recv_counts[i]`` of them).
     ``recv_tensor=None`` allocates a 1-D buffer just large enough."""
@@ -531,7 +539,7 @@ def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[in
 
 
 @one_caller
-def alltoall_v_inplace(tensor, counts: Sequence[int], displs: Sequence[int],
+def alltoall_v_inplace(tensor: Array, counts: Sequence[int], displs: Sequence[int],
                        group: Optional[ProcessGroup] = None) -> None:
     """:func:`alltoall_v` with the same counts and displacements on both sides."""
     g = _group(group)
@@ -554,7 +562,7 @@ def barrier(group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def broadcast_object(obj, src: int = 0, group: Optional[ProcessGroup] = None):
+def broadcast_object(obj: Any, src: int = 0, group: Optional[ProcessGroup] = None) -> Any:
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
     then the bytes). It unpickles what ``src`` sent, so it trusts its peers
     (ranks of the same job; see the security model in the documentation). An object that

@@ -18,10 +18,12 @@ aligned, 1-D), which numpy, torch and JAX view without copying::
     codes = np.from_dlpack(c)        # or c.numpy(); torch.from_dlpack(c); jax.numpy.from_dlpack(c)
 """
 
+from typing import Any, Optional, Tuple
+
 from bagua_core._loader import _C
 from bagua_core.buffer import empty, zeros
 from bagua_core.dlpack import DLPackView, import_array
-from bagua_core.dtypes import DType, as_dtype
+from bagua_core.dtypes import DType, DTypeLike, as_dtype
 
 __all__ = [
     "HEADER_NBYTES",
@@ -44,12 +46,12 @@ _FLOAT_DTYPES = (DType.float32, DType.float64, DType.float16, DType.bfloat16)
 _HOST_DLPACK_DEVICES = (1, 3)  # kDLCPU, kDLCUDAHost (pinned host memory)
 
 
-def record_nbytes(chunk_len):
+def record_nbytes(chunk_len: int) -> int:
     """Bytes of one compressed chunk of ``chunk_len`` elements (header, codes, padding)."""
     return _C.minmax_uint8_record_nbytes(int(chunk_len))
 
 
-def compressed_nbytes(n, n_chunks):
+def compressed_nbytes(n: int, n_chunks: int) -> int:
     """Bytes of the compressed form of ``n`` elements in ``n_chunks`` chunks.
 
     Raises ValueError unless ``n_chunks >= 1`` divides ``n``.
@@ -57,7 +59,7 @@ def compressed_nbytes(n, n_chunks):
     return _C.minmax_uint8_compressed_nbytes(int(n), int(n_chunks))
 
 
-def compress(x, n_chunks, out=None, target_chunk=-1):
+def compress(x: Any, n_chunks: int, out: Optional[Any] = None, target_chunk: int = -1) -> Any:
     """Compresses the flat contents of ``x`` (float32/float64/float16/bfloat16) into ``n_chunks`` records.
 
     ``out``: a writable contiguous uint8 array of ``compressed_nbytes(x.size, n_chunks)`` bytes, or
@@ -77,7 +79,8 @@ def compress(x, n_chunks, out=None, target_chunk=-1):
     return result
 
 
-def decompress(c, n, dtype, n_chunks, out=None, target_chunk=-1):
+def decompress(c: Any, n: int, dtype: DTypeLike, n_chunks: int, out: Optional[Any] = None,
+               target_chunk: int = -1) -> Any:
     """Decodes ``n_chunks`` records in ``c`` (uint8) into ``n`` elements of ``dtype``.
 
     ``dtype``: anything :func:`bagua_core.as_dtype` accepts ("float16", np.float32, torch.bfloat16...).
@@ -95,7 +98,8 @@ def decompress(c, n, dtype, n_chunks, out=None, target_chunk=-1):
     return result
 
 
-def reduce_chunks(c, chunk_len, n_records, dtype, average=True, out=None):
+def reduce_chunks(c: Any, chunk_len: int, n_records: int, dtype: DTypeLike, average: bool = True,
+                  out: Optional[Any] = None) -> Any:
     """Decodes ``n_records`` records of ``chunk_len`` elements each (one per peer) and reduces them.
 
     Sums in float32 (record 0 first), divides by ``n_records`` when ``average``, and writes
@@ -119,7 +123,7 @@ def reduce_chunks(c, chunk_len, n_records, dtype, average=True, out=None):
 CPU_ISAS = ("baseline", "avx2", "avx512")
 
 
-def cpu_isa():
+def cpu_isa() -> str:
     """The instruction set the host kernels (compression, low-rank products) use now: "baseline", "avx2" or
     "avx512".
 
@@ -127,12 +131,12 @@ def cpu_isa():
     return _C.cpu_isa()
 
 
-def supported_cpu_isas():
+def supported_cpu_isas() -> Tuple[str, ...]:
     """The instruction sets of CPU_ISAS that this CPU and OS run."""
     return tuple(name for name in CPU_ISAS if _C.cpu_isa_supported(name))
 
 
-def set_cpu_isa(name):
+def set_cpu_isa(name: str) -> None:
     """Makes the host kernels use ``name`` (one of :func:`supported_cpu_isas`), for every thread,
     from now on: for tests and benchmarks that compare them. Raises ValueError otherwise."""
     _C.set_cpu_isa(str(name))

@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, Optional
 
 from bagua_core._loader import _C
+
+if TYPE_CHECKING:
+    from bagua_core.process_group import ProcessGroup
 
 _lock = threading.Lock()
 _cuda: Dict[int, object] = {}
@@ -30,7 +33,7 @@ _warned_staging = False
 _stand_in = None  # host_stand_in(): the host Device CPU arrays use
 
 
-def cuda(index: int):
+def cuda(index: int) -> _C.Device:
     """The process's ``_C.Device`` for CUDA device ``index`` (made on first
     use). ValueError when this process does not see that device."""
     index = int(index)
@@ -44,7 +47,7 @@ def cuda(index: int):
         return _cuda[index]
 
 
-def for_arrays(device_type: str, index: int = 0):
+def for_arrays(device_type: str, index: int = 0) -> Optional[_C.Device]:
     """The engine device for arrays on ``device_type`` (``"cpu"`` or ``"cuda"``)
     device ``index``: None for plain host memory."""
     if device_type == "cuda":
@@ -54,7 +57,7 @@ def for_arrays(device_type: str, index: int = 0):
     raise ValueError(f"unsupported device type {device_type!r}: Bagua communicates CPU and CUDA arrays")
 
 
-def check_group_serves(group, device_type: str, what: str, index: int = 0) -> None:
+def check_group_serves(group: ProcessGroup, device_type: str, what: str, index: int = 0) -> None:
     """Raises ValueError when ``group`` cannot communicate arrays on
     ``device_type`` device ``index``; warns once when it stages them through
     the host."""
@@ -74,7 +77,7 @@ def check_group_serves(group, device_type: str, what: str, index: int = 0) -> No
     raise ValueError(f"{what} is on {device_type} but group '{group.name}' communicates on {group.device_type}")
 
 
-def staged(comm, device):
+def staged(comm: _C.Communicator, device: _C.Device) -> _C.Communicator:
     """``comm`` (a host communicator) serving buffers on ``device`` in the
     order of the caller's stream: see ``_C.stage_through_host``. Cached per
     (communicator, device) so staging memory is reused."""
@@ -87,7 +90,7 @@ def staged(comm, device):
         return hit[2]
 
 
-def forget(comm) -> None:
+def forget(comm: _C.Communicator) -> None:
     """Drops the staged wrappers of ``comm`` (its group closed)."""
     with _lock:
         for key in [k for k, v in _staged.items() if v[0] is comm]:

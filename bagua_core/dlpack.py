@@ -11,7 +11,7 @@ the engine uses its address. Exports go the other way through
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -26,14 +26,14 @@ _CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 _LEGACY_DEFAULT_STREAM = 1  # DLPack's name for CUDA's legacy default stream
 
 
-def is_immutable(obj) -> bool:
+def is_immutable(obj: Any) -> bool:
     """True for arrays that must never be written (JAX arrays), which export no
     read-only flag of their own. Never imports jax."""
     jax = sys.modules.get("jax")
     return jax is not None and isinstance(obj, jax.Array)
 
 
-def import_array(obj, *, stream: Optional[int] = None) -> DLPackView:
+def import_array(obj: Any, *, stream: Optional[int] = None) -> DLPackView:
     """Borrows ``obj``'s memory through DLPack, without copying.
 
     A versioned capsule is requested first (it carries the read-only flag), then

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from bagua_core._loader import _C
 
 DType = _C.DType
+# What as_dtype accepts: a DType, a name, a numpy / ml_dtypes / JAX dtype or scalar type, a torch dtype.
+DTypeLike = Any
 
 _BY_NAME = {t.name: t for t in DType.__members__.values()}
 
 
-def as_dtype(x) -> DType:
+def as_dtype(x: DTypeLike) -> DType:
     """A :class:`DType` from a DType, a name ("float32", "bfloat16"), a numpy /
     ml_dtypes / JAX dtype or scalar type, or a torch dtype (never imports torch)."""
     if isinstance(x, DType):

@@ -74,11 +74,15 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from bagua_core import config, devices, log, steps
 from bagua_core._loader import _C
-from bagua_core.dtypes import DType, as_dtype
+from bagua_core.dtypes import DType, DTypeLike, as_dtype
+
+if TYPE_CHECKING:
+    from bagua_core.algorithms._base import Plan
+    from bagua_core.process_group import ProcessGroup
 
 MemoryView = _C.MemoryView
 StepOp = _C.StepOp
@@ -130,7 +134,7 @@ class Bucket:
     """One bucket of an :class:`Engine`: a flat buffer of one dtype holding named
     tensors back to back (zero padding at the end up to ``alignment``)."""
 
-    def __init__(self, engine: "Engine", index: int, core):
+    def __init__(self, engine: "Engine", index: int, core: _C.Bucket) -> None:
         self.engine = engine
         self.index = index
         self._core = core
@@ -220,7 +224,7 @@ def _on_device(comm, group, device):
     return _C.stage_through_host(comm, device)
 
 
-def default_lanes(group) -> int:
+def default_lanes(group: ProcessGroup) -> int:
     """Lanes of an engine on ``group``: :func:`bagua_core.config.engine_lanes_for`
     (``BAGUA_ENGINE_LANES``, else 1 on NCCL groups and 2 on Gloo groups)."""
     return config.engine_lanes_for(config.load(), getattr(group, "backend", "gloo"))
@@ -239,8 +243,9 @@ class Engine:
     communicator's timeout, ``BAGUA_TIMEOUT``).
     """
 
-    def __init__(self, comm, intra=None, inter=None, timeout_s: Optional[float] = None,
-                 more_lanes: Sequence[tuple] = (), device=None):
+    def __init__(self, comm: _C.Communicator, intra: Optional[_C.Communicator] = None,
+                 inter: Optional[_C.Communicator] = None, timeout_s: Optional[float] = None,
+                 more_lanes: Sequence[tuple] = (), device: Optional[_C.Device] = None) -> None:
         self._core = _C.Engine(comm, intra, inter, timeout_s, [tuple(lane) for lane in more_lanes])
         self._comms = (comm, intra, inter)
         self._device = device
@@ -249,8 +254,8 @@ class Engine:
         self._release = None
 
     @classmethod
-    def for_group(cls, group, hierarchical: bool = False, timeout_s: Optional[float] = None,
-                  lanes: Optional[int] = None, device=None) -> "Engine":
+    def for_group(cls, group: ProcessGroup, hierarchical: bool = False, timeout_s: Optional[float] = None,
+                  lanes: Optional[int] = None, device: Optional[_C.Device] = None) -> "Engine":
         """An engine over private clones of a ``bagua_core`` process group (and,
         with ``hierarchical``, of their intra- and inter-node groups), one per
         lane (default :func:`default_lanes`). Collective: every member of the
@@ -297,12 +302,12 @@ class Engine:
         return self._core.num_lanes
 
     @property
-    def group(self):
+    def group(self) -> Optional[ProcessGroup]:
         """The private process group (clone) of the engine's first lane, if it
         was built by :meth:`for_group`."""
         return self._groups[0] if self._groups else None
 
-    def check_step(self, plan):
+    def check_step(self, plan: Plan) -> steps.StepInfo:
         """Makes ``plan``'s step (:mod:`bagua_core.algorithms`) over this
         engine's communicators: raises ValueError when it cannot run on them,
         else returns its :class:`bagua_core.steps.StepInfo` (e.g. the bucket
@@ -313,7 +318,8 @@ class Engine:
         return info
 
     # ---- buckets ----
-    def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype, alignment: int = 1) -> Bucket:
+    def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype: DTypeLike,
+                   alignment: int = 1) -> Bucket:
         """Allocates a bucket holding ``(name, shape)`` tensors of one dtype and
         appends it to the launch order."""
         if alignment < 1:
@@ -385,7 +391,7 @@ class Engine:
         self._core.wait_any([int(bucket)], stream)
 
     @property
-    def device(self):
+    def device(self) -> Optional[_C.Device]:
         """The buckets' ``_C.Device`` (None: host memory)."""
         return self._device
 

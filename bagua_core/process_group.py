@@ -149,7 +149,7 @@ class ProcessGroup:
         return self._control if self._control is not None else self
 
     @property
-    def comm(self):
+    def comm(self) -> Optional[_C.Communicator]:
         """The ``_C.Communicator`` (None on non-members)."""
         self._check_alive()
         return self._comm
@@ -207,7 +207,7 @@ class ProcessGroup:
         return GroupCommunicator(self.intra_node_group(), "intra")
 
     @property
-    def store(self):
+    def store(self) -> Optional[_C.Store]:
         """The job's rendezvous store client (a ``_C.Store``; None in a
         single-process job), e.g. to share small decisions between ranks."""
         return self._ctx.store

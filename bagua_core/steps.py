@@ -10,9 +10,14 @@ one place, and says what the frontend must know to lay out its buffers.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Tuple
 
 from bagua_core._loader import _C
+from bagua_core.dtypes import DTypeLike
+
+if TYPE_CHECKING:
+    from bagua_core.algorithms._base import Plan
+    from bagua_core.process_group import ProcessGroup
 
 
 class StepInfo(NamedTuple):
@@ -26,7 +31,8 @@ def names() -> Tuple[str, ...]:
     return tuple(_C.step_names())
 
 
-def step_groups(group, hierarchical: bool):
+def step_groups(group: ProcessGroup,
+                hierarchical: bool) -> Tuple[ProcessGroup, Optional[ProcessGroup], Optional[ProcessGroup]]:
     """``(group, intra, inter)``: the groups a step over ``group`` uses; the
     intra- and inter-node groups only when ``hierarchical`` (creating them is
     collective: every member calls this, in the same order). ``inter`` is None
@@ -38,12 +44,12 @@ def step_groups(group, hierarchical: bool):
     return group, intra, (inter if inter.is_member else None)
 
 
-def communicators(group, hierarchical: bool):
+def communicators(group: ProcessGroup, hierarchical: bool) -> tuple:
     """``(comm, intra, inter)``: the communicators of :func:`step_groups`."""
     return tuple(None if g is None else g.comm for g in step_groups(group, hierarchical))
 
 
-def check_plan(plan, group, comms: Optional[tuple] = None) -> StepInfo:
+def check_plan(plan: Plan, group: Optional[ProcessGroup], comms: Optional[tuple] = None) -> StepInfo:
     """Makes ``plan``'s step over ``group`` (or the given ``(comm, intra,
     inter)``); raises ValueError naming the problem when it cannot run there."""
     if comms is None:
@@ -70,7 +76,8 @@ class StateLayout(NamedTuple):
         return self.spans * self.span_count
 
 
-def state_layout(plan, comms: tuple, dtype, shapes: Sequence[Sequence[int]], count: int) -> StateLayout:
+def state_layout(plan: Plan, comms: tuple, dtype: DTypeLike, shapes: Sequence[Sequence[int]],
+                 count: int) -> StateLayout:
     """The state block of ``plan``'s step over ``comms`` (``(comm, intra,
     inter)``) on a bucket of ``count`` elements of ``dtype`` holding tensors
     of ``shapes`` back to back (padding after them)."""

@@ -18,6 +18,9 @@ from compression_throughput import best_seconds  # benchmarks/compression_throug
 def main():
     from bagua_core import _C
 
+    if not _C._test_bindings:
+        raise SystemExit(f"{__file__}: needs bagua_core._C built with -DBAGUA_TEST_BINDINGS=ON "
+                         "(the default): it times a test-only entry point")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)

@@ -19,6 +19,7 @@ import pytest
 
 from bagua_core import _C, _nccl
 from tests import mp
+from tests.built_with import needs_test_bindings
 from tests.gpu.available import gpu_skip_reason
 from tests.gpu.nccl_cases import DTYPES, case_names
 
@@ -273,6 +274,7 @@ def test_create_nccl_communicator_rejects_bad_arguments(store):
         _C.create_nccl_communicator({}, "w", 0, 1, 0, 5.0, "/x")
 
 
+@needs_test_bindings
 @needs_cuda_build
 def test_cuda_kernels_reject_host_memory_without_crash():
     x = np.ones(8, dtype=np.float32)
@@ -289,6 +291,7 @@ def _torch():
     return pytest.importorskip("torch")
 
 
+@needs_test_bindings
 @pytest.mark.parametrize("dname", [d for d, _ in DTYPES])
 @pytest.mark.parametrize("kind", ["divide", "scale"])
 def test_host_element_functions_match_torch(kind, dname):
@@ -319,6 +322,7 @@ def test_host_element_functions_match_torch(kind, dname):
     assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (y[:8], ref[:8])
 
 
+@needs_test_bindings
 def test_host_divide_rejects_bad_integer_divisor():
     x = np.arange(4, dtype=np.int32)
     for bad in (0.0, 2.5):

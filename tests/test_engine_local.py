@@ -16,6 +16,7 @@ import pytest
 from bagua_core import _C, engine as E
 from bagua_core.dtypes import DType
 from bagua_core.errors import BaguaError, CommTimeoutError, MismatchError, PeerError
+from tests.built_with import needs_test_bindings
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +314,7 @@ def test_never_ready_tensor_raises_naming_it(comm):
     eng.close()
 
 
+@needs_test_bindings
 @pytest.mark.parametrize("kind,cls,text", [
     ("timeout", CommTimeoutError, "late"), ("peer", PeerError, "gone"), ("mismatch", MismatchError, "differs"),
     ("error", BaguaError, "failed"), ("invalid", ValueError, "bad"), ("std", BaguaError, "foreign"),

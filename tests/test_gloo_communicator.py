@@ -332,7 +332,8 @@ class Session(StoreSession):
         block = (3 << 20) + 7
         mine = [np.random.default_rng([r, j]).integers(0, 256, block, dtype=np.uint8) for j in range(w)]
         out = np.empty(block * w, np.uint8)
-        self.comm.alltoall(ptr(np.concatenate(mine)), ptr(out), block, DTYPES["uint8"])
+        send = np.concatenate(mine)  # named: a temporary's memory would be freed before the call reads it
+        self.comm.alltoall(ptr(send), ptr(out), block, DTYPES["uint8"])
         want = [np.random.default_rng([k, r]).integers(0, 256, block, dtype=np.uint8) for k in range(w)]
         np.testing.assert_array_equal(out, np.concatenate(want))
         self.comm.allgather(ptr(mine[0]), ptr(out), block, DTYPES["uint8"])
@@ -456,8 +457,9 @@ class Session(StoreSession):
             peer = 1 - r
             for k in range(3):
                 if r == 0:
-                    self.comm.send(ptr(np.full(5, k, np.int64)), 5, DTYPES["int64"], peer)
-                    self.comm.send(ptr(np.full(2, 10 + k, np.int64)), 2, DTYPES["int64"], peer)
+                    a, b = np.full(5, k, np.int64), np.full(2, 10 + k, np.int64)  # alive until sent
+                    self.comm.send(ptr(a), 5, DTYPES["int64"], peer)
+                    self.comm.send(ptr(b), 2, DTYPES["int64"], peer)
                 else:
                     a, b = np.empty(5, np.int64), np.empty(2, np.int64)
                     self.comm.recv(ptr(a), 5, DTYPES["int64"], peer)

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 from bagua_core import _C
+from tests.built_with import needs_test_bindings
+
+pytestmark = needs_test_bindings
 
 FLOAT16, BFLOAT16 = 2, 3  # engine dtype codes (csrc/common/dtype.h)
 

@@ -38,6 +38,7 @@ import pytest
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.built_with import needs_test_bindings  # noqa: E402
 from tests.mp import REPO, launch, session_tests  # noqa: E402
 from tests.test_gloo_communicator import (  # noqa: E402
     DTYPES, OPS, assert_close, make_input, ptr, reference, storage)
@@ -373,6 +374,7 @@ def _unshare_reason():
     return None
 
 
+@needs_test_bindings
 @pytest.mark.timeout(60)
 def test_host_identity_distinguishes_network_namespaces():
     mine = _identity_in()

@@ -28,6 +28,7 @@ import pytest
 if __name__ == "__main__":  # worker process: make `tests` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.built_with import needs_test_bindings  # noqa: E402
 from tests.mp import launch  # noqa: E402
 from tests.worker import StoreSession, open_store, wait_for_survivors  # noqa: E402
 
@@ -107,6 +108,7 @@ def sparse_escapes(n, seed):
     return bits
 
 
+@needs_test_bindings
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", ["random", "gradient", "adversarial", "sparse_escapes"])
 def test_kernel_round_trip_bitwise(isa, kind, n):
@@ -122,6 +124,7 @@ def test_kernel_round_trip_bitwise(isa, kind, n):
     np.testing.assert_array_equal(unpack(packed, n), bits)
 
 
+@needs_test_bindings
 @pytest.mark.parametrize("kind", ["gradient", "sparse_escapes", "adversarial"])
 def test_kernel_every_isa_writes_the_same_bytes(kind):
     from bagua_core import compression
@@ -140,6 +143,7 @@ def test_kernel_every_isa_writes_the_same_bytes(kind):
         compression.set_cpu_isa(before)
 
 
+@needs_test_bindings
 def test_kernel_packs_gradients_smaller_and_refuses_what_would_not_shrink():
     n = 100003
     g = gradient_like(n, 1)
@@ -149,6 +153,7 @@ def test_kernel_packs_gradients_smaller_and_refuses_what_would_not_shrink():
     assert pack(r, 4 * n) is None  # random top bytes: packing would not shrink it
 
 
+@needs_test_bindings
 def test_kernel_unpack_add_is_float32_sum(isa):
     from bagua_core import _C
 
@@ -162,6 +167,7 @@ def test_kernel_unpack_add_is_float32_sum(isa):
     np.testing.assert_array_equal(acc.view(np.uint32), want.view(np.uint32))
 
 
+@needs_test_bindings
 def test_kernel_corrupt_size_raises():
     from bagua_core import _C
 

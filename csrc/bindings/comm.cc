@@ -277,8 +277,10 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
       py::arg("wire_packing_min_bytes") = py::none(), py::arg("wire_packing_segment_bytes") = py::none(),
       py::arg("wire_packing_slow_bits_per_s") = py::none(), Release());
 
+#ifdef BAGUA_WITH_TEST_BINDINGS
   m.def("_shm_host_identity", &shm_host_identity,
         "For tests: the key two processes must share for a shared-memory allreduce (comm/shm/host_identity.h).");
+#endif
   m.def("stage_through_host", &make_staged_communicator, py::arg("comm"), py::arg("device"),
         "A host communicator (Gloo) serving `device`'s buffers in the order of the call's stream "
         "(comm/staged_communicator.h).");

@@ -387,13 +387,16 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
       .def_property_readonly("rounds", &AsyncAverager::rounds)
       .def_property_readonly("description", &AsyncAverager::describe)
       .def("close", &AsyncAverager::close, py::call_guard<py::gil_scoped_release>())
+#ifdef BAGUA_WITH_TEST_BINDINGS
       // for tests only (see csrc/sched/async_averager.h)
       .def("_test_hold", &AsyncAverager::test_hold, py::arg("on"))
       .def("_test_wait_held", [](AsyncAverager& a, double timeout_s) {
              return a.test_wait_held(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
            }, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "For tests: waits until a held round took its snapshot; False after timeout_s.")
-      .def("_test_release_held", &AsyncAverager::test_release_held);
+      .def("_test_release_held", &AsyncAverager::test_release_held)
+#endif
+      ;
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness

@@ -32,6 +32,7 @@ void bind_errors(py::module_& m) {
       py::set_error(PyExc_ValueError, e.what());
     }
   });
+#ifdef BAGUA_WITH_TEST_BINDINGS
   // Test-only: raises an error of `kind` passed through with_prefix (common/error.h),
   // so tests check that every engine error type keeps its type (and a peer its rank).
   m.def("_raise_with_prefix", [](const std::string& kind, const std::string& prefix) {
@@ -45,6 +46,7 @@ void bind_errors(py::module_& m) {
     else e = std::make_exception_ptr(42);
     std::rethrow_exception(with_prefix(e, prefix));
   });
+#endif
 }
 
 }  // namespace bindings

@@ -98,10 +98,12 @@ void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send
     if (send_lengths[i]) send_extent = std::max(send_extent, send_offsets[i] + send_lengths[i]);
     if (recv_lengths[i]) recv_extent = std::max(recv_extent, recv_offsets[i] + recv_lengths[i]);
   }
-  if (recv_lengths[rank] > 0) {
-    std::memmove(static_cast<uint8_t*>(recv) + recv_offsets[rank],
-                 static_cast<const uint8_t*>(send) + send_offsets[rank], recv_lengths[rank]);
-  }
+  // My own block: not copied when it already sits in place (an in-place allgather), since
+  // callers read it meanwhile (ByteGrad decodes it while it travels) and a copy onto itself
+  // is still a write racing with those reads.
+  uint8_t* own_dst = static_cast<uint8_t*>(recv) + recv_offsets[rank];
+  const uint8_t* own_src = static_cast<const uint8_t*>(send) + send_offsets[rank];
+  if (recv_lengths[rank] > 0 && own_dst != own_src) std::memmove(own_dst, own_src, recv_lengths[rank]);
   auto in = ctx->createUnboundBuffer(const_cast<void*>(send), send_extent);
   auto out = ctx->createUnboundBuffer(recv, recv_extent);
   // Empty messages are still exchanged so both sides count the same messages.

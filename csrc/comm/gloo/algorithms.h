@@ -53,7 +53,7 @@ void alltoall_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send,
                     size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout);
 
 // Allgather by direct exchange: my block goes to every peer while every peer's
-// block arrives (all posted at once). `send` may be my block of `recv`.
+// block arrives (all posted at once). `send` may be my block of `recv` (then left untouched).
 void allgather_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
                      size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout);
 
