@@ -1,7 +1,3 @@
 import os
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

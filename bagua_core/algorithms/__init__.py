@@ -74,8 +74,8 @@ nine files:
 Everything else follows the registry: ``names()``, every frontend's
 ``__all__``, ``Algorithm.registered()`` and ``init(name)``,
 ``bagua.torch_api.algorithms``, ``bagua_jax``'s top level, ``bagua-compare``
-(``tests/test_compare.py`` then compares torch and JAX on it), and
-``tests/test_algorithm_surfaces.py``, which proves that the three surfaces
+(``tests/core/test_compare.py`` then compares torch and JAX on it), and
+``tests/core/test_algorithm_surfaces.py``, which proves that the three surfaces
 agree with the description; it makes up a non-default value for each bool,
 int and float field, and a str field needs one line in its ``NON_DEFAULT``
 table (a tenth file). A frontend without a class for a registered

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.benchmark_scripts import run_script, table_cells
+from tests.harness.benchmark_scripts import run_script, table_cells
 
 COLUMNS = ["procs", "op", "size", "bagua GB/s", "torch GB/s", "jax GB/s", "bagua/torch", "bagua/jax"]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.benchmark_scripts import run_script, table_cells
+from tests.harness.benchmark_scripts import run_script, table_cells
 
 
 @pytest.mark.timeout(120)

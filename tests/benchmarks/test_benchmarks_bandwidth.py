@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
+from tests.harness.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
                                      script_path, start_script)
 from bandwidth import CONFIGS  # noqa: E402  (every configuration the script runs by default)
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.benchmark_scripts import _hosts, needs_netns
+from tests.harness.benchmark_scripts import _hosts, needs_netns
 
 PORT = 5301
 # Host 0 serves: a one-byte ping answered at once, then it counts what it receives for a while.

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("flax")
 
-from tests.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
 
 CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
            "torch no communication")

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from tests.benchmark_scripts import _hosts, explain, needs_netns, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import _hosts, explain, needs_netns, run_script
 import time_to_accuracy as tta  # noqa: E402  (benchmarks/time_to_accuracy.py)
 
 

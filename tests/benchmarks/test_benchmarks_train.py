@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
 from train_throughput import CONFIGS  # noqa: E402  (every configuration the script runs by default)
 
 pytestmark = pytest.mark.timeout(90)

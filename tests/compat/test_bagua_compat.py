@@ -18,10 +18,7 @@ import tempfile
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import REPO, launch  # noqa: E402
+from tests.harness.mp import REPO, launch
 
 ORIGINAL_TOP_LEVEL = [
     "get_backend", "init_process_group", "send", "recv", "allgather", "allgather_inplace", "allreduce",
@@ -494,7 +491,7 @@ class Worker:
 
 
 def worker_main():
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     w = Worker(sys.argv[2])
     failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])

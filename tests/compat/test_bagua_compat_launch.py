@@ -1,7 +1,7 @@
 """Bagua 0.9.2's launchers (``python -m bagua.distributed.launch`` / ``.run``)
 with real workers, and Bagua's own MNIST example, unchanged in its Bagua
 calls, trained under them on 2 and 3 processes and checked against torch DDP
-(tests/reference/mnist_ddp.py) on the same data, seeds and loop."""
+(tests/harness/reference/mnist_ddp.py) on the same data, seeds and loop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.mp import REPO, launch
+from tests.harness.mp import REPO, launch
 
 MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
@@ -53,7 +53,7 @@ def test_mnist_example_under_launch_equals_torch_ddp(world, tmp_path):
     got = _run("bagua.distributed.launch", "--nproc_per_node", world, MNIST, *flags, tmp_path / "bagua.pt")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert "Test set: Average loss" in got.stderr  # logging goes to stderr, rank 0 only at INFO
-    ref = launch(os.path.join(REPO, "tests", "reference", "mnist_ddp.py"), world, timeout=150,
+    ref = launch(os.path.join(REPO, "tests", "harness", "reference", "mnist_ddp.py"), world, timeout=150,
                  args=[*flags, str(tmp_path / "ddp.pt")])
     assert ref.ok(), ref.summary()
     bagua_state, ddp_state = _state(tmp_path / "bagua.pt"), _state(tmp_path / "ddp.pt")

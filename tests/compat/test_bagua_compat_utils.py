@@ -1,7 +1,7 @@
 """``bagua.torch_api.utils`` (Bagua 0.9.2's helpers), single process: against
 numpy and against the original's own test values for StatisticalAverage.
 apply_flattened_call with torch.distributed.all_reduce runs across processes
-in tests/test_bagua_compat.py."""
+in tests/compat/test_bagua_compat.py."""
 
 from __future__ import annotations
 

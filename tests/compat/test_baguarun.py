@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from tests.mp import REPO
+from tests.harness.mp import REPO
 
 SSHD = "/usr/sbin/sshd"
 SECRET = "s3cret-" + uuid.uuid4().hex

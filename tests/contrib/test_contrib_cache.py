@@ -21,12 +21,11 @@ import warnings
 import numpy as np
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from tests.mp import launch  # noqa: E402
+from tests.harness.mp import launch, repo_env
+from tests.harness.paths import REPO
 
 HAVE_REDIS = shutil.which("redis-server") is not None
 needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed: run "
@@ -193,7 +192,7 @@ def test_bad_input(tmp_path):
 def _worker():
     import bagua_torch
     from bagua_torch.contrib import CachedDataset
-    from tests.worker import report, run_cases
+    from tests.harness.worker import report, run_cases
 
     bagua_torch.init_process_group()
     rank, world = bagua_torch.get_rank(), bagua_torch.get_world_size()
@@ -312,9 +311,8 @@ def test_start_redis_server_cli_serves_until_the_process_exits():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", START_CLI, str(port)], capture_output=True, text=True, timeout=50,
-                         env=dict(os.environ, PYTHONPATH=repo), cwd=repo)
+                         env=repo_env(), cwd=REPO)
     assert out.returncode == 0 and "SERVED" in out.stdout, out.stdout + out.stderr[-2000:]
     deadline = time.monotonic() + 10
     while _port_open("127.0.0.1", port) and time.monotonic() < deadline:

@@ -15,12 +15,10 @@ import warnings
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from tests.mp import launch  # noqa: E402
+from tests.harness.mp import launch
 
 CONFIGS = [
     ("SGD", dict(lr=0.01)),
@@ -229,7 +227,7 @@ def _wrapped_worker():
     import bagua_torch
     from bagua_torch.algorithms import GradientAllReduceAlgorithm
     from bagua_torch.contrib import fuse_optimizer
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     torch.set_num_threads(1)
     group = bagua_torch.init_process_group()

@@ -16,10 +16,7 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import launch  # noqa: E402
+from tests.harness.mp import launch
 
 CASES = ["bn1d_flat", "bn1d_sequence", "bn2d", "bn3d", "bn2d_no_affine", "bn2d_cumulative_momentum",
          "bn2d_float64", "eval_mode_is_local", "converted_net_trains_like_one_process", "bad_input"]
@@ -173,7 +170,7 @@ def test_sync_batchnorm(world):
 
 
 if __name__ == "__main__":
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     w = Worker()
     sys.exit(1 if run_cases([(c, getattr(w, c)) for c in CASES]) else 0)

@@ -16,14 +16,11 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
-from tests.gpu.available import gpu_skip_reason  # noqa: E402
+from tests.harness import mp
+from tests.gpu.available import gpu_skip_reason
+from tests.harness.paths import GPU_WORKERS
 
 WS = 2
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # --- worker side ------------------------------------------------------------------
@@ -242,7 +239,7 @@ def worker_main(mode: str) -> int:
     import numpy
 
     import bagua_core
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     np, bc = numpy, bagua_core
     RANK = bc.get_rank()
@@ -317,7 +314,7 @@ def test_local_availability():
 
 @pytest.mark.skipif(not _C.built_with_cuda, reason="built without CUDA")
 def test_local_availability_refuses_a_library_of_another_layout(tmp_path):
-    from tests.test_cuda_nccl import _stub_library
+    from tests.core.test_cuda_nccl import _stub_library
 
     nccl3 = _stub_library(str(tmp_path), 30000, True)
     reason = _avail(find_library=lambda: nccl3, check_library=None).reason
@@ -410,7 +407,7 @@ def test_nccl_group_world_size_1(case):
     if why:
         pytest.skip(why)
     if "gpu1" not in _runs:
-        _runs["gpu1"] = mp.launch(os.path.join(HERE, "gpu", "nccl_group_worker.py"), 1, timeout=240,
+        _runs["gpu1"] = mp.launch(os.path.join(GPU_WORKERS, "nccl_group_worker.py"), 1, timeout=240,
                                   env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "60"})
     _runs["gpu1"].check_case(case, 1)
 
@@ -423,7 +420,7 @@ def test_nccl_group_mismatch_two_gpus():
         pytest.skip(why)
     if _C.cuda_device_count() < 2:
         pytest.skip("a cross-rank mismatch needs 2 ranks, and NCCL refuses two ranks on one GPU: needs 2 GPUs")
-    run = mp.launch(os.path.join(HERE, "gpu", "nccl_group_worker.py"), 2, timeout=240, args=["mismatch"],
+    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_group_worker.py"), 2, timeout=240, args=["mismatch"],
                     env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "30"})
     run.check_case("nccl_mismatch_raises_everywhere", 2)
     run.check()

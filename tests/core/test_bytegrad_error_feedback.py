@@ -1,6 +1,6 @@
 """ByteGrad with error feedback across real processes (2 and 3), against a
 numpy reference of the whole scheme, every rank simulated
-(tests/reference/compressed_exchange.py): each rank adds its residual to its
+(tests/harness/reference/compressed_exchange.py): each rank adds its residual to its
 padded bucket, compresses it in one chunk per rank, keeps e = x -
 decompress(compress(x)) and the exchange goes on as without feedback. Over
 several steps, with buckets of 64 bytes (several buckets, padded ones among
@@ -11,7 +11,7 @@ them):
   other), averaging and summing, and torch's in float64 too (codes from the
   float32 values, residual in float64); the torch state holds the
   reference's residual;
-* checkpoints: torch's is covered by tests/test_torch_state_dict.py; here the
+* checkpoints: torch's is covered by tests/torch/test_torch_state_dict.py; here the
   JAX optax state, pickled mid-training and restored into a fresh transform,
   continues bitwise as the uninterrupted run (and a fresh residual does not);
 * error_feedback=False keeps the step stateless and its description as before.
@@ -21,17 +21,12 @@ Bad values (a non-bool error_feedback) are checked in this process.
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
 
 SESSIONS = {"w2": 2, "w3": 3}
 BUCKET_BYTES = 64
@@ -61,7 +56,7 @@ class Worker(JaxWorker):
     def layout(self, itemsize=4):
         """Buckets as (leaf indices, padded numel): BAGUA_BUCKET_SIZE bytes,
         leaves in reverse order, padded to the group size (both frontends)."""
-        from tests.reference.buckets import padded_buckets, payload
+        from tests.harness.reference.buckets import padded_buckets, payload
 
         out = padded_buckets(SHAPES, {4: np.float32, 8: np.float64}[itemsize], BUCKET_BYTES, self.world)
         assert len(out) > 2 and any(payload(b, SHAPES) != b[1] for b in out), out
@@ -70,8 +65,8 @@ class Worker(JaxWorker):
     def reference(self, average, dtype=np.float32):
         """Per step, every leaf's result on this rank, and the final residuals
         (this rank's, one per bucket) of the whole scheme in numpy."""
-        from tests.reference.buckets import flatten, payload, unflatten
-        from tests.reference.compressed_exchange import scatter_reduce_gather
+        from tests.harness.reference.buckets import flatten, payload, unflatten
+        from tests.harness.reference.compressed_exchange import scatter_reduce_gather
 
         layout = self.layout(np.dtype(dtype).itemsize)
         es = [[np.zeros(p, dtype) for _ in range(self.world)] for _, p in layout]
@@ -235,7 +230,7 @@ test_case, test_session_exits_cleanly = session_tests(
 
 
 def test_error_feedback_must_be_a_bool():
-    """(Every frontend raises the description's errors: tests/test_algorithm_surfaces.py.)"""
+    """(Every frontend raises the description's errors: tests/core/test_algorithm_surfaces.py.)"""
     import pytest
 
     from bagua_core import algorithms as core

@@ -14,11 +14,8 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
-from tests.dlpack_structs import FakeDeviceArray  # noqa: E402
+from tests.harness import mp
+from tests.harness.dlpack_structs import FakeDeviceArray
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8")
@@ -473,7 +470,7 @@ def worker_main(ws: int) -> int:
     import ml_dtypes as _ml
 
     import bagua_core
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     np, torch, jax, jnp, ml_dtypes, bc = numpy, _torch, _jax, _jnp, _ml, bagua_core
     assert jax.config.jax_enable_x64, "the session enables x64 so that int64/float64 stay 64-bit"

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.mp import REPO
+from tests.harness.mp import REPO
 
 STEPS = 50
 
@@ -68,7 +68,7 @@ def test_every_algorithm_agrees_across_frameworks(compared):
         # after the warm-up the 8-bit momentum turns such differences into whole
         # quantisation steps (divided by the frozen sqrt(v)) now and then. Measured: 3.5%
         # (its communicated momentum is bitwise the same for the same inputs:
-        # tests/test_jax_more_algorithms.py; float64 below removes the gap).
+        # tests/jax/test_jax_more_algorithms.py; float64 below removes the gap).
         tolerance = 0.1 if name == "qadam" else 1e-4
         assert r["summary"]["max_rel_divergence"] < tolerance, (name, r["summary"])
         assert f"== {name} (3 processes, float32) ==" in stdout

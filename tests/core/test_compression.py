@@ -1,10 +1,10 @@
-"""MinMaxUInt8 compression on the CPU against the numpy reference (tests/reference/minmax_uint8.py)."""
+"""MinMaxUInt8 compression on the CPU against the numpy reference (tests/harness/reference/minmax_uint8.py)."""
 
 import numpy as np
 import pytest
 
 from bagua_core import _C, Buffer, DType, as_dtype, compression, from_array
-from tests.reference import minmax_uint8 as ref
+from tests.harness.reference import minmax_uint8 as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -156,10 +156,11 @@ def test_throughput_benchmark_reports_each_isa_against_memcpy():
     import subprocess
     import sys
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.join(repo, "benchmarks", "compression_throughput.py"), "--mib", "1",
-                        "--repeat", "1"], capture_output=True, text=True, env=env, timeout=60)
+    from tests.harness.mp import repo_env
+    from tests.harness.paths import BENCHMARKS
+
+    p = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "compression_throughput.py"), "--mib", "1",
+                        "--repeat", "1"], capture_output=True, text=True, env=repo_env(), timeout=60)
     assert p.returncode == 0, p.stderr
     assert "memcpy of 1 MiB" in p.stdout
     for name in compression.supported_cpu_isas():

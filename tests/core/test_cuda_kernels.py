@@ -1,7 +1,7 @@
 """The step kernels (csrc/ops/kernels.h) through ``_C.kernels``, on the host and on CUDA.
 
 Host: every operation and dtype against an independent numpy reference (16-bit dtypes computed in
-float32 and rounded once; MinMaxUInt8 against tests/reference/minmax_uint8.py), and the binding's
+float32 and rounded once; MinMaxUInt8 against tests/harness/reference/minmax_uint8.py), and the binding's
 argument checks. GPU (marked ``gpu``, skipped without a CUDA device): the CUDA kernels against the
 host loops, bit for bit for every result that is not NaN (where the host has NaN the GPU must have
 NaN too, but its sign and payload may differ: kernels/cuda_kernels.h), on sizes around the block
@@ -13,7 +13,7 @@ import pytest
 
 from bagua_core import _C
 from tests.gpu.available import gpu_skip_reason
-from tests.reference import minmax_uint8 as ref
+from tests.harness.reference import minmax_uint8 as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from bagua_core import _C, _nccl
-from tests import mp
+from tests.harness import mp
 from tests.gpu.available import gpu_skip_reason
 from tests.gpu.nccl_cases import DTYPES, case_names
+from tests.harness.paths import GPU_WORKERS, REPO
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 CODE = dict(DTYPES)
 needs_cuda_build = pytest.mark.skipif(not _C.built_with_cuda, reason="built without CUDA")
 
@@ -358,7 +357,7 @@ def _need_gpu(min_gpus=1):
 @functools.lru_cache(maxsize=None)
 def _gpu_session():
     world = _need_gpu()
-    run = mp.launch(os.path.join(HERE, "gpu", "nccl_worker.py"), world, timeout=600,
+    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_worker.py"), world, timeout=600,
                     env={"BAGUA_TEST_TIMEOUT": "120"})
     return world, run
 
@@ -382,7 +381,7 @@ def test_gpu_nccl(case):
 @pytest.mark.timeout(200)
 def test_gpu_missing_rank_times_out():
     _need_gpu()
-    run = mp.launch(os.path.join(HERE, "gpu", "nccl_failure_worker.py"), 1, args=["lonely"], timeout=180)
+    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_failure_worker.py"), 1, args=["lonely"], timeout=180)
     cases = run.cases()
     for name in ("init_missing_rank_times_out", "new_communicator_after_abort"):
         assert name in cases and cases[name][0]["ok"], f"{name}\n{run.summary()}"
@@ -393,7 +392,7 @@ def test_gpu_missing_rank_times_out():
 @pytest.mark.timeout(200)
 def test_gpu_dead_peer_becomes_exception():
     _need_gpu(min_gpus=2)
-    run = mp.launch(os.path.join(HERE, "gpu", "nccl_failure_worker.py"), 2, args=["dead_peer"], timeout=180)
+    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_failure_worker.py"), 2, args=["dead_peer"], timeout=180)
     cases = run.cases()
     for name in ("sync_op_fails", "later_call_fails_at_once", "watchdog_aborts_stream_op"):
         assert name in cases and cases[name][0]["ok"], f"{name}\n{run.summary()}"

@@ -19,14 +19,10 @@ configuration).
 
 from __future__ import annotations
 
-import os
 import sys
 import zlib
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.mp import Session, session_tests
 
 SESSIONS = {
     "flat3": (3, None),
@@ -158,7 +154,7 @@ def _view(eng, name):
 
 
 def worker_main():
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     sys.exit(1 if run_cases(Worker().cases(sys.argv[1])) else 0)
 

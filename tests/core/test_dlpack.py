@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bagua_core as bc
-from tests.dlpack_structs import (DELETER, DLDataType, DLDevice, DLManagedTensor, DLTensor,
+from tests.harness.dlpack_structs import (DELETER, DLDataType, DLDevice, DLManagedTensor, DLTensor,
                                    FakeDeviceArray, legacy_capsule)
 
 torch = pytest.importorskip("torch")

@@ -18,11 +18,8 @@ import time
 import zlib
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.worker import threads, wait_for_threads  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.worker import threads, wait_for_threads
 
 # session -> (world size, local world size, env); engines have 2 lanes by default on CPU
 SESSIONS = {
@@ -195,7 +192,7 @@ class Worker:
 
     def bytegrad_reference(self, xs, average):
         """The op's sequence in numpy, over the participants' padded buckets xs."""
-        from tests.reference.compressed_exchange import scatter_reduce_gather
+        from tests.harness.reference.compressed_exchange import scatter_reduce_gather
 
         return scatter_reduce_gather(xs, average)[0]
 
@@ -540,7 +537,7 @@ class Worker:
 
 
 def worker_main():
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     session = sys.argv[1]
     w = Worker()

@@ -19,11 +19,8 @@ import zlib
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import launch  # noqa: E402
-from tests.worker import StoreSession, open_store, wait_for_survivors  # noqa: E402
+from tests.harness.mp import launch
+from tests.harness.worker import StoreSession, open_store, wait_for_survivors
 
 # bagua DType / ReduceOp codes (csrc/common/dtype.h)
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5, "uint8": 6}
@@ -595,7 +592,7 @@ class Session(StoreSession):
         # times out (CommTimeoutError) and closes its connections, so rank 1's
         # barrier fails at once with PeerError. Both are broken afterwards.
         # (Had rank 1 called the barrier in time, both would raise
-        # MismatchError: see tests/test_misuse.py.)
+        # MismatchError: see tests/core/test_misuse.py.)
         np = _np()
         _C = self._C
         c = self.new_comm("skip", timeout_s=1.5 if self.rank == 0 else 20.0)
@@ -648,7 +645,7 @@ def kill_session(victim: int):
     import numpy as np
 
     from bagua_core import _C
-    from tests.worker import report
+    from tests.harness.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)

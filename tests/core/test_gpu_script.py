@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.harness.paths import REPO
+
 COPY = os.path.join(REPO, "build", "gpu-dryrun", "tree")
 STEPS = ["env", "gloo", "configure", "build", "import", "gpu_tests", "benchmarks"]
 SKIP_TOP = {".git", ".venv", "build", "_skbuild", "dist", "wt", "bandwidth_results"}

@@ -16,8 +16,8 @@ import pytest
 
 from bagua_core import config
 from bagua_core import run as bagua_run
+from tests.harness.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
 PREFIXED = re.compile(r"^\[rank (\d+)\] (.*)$")

@@ -10,23 +10,19 @@
   its state lives in the optax state and survives pickling, steps between
   synchronisations are the inner update alone;
 * the description refuses bad settings (and every frontend with it:
-  tests/test_algorithm_surfaces.py); the loss goes down in both frameworks.
+  tests/core/test_algorithm_surfaces.py); the loss goes down in both frameworks.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import sys
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.worker import expect_error  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
+from tests.harness.worker import expect_error
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 SHAPES = [(6, 5), (7,), (3, 4)]

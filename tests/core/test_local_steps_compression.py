@@ -5,7 +5,7 @@ SGD with momentum (lr and momentum 0.5: exact in float32, so torch, optax and
 numpy agree bitwise), the uncompressed warm-up average, then at each
 synchronisation per bucket (64 bytes: several, padded ones among them) the
 pseudo-gradient plus this rank's residual, the MinMaxUInt8
-scatter-reduce-gather (tests/reference/compressed_exchange.py, shared with
+scatter-reduce-gather (tests/harness/reference/compressed_exchange.py, shared with
 the ByteGrad tests) and the outer Nesterov SGD in float32, on 2 and 3 ranks,
 and hierarchical on 4 ranks as 2 nodes (the node average exchanged among
 the leaders, which keep the residual):
@@ -15,29 +15,25 @@ the leaders, which keep the residual):
 * the JAX transform's updates equal it bitwise (so torch and JAX agree), the
   residual lives in the optax state, and a state pickled mid-training and
   restored into a fresh transform continues bitwise (with a zeroed residual
-  it does not); torch's checkpoints: tests/test_torch_state_dict.py;
+  it does not); torch's checkpoints: tests/torch/test_torch_state_dict.py;
 * the compression matters (the result is not the float average), and so does
   the error feedback;
 * the step's alignment, state spans and description follow the settings
   (plain LocalSteps unchanged); bad settings are refused by the description
   and by the C++ step (every frontend raises the description's errors:
-  tests/test_algorithm_surfaces.py).
+  tests/core/test_algorithm_surfaces.py).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import sys
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.worker import expect_error  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
+from tests.harness.worker import expect_error
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 BUCKET_BYTES = 64
@@ -75,8 +71,8 @@ def initial_weights():
 def reference(world, local, error_feedback, compressed=True):
     """The whole scheme on every rank in float32: (each step's weights of
     every rank, each bucket's final residual of every rank, the layout)."""
-    from tests.reference.buckets import flatten, padded_buckets, payload, unflatten
-    from tests.reference.compressed_exchange import scatter_reduce_gather
+    from tests.harness.reference.buckets import flatten, padded_buckets, payload, unflatten
+    from tests.harness.reference.compressed_exchange import scatter_reduce_gather
 
     layout = padded_buckets(SHAPES, F32, BUCKET_BYTES, world)
     H, warmup = OUTER["sync_interval"], OUTER["warmup_steps"]
@@ -155,7 +151,7 @@ class Worker(JaxWorker):
 
     # -- torch --
     def _torch_matches_reference(self, error_feedback):
-        from tests.reference.buckets import payload
+        from tests.harness.reference.buckets import payload
 
         torch = self.torch.torch
         want, residual, layout = reference(self.world, self.local, error_feedback)
@@ -211,7 +207,7 @@ class Worker(JaxWorker):
         return state
 
     def _jax_matches_reference(self, error_feedback):
-        from tests.reference.buckets import payload
+        from tests.harness.reference.buckets import payload
 
         want, residual, layout = reference(self.world, self.local, error_feedback)
         tx = self.jax_transform(error_feedback)

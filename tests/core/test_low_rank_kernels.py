@@ -2,7 +2,7 @@
 
 Host: P = M Q, Q = M^T P, M = P Q^T (alone and with error feedback fused in), the orthogonalisation
 and error feedback, for every dtype, against the numpy reference of their documented summation
-orders (tests/reference/low_rank.py), bit for bit, with every instruction set this CPU runs (the
+orders (tests/harness/reference/low_rank.py), bit for bit, with every instruction set this CPU runs (the
 vectorised copies must give the baseline's bits), on shapes around the lane counts and the host
 loops' blocks. GPU (marked ``gpu``, skipped
 without a CUDA device): the CUDA kernels against the host loops, bit for bit.
@@ -13,7 +13,7 @@ import pytest
 
 from bagua_core import _C, compression
 from tests.gpu.available import gpu_skip_reason
-from tests.reference import low_rank as ref
+from tests.harness.reference import low_rank as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -20,10 +20,7 @@ import threading
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
+from tests.harness import mp
 
 WS = 3
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "gather", "scatter",
@@ -212,7 +209,7 @@ def case_threads():
     assert not any(t.is_alive() for t in ts), "a thread hangs"
     # the verdict travels with the case record: checked across ranks by the test
     kinds = sorted({type(e).__name__ for e in errors})
-    from tests.worker import report
+    from tests.harness.worker import report
 
     report("threads_detail", True, wrong=len(wrong), errors=kinds,
            messages=[str(e)[:300] for e in errors if isinstance(e, bc.ConcurrentUseError)][:1])
@@ -263,12 +260,11 @@ def case_assign_load():
 
 _STOPPER = r"""
 import os, signal, sys, time
-sys.path.insert(0, sys.argv[4])
 from bagua_core import _C
 store = _C.TcpStore("127.0.0.1", int(sys.argv[1]), -1, 30.0, os.environ.get("BAGUA_STORE_SECRET", ""))
 store.wait([sys.argv[2]])  # the victim published its address: it is inside the connect phase
 os.kill(int(sys.argv[3]), signal.SIGSTOP)
-time.sleep(float(sys.argv[5]))
+time.sleep(float(sys.argv[4]))
 os.kill(int(sys.argv[3]), signal.SIGCONT)
 store.close()
 """
@@ -284,7 +280,7 @@ def case_connect_timeout():
     if RANK == 1:
         port = int(os.environ["MASTER_PORT"]) + 1
         helper = subprocess.Popen([sys.executable, "-c", _STOPPER, str(port), "group1/gloo/lane0/1",
-                                   str(os.getpid()), mp.REPO, str(3 * timeout)])
+                                   str(os.getpid()), str(3 * timeout)], env=mp.repo_env())
     else:
         time.sleep(1.0)  # rank 1 publishes first and waits for us: the helper stops it in time
     t0 = time.monotonic()
@@ -306,7 +302,7 @@ def worker_main(mode: str) -> int:
     import numpy
 
     import bagua_core
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     np, bc = numpy, bagua_core
     if mode == "sizes_control":

@@ -14,11 +14,8 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
-from tests.worker import threads, wait_for_threads  # noqa: E402
+from tests.harness import mp
+from tests.harness.worker import threads, wait_for_threads
 
 KILL_TIMEOUT_S = 8  # BAGUA_TIMEOUT of the kill sessions
 
@@ -206,7 +203,7 @@ def kill_worker(victim: int) -> int:
     import threading
     import time
 
-    from tests.worker import report
+    from tests.harness.worker import report
 
     bc.init_process_group()
     rank = bc.get_rank()
@@ -232,7 +229,7 @@ def worker_main(mode: str) -> int:
     import numpy
 
     import bagua_core
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     np, bc = numpy, bagua_core
     if mode.startswith("kill"):

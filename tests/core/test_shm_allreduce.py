@@ -35,13 +35,10 @@ import time
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import REPO, launch, session_tests  # noqa: E402
-from tests.test_gloo_communicator import (  # noqa: E402
+from tests.harness.mp import REPO, launch, session_tests
+from tests.core.test_gloo_communicator import (
     DTYPES, OPS, assert_close, make_input, ptr, reference, storage)
-from tests.worker import StoreSession, open_store  # noqa: E402
+from tests.harness.worker import StoreSession, open_store
 
 WINDOW = 4096  # bytes per rank and buffer: many chunks even for small buffers
 TIMEOUT_S = 10.0
@@ -122,7 +119,7 @@ class Session(StoreSession):
         rng = np.random.default_rng(1000 * seed + self.rank)
         x = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, size=n)
         if dt == "bfloat16":
-            from tests.test_gloo_communicator import bf16_bits
+            from tests.core.test_gloo_communicator import bf16_bits
             return bf16_bits(x.astype(np.float32))
         return x.astype(storage(dt))
 
@@ -192,7 +189,7 @@ def failure_session(kind: str, victim: int):
     import numpy as np
 
     from bagua_core import _C
-    from tests.worker import report
+    from tests.harness.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)
@@ -253,7 +250,7 @@ def netns_worker():
     import numpy as np
 
     from bagua_core import _C
-    from tests.worker import report
+    from tests.harness.worker import report
 
     rank = int(os.environ["RANK"])
     master = os.environ["MASTER_ADDR"]
@@ -276,7 +273,7 @@ def full_dev_shm_worker():
     import numpy as np
 
     from bagua_core import _C
-    from tests.worker import report
+    from tests.harness.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)
@@ -407,13 +404,12 @@ def test_full_dev_shm_falls_back_to_tcp():
 
 @pytest.mark.timeout(120)
 def test_group_over_two_emulated_hosts_stays_on_tcp():
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    import _hosts
+    import _hosts  # benchmarks/_hosts.py (benchmarks/ is on sys.path: pyproject's pytest pythonpath)
 
     reason = _hosts.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from tests.mp import CASE_PREFIX
+    from tests.harness.mp import CASE_PREFIX
     import json
 
     with _hosts.EmulatedHosts() as hosts:

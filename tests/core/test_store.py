@@ -18,7 +18,7 @@ import time
 import pytest
 
 from bagua_core import _C
-from tests import mp
+from tests.harness import mp
 
 HOST = "127.0.0.1"
 MAGIC = 0x54534742
@@ -503,7 +503,7 @@ def test_many_connections_at_once(server):
 WORKER = r"""
 import os, signal, time
 from bagua_core import _C
-from tests.worker import run_cases
+from tests.harness.worker import run_cases
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1

@@ -22,11 +22,8 @@ import time
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
-from tests.test_store import HOST, OP_SET, closed_by_server, frame, hello, raw_connect, raw_hello, s  # noqa: E402
+from tests.harness import mp
+from tests.core.test_store import HOST, OP_SET, closed_by_server, frame, hello, raw_connect, raw_hello, s
 
 SECRET = "test-secret-0123456789"
 
@@ -132,7 +129,7 @@ def test_connections_stay_below_the_descriptor_limit():
     half of them; the process keeps running and serves again afterwards."""
     proc = subprocess.Popen([sys.executable, "-c", _SERVER_UNDER_LOW_LIMIT % SECRET], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, cwd=mp.REPO,
-                            env={**os.environ, "PYTHONPATH": mp.REPO})
+                            env=mp.repo_env())
     try:
         port = int(proc.stdout.readline())
         socks = []
@@ -158,7 +155,6 @@ def test_connections_stay_below_the_descriptor_limit():
 
 _ATTACK = r"""
 import json, socket, struct, sys, time
-sys.path.insert(0, sys.argv[2])
 from bagua_core import _C
 port = int(sys.argv[1])
 out = {}
@@ -208,7 +204,7 @@ def worker_main() -> int:
     import numpy as np
 
     import bagua_core as bc
-    from tests.worker import report
+    from tests.harness.worker import report
 
     g = bc.init_process_group()
     rank, ws = g.rank, g.size
@@ -216,8 +212,8 @@ def worker_main() -> int:
     before_rss, before_fds = _rss_mb(), len(os.listdir("/proc/self/fd"))
     attacker = None
     if rank == 0:
-        attacker = subprocess.Popen([sys.executable, "-c", _ATTACK, str(store_port), mp.REPO],
-                                    stdout=subprocess.PIPE, text=True)
+        attacker = subprocess.Popen([sys.executable, "-c", _ATTACK, str(store_port)],
+                                    stdout=subprocess.PIPE, text=True, env=mp.repo_env())
     wrong = 0
     peak_rss, peak_fds = before_rss, before_fds
     for steps in range(1, 301):  # about 4 s: the attack runs meanwhile
@@ -259,8 +255,7 @@ def test_live_job_keeps_training_under_a_hostile_client():
 
 _SILENT = r"""
 import sys, time
-sys.path.insert(0, sys.argv[3])
-from tests.test_store import closed_by_server, raw_hello
+from tests.core.test_store import closed_by_server, raw_hello
 sock = raw_hello(int(sys.argv[1]), 1, sys.argv[2].encode())  # holds the secret, claims rank 1
 t0 = time.monotonic()
 closed = closed_by_server(sock, 10.0)
@@ -275,14 +270,14 @@ def quiet_main() -> int:
     import numpy as np
 
     import bagua_core as bc
-    from tests.worker import report
+    from tests.harness.worker import report
 
     g = bc.init_process_group()
     rank = g.rank
     silent = None
     if rank == 0:
         silent = subprocess.Popen([sys.executable, "-c", _SILENT, str(int(os.environ["MASTER_PORT"]) + 1),
-                                   SECRET, mp.REPO], stdout=subprocess.PIPE, text=True)
+                                   SECRET], stdout=subprocess.PIPE, text=True, env=mp.repo_env())
     time.sleep(4 * IDLE_S)
     sub = bc.new_group([0, 1, 2])  # a rendezvous through the store after the quiet time
     x = np.full(3, rank + 1, np.float32)

@@ -7,18 +7,14 @@ independent full-batch reference (SGD on the mean loss over every rank's
 batch) and stays identical across ranks, rank 0 writes a log that plots, and a
 peer that disagrees gets AutotuneMismatchError.
 
-This file is also the worker: ``python tests/test_trace_autotune.py SESSION``.
+This file is also the worker: ``python tests/core/test_trace_autotune.py SESSION``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.mp import Session, session_tests
 
 AUTOTUNE_ENV = {
     "BAGUA_AUTOTUNE": "1",
@@ -72,7 +68,7 @@ if __name__ == "__main__":
     import shutil
     import tempfile
 
-    from tests.torch_worker import TorchWorker, worker_main
+    from tests.harness.torch_worker import TorchWorker, worker_main
 
     class Worker(TorchWorker):
         def model(self):

@@ -25,11 +25,8 @@ import time
 import numpy as np
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import launch  # noqa: E402
-from tests.worker import StoreSession, open_store, wait_for_survivors  # noqa: E402
+from tests.harness.mp import launch
+from tests.harness.worker import StoreSession, open_store, wait_for_survivors
 
 SUM, AVG = 0, 10
 F32 = 0
@@ -309,7 +306,7 @@ CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_throu
 def kill_session(victim: int):
     """Rank `victim` is SIGKILLed while packed allreduces are in flight."""
     from bagua_core import _C
-    from tests.worker import report
+    from tests.harness.worker import report
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(REPO, "benchmarks")
-if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)  # the scripts' own helpers (_hosts, _training, ...) import by plain name
-import _hosts  # noqa: E402  (benchmarks/_hosts.py)
+import _hosts  # benchmarks/_hosts.py: benchmarks/ is on sys.path (pyproject's pytest pythonpath)
+
+from tests.harness.mp import repo_env
+from tests.harness.paths import BENCHMARKS, REPO
 
 
 def script_path(name: str) -> str:
@@ -24,8 +23,7 @@ def script_path(name: str) -> str:
 
 def driver_env() -> dict:
     """This environment, with the repository on PYTHONPATH and no launcher variables."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env = repo_env()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)  # the driver mode is chosen by the absence of RANK
     return env

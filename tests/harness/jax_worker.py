@@ -68,7 +68,7 @@ class JaxWorker:
     def torch(self):
         """The torch frontend on the same group, with torch.distributed beside it."""
         if self._torch is None:
-            from tests.torch_worker import TorchWorker
+            from tests.harness.torch_worker import TorchWorker
 
             self._torch = TorchWorker()
         return self._torch
@@ -76,7 +76,7 @@ class JaxWorker:
 
 def worker_main(worker_class, case_names) -> None:
     """Runs the cases of the session named in argv[1] and exits non-zero on a failure."""
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     w = worker_class()
     failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])

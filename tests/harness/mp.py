@@ -5,7 +5,7 @@
 timeout, kills every one of them (whole process groups) on timeout or failure,
 and returns their exit codes and output. Nothing is left behind.
 
-Workers report per-case results with ``tests.worker.report`` as JSON lines;
+Workers report per-case results with ``tests.harness.worker.report`` as JSON lines;
 ``Run.cases()`` collects them, so one multi-process session can check many cases
 and pytest can still report each case on its own (see ``session_tests``).
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from bagua_core.launcher.ports import free_port_pair  # noqa: F401  (tests use mp.free_port_pair)
+from tests.harness.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_PREFIX = "BAGUA-CASE "
 
 
@@ -74,10 +74,21 @@ class Run:
         return out
 
 
+def repo_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """This environment with the repository first on PYTHONPATH, so that a Python process started
+    from it (a worker script by path, ``python -c``) imports ``tests.harness`` and the packages
+    from this tree."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
 def worker_env(rank: int, world_size: int, port: int, local_world_size: Optional[int] = None,
                extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     lws = local_world_size or world_size
-    env = dict(os.environ)
+    env = repo_env()
     env.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -87,7 +98,6 @@ def worker_env(rank: int, world_size: int, port: int, local_world_size: Optional
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         BAGUA_TIMEOUT=env.get("BAGUA_TEST_TIMEOUT", "60"),
-        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
         JAX_PLATFORMS="cpu",
         OMP_NUM_THREADS="1",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.worker import expect_error
+from tests.harness.worker import expect_error
 
 
 class TorchWorker:
@@ -110,7 +110,7 @@ class TorchWorker:
 
 def worker_main(worker_class, case_names) -> None:
     """Runs the cases of the session named in argv[1] and exits non-zero on a failure."""
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     w = worker_class()
     failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])

@@ -1,4 +1,4 @@
-"""Helpers used inside worker processes started by tests.mp.launch."""
+"""Helpers used inside worker processes started by tests.harness.mp.launch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import Callable, Iterable, Tuple
 
-from tests.mp import CASE_PREFIX
+from tests.harness.mp import CASE_PREFIX
 
 
 def report(case: str, ok: bool, error: str = "", **extra) -> None:

@@ -15,18 +15,13 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import session_tests  # noqa: E402
-from tests.worker import expect_error  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import session_tests
+from tests.harness.worker import expect_error
 
 SESSIONS = {"w2": 2, "w3": 3}
 NEVER_MS = 10 ** 7

@@ -4,7 +4,7 @@ transform(algorithm) for each algorithm through the CUDA FFI handlers
 Gloo and with NCCL. The worker is tests/gpu/jax_cuda_worker.py; every test
 here is gpu-marked and skips, with the reason, without a GPU, without the CUDA
 handlers in the build, or without jax's CUDA plugin. Registration of the CUDA
-handlers without a GPU is tested in tests/test_jax_cuda_registration.py."""
+handlers without a GPU is tested in tests/jax/test_jax_cuda_registration.py."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import os
 import pytest
 
 from bagua_core import _C
-from tests import mp
+from tests.harness import mp
 from tests.gpu.available import gpu_skip_reason
 from tests.gpu.jax_cuda_cases import KINDS, case_names
+from tests.harness.paths import GPU_WORKERS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 JAX_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
 
@@ -58,7 +58,7 @@ def _session(kind: str) -> mp.Run:
     if kind not in _sessions:
         # the worker picks its platforms itself; tests/conftest.py pins this process to the CPU
         env = {"JAX_PLATFORMS": "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        _sessions[kind] = mp.launch(os.path.join(HERE, "gpu", "jax_cuda_worker.py"), 1, timeout=400,
+        _sessions[kind] = mp.launch(os.path.join(GPU_WORKERS, "jax_cuda_worker.py"), 1, timeout=400,
                                     args=[kind], env=env)
     return _sessions[kind]
 

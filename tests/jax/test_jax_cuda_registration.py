@@ -12,6 +12,7 @@ import os
 import pytest
 
 from bagua_core import _C
+from tests.harness.paths import REPO
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -20,7 +21,6 @@ pytestmark = pytest.mark.skipif(not _C.has_xla_ffi, reason="bagua_core was built
 needs_cuda_handlers = pytest.mark.skipif(not getattr(_C, "has_cuda_ffi", False),
                                          reason="bagua_core was built without CUDA: no CUDA handlers")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step"}
 
 
@@ -131,7 +131,7 @@ def test_cuda_arrays_on_a_gloo_group_need_a_visible_gpu_to_be_staged():
     import subprocess
     import sys
 
-    from tests import mp
+    from tests.harness import mp
 
     port = mp.free_port_pair()
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",

@@ -1,7 +1,7 @@
 """bagua_jax collectives through the engine's XLA FFI handlers, multi-process.
 
 One session of real processes per world size (2 and 3) runs every case; this
-file is also the worker script (run as __main__ by tests.mp.launch). References
+file is also the worker script (run as __main__ by tests.harness.mp.launch). References
 are numpy on the same deterministic inputs, JAX's own multi-process CPU
 collectives (jax.distributed + Gloo), and a single-process JAX training run.
 """
@@ -53,7 +53,7 @@ def _session(world_size: int):
     if world_size not in _sessions:
         pytest.importorskip("jax")
         pytest.importorskip("optax")
-        from tests.mp import launch
+        from tests.harness.mp import launch
 
         _sessions[world_size] = launch(os.path.abspath(__file__), world_size, timeout=120)
     return _sessions[world_size]
@@ -447,7 +447,7 @@ def case_dead_peer():
     import bagua_jax
 
     if RANK == SIZE - 1:
-        from tests.worker import report
+        from tests.harness.worker import report
 
         report("dead_peer", True)
         sys.stdout.flush()
@@ -473,7 +473,7 @@ def main() -> int:
     # Bagua's own store listens on MASTER_PORT + 1.
     jax.distributed.initialize(f"127.0.0.1:{os.environ['MASTER_PORT']}", SIZE, RANK,
                                initialization_timeout=60)
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     failures = run_cases([(name, globals()["case_" + name]) for name in CASES])
     sys.stdout.flush()

@@ -14,17 +14,12 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
 
 SESSIONS = {"w2": 2, "w3": 3}
 CASES = ["init", "matches_torch", "matches_torch_without_error_feedback", "state_pickles", "rank_too_large_refused",

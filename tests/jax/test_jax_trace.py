@@ -11,21 +11,17 @@
 * the summary has steps and buckets, and no overlap share (JAX has no backward
   span: documented in bagua_core/trace.py).
 
-This file is also the worker script: ``python tests/test_jax_trace.py SESSION``.
+This file is also the worker script: ``python tests/jax/test_jax_trace.py SESSION``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
 
 SESSIONS = {"w3": Session(3, env={"BAGUA_BUCKET_SIZE": "256"})}  # several buckets for a small model
 STEPS = 6

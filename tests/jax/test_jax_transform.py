@@ -24,11 +24,8 @@ import time
 
 import numpy as np
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.jax_worker import JaxWorker, worker_main  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
 
 # session -> (world size, local world size)
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
@@ -81,7 +78,7 @@ class Worker(JaxWorker):
         assert g is bagua_jax.init() and g.size == self.world and g.rank == self.rank
 
     def algorithms_api(self):
-        # signatures, defaults and errors against torch's: tests/test_algorithm_surfaces.py
+        # signatures, defaults and errors against torch's: tests/core/test_algorithm_surfaces.py
         import bagua_jax
         from bagua_core import algorithms as core
 
@@ -354,7 +351,7 @@ class Worker(JaxWorker):
         grads = {"w": jnp.ones(1 << 16)}
         state = tx.init(grads)
         if self.rank == self.world - 1:
-            from tests.worker import report
+            from tests.harness.worker import report
 
             report("dead_peer", True)
             sys.stdout.flush()

@@ -10,14 +10,10 @@ Lightning is not installed (``make deps`` installs it)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import launch  # noqa: E402
+from tests.harness.mp import launch
 
 
 def worker():

@@ -4,7 +4,7 @@ references written with torch.distributed (gloo, in the same processes):
 * GradientAllReduce == torch DDP after 20 steps (flat, no flatten, and
   hierarchical with 4 processes as 2 nodes); weights bitwise equal across ranks;
 * ByteGrad == a reference of the MinMaxUInt8 scatter-reduce-gather built from
-  the numpy compressor in tests/reference and torch.distributed all_gather, at
+  the numpy compressor in tests/harness/reference and torch.distributed all_gather, at
   group sizes 2, 3 and 4, buckets not a multiple of the group size, several
   buckets;
 * Decentralized == a D-PSGD reference ("all"; "shift_one" with interval 1 and
@@ -18,14 +18,10 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
 import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.mp import Session, session_tests
 
 # session -> (world size, local world size)
 SESSIONS = {
@@ -146,7 +142,7 @@ class Worker:
     # -- ByteGrad vs a torch.distributed + numpy reference --
     def bytegrad_reference(self, flat):
         """MinMaxUInt8 scatter-reduce-gather of one flat float32 bucket."""
-        from tests.reference.compressed_exchange import scatter_reduce_gather_mean
+        from tests.harness.reference.compressed_exchange import scatter_reduce_gather_mean
 
         return scatter_reduce_gather_mean(self.dist, flat)
 
@@ -295,7 +291,7 @@ class Worker:
 
 
 def worker_main():
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     session = sys.argv[1]
     w = Worker()

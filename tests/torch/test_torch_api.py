@@ -12,10 +12,7 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import REPO, launch  # noqa: E402
+from tests.harness.mp import REPO, launch
 
 torch = pytest.importorskip("torch")
 
@@ -73,7 +70,7 @@ def test_core_algorithms_import_without_torch():
 
 
 def test_torch_algorithms_api():
-    # names, signatures, defaults and errors against the descriptions: tests/test_algorithm_surfaces.py
+    # names, signatures, defaults and errors against the descriptions: tests/core/test_algorithm_surfaces.py
     from bagua_torch.algorithms import Algorithm, ByteGradAlgorithm, DecentralizedAlgorithm, as_algorithm
 
     d = DecentralizedAlgorithm(peer_selection_mode="shift_one", communication_interval=2)
@@ -176,7 +173,7 @@ class Single:
 
 
 def single_main():
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     s = Single()
     sys.exit(1 if run_cases([(c, getattr(s, c)) for c in SINGLE]) else 0)

@@ -31,11 +31,8 @@ import os
 import sys
 import time
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 NEVER_MS = 10 ** 7  # a sync interval longer than any test: rounds only at abort()
 DEAD_TIMEOUT_S = 4.0
@@ -431,7 +428,7 @@ def dead_main() -> None:
     import bagua_torch
     from bagua_core import BaguaError
     from bagua_torch.algorithms import AsyncModelAverageAlgorithm
-    from tests.worker import report
+    from tests.harness.worker import report
 
     torch.set_num_threads(1)
     rank = bagua_torch.init_process_group().rank

@@ -20,15 +20,10 @@ script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w3": 3}
 CASES = ["gradient_allreduce_buckets_list_parameters_and_mean_gradients",

@@ -17,17 +17,13 @@ without a CUDA device and run in tests/gpu/run.sh).
 
 from __future__ import annotations
 
-import os
-import sys
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 
-from tests.gpu.available import gpu_skip_reason  # noqa: E402
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.gpu.available import gpu_skip_reason
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"ws1": Session(1), "shared2_gloo": Session(2, env={"BAGUA_BACKEND": "gloo"})}
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam"]

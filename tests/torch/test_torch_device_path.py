@@ -18,14 +18,9 @@ script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w3": (3, None), "w4n2": (4, 2)}
 DELAY_US = 1500  # per queued task: a missing wait reads stale memory

@@ -19,10 +19,7 @@ import time
 
 import pytest
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import launch  # noqa: E402
+from tests.harness.mp import launch
 
 TIMEOUT_S = 4.0
 SESSIONS = {"dead": "gradient_allreduce", "stuck": "decentralized", "dead_overlap": "bytegrad",
@@ -38,7 +35,7 @@ def worker_main():
     import bagua_torch
     from bagua_core import BaguaError
     from bagua_torch.algorithms import ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm
-    from tests.worker import report
+    from tests.harness.worker import report
 
     mode = sys.argv[1]
     torch.set_num_threads(1)

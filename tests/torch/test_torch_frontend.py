@@ -11,15 +11,10 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
+from tests.harness.mp import session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main as run_worker
 
 SESSIONS = {"w2": 2, "w3": 3}
 

@@ -4,7 +4,7 @@ processes:
 
 * equal settings (rank 2: torch orthogonalises with Gram-Schmidt; rank 4: with
   QR), equal inputs and the same initial Q (the step's documented seeded Q,
-  written in numpy in tests/reference/low_rank.py and injected into the hook's
+  written in numpy in tests/harness/reference/low_rank.py and injected into the hook's
   state) give the same gradients, within float rounding, at every step of the
   warm-up and after it; a matrix that does not pay and the biases travel
   uncompressed, as torch's;
@@ -19,15 +19,9 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.reference.low_rank import initial_q  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.reference.low_rank import initial_q
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w2": 2, "w3": 3}
 CASES = ["matches_powersgd_hook_rank_2", "matches_powersgd_hook_rank_4", "matches_without_error_feedback",

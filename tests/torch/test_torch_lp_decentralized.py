@@ -1,6 +1,6 @@
 """LowPrecisionDecentralizedAlgorithm across real processes against an
-independent reference written with numpy (tests/reference's MinMaxUInt8
-compressor) and torch.distributed all_gather (tests/reference/compressed_exchange.py):
+independent reference written with numpy (tests/harness/reference's MinMaxUInt8
+compressor) and torch.distributed all_gather (tests/harness/reference/compressed_exchange.py):
 
 * flat on 2 and 3 ranks (communication_interval 1 and 2), hierarchical on 4
   ranks as 2 nodes; the replicas are exact: my W equals my left neighbour's R
@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 # session -> (world size, local world size)
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
@@ -67,7 +63,7 @@ class Worker(TorchWorker):
         state = [W, L, R] (float32 numpy), updated in place; returns the new x."""
         import numpy as np
 
-        from tests.reference import compressed_exchange, minmax_uint8 as mm
+        from tests.harness.reference import compressed_exchange, minmax_uint8 as mm
 
         W, L, R = state
         d = x + L / np.float32(3) + R / np.float32(3) - W * (np.float32(5) / np.float32(3))

@@ -11,17 +11,12 @@ file is also the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main as run_worker  # noqa: E402
-from tests.worker import threads, wait_for_threads  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main as run_worker
+from tests.harness.worker import threads, wait_for_threads
 
 SESSIONS = {"w2": 2, "w3": 3}
 # a collective paired with the wrong one may hang until the timeout: keep it short

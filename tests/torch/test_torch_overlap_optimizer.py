@@ -24,13 +24,9 @@ This file is also the worker script (one session per world size).
 
 from __future__ import annotations
 
-import os
 import sys
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
+from tests.harness.mp import Session, session_tests
 
 BUCKET_BYTES = 2048
 SESSIONS = {"w2": Session(2, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}),
@@ -55,7 +51,7 @@ STEPS = 6
 
 class Worker:
     def __init__(self):
-        from tests.torch_worker import TorchWorker
+        from tests.harness.torch_worker import TorchWorker
 
         self.w = TorchWorker()
         self.torch = self.w.torch
@@ -369,7 +365,7 @@ for _a in ALGORITHMS:
 
 
 if __name__ == "__main__":
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     w = Worker()
     failures = run_cases([(c, getattr(w, c)) for c in case_names(sys.argv[1])])

@@ -2,7 +2,7 @@
 independent reference: Adam's arithmetic written out here with torch
 tensors, gradients averaged with torch.distributed during the warm-up, and
 afterwards the momentum averaged with the MinMaxUInt8 scatter-reduce-gather
-of tests/reference/compressed_exchange.py (numpy compressor, torch.distributed
+of tests/harness/reference/compressed_exchange.py (numpy compressor, torch.distributed
 all_gather). Group sizes 2 and 3; the run crosses the warm-up switch (and uses
 the gradient of the switching step); hierarchical QAdam (4 ranks as 2 nodes)
 trains. Also: QAdamOptimizer alone is Adam when
@@ -13,15 +13,10 @@ taken after the switch resumes bitwise; the loss goes down.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
@@ -64,7 +59,7 @@ class Worker(TorchWorker):
     def equals_reference_through_switch(self):
         import numpy as np
 
-        from tests.reference import compressed_exchange
+        from tests.harness.reference import compressed_exchange
 
         torch = self.torch
         model = self.model(100 + self.rank)

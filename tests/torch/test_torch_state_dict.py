@@ -23,15 +23,10 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
-import sys
 
 
-if __name__ == "__main__":  # worker process: make `tests` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.mp import Session, session_tests  # noqa: E402
-from tests.torch_worker import TorchWorker, worker_main  # noqa: E402
+from tests.harness.mp import Session, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w2": 2, "w3": 3}
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",

@@ -15,10 +15,7 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import mp  # noqa: E402
+from tests.harness import mp
 
 pytest.importorskip("torch")
 

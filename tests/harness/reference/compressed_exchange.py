@@ -1,5 +1,5 @@
 """The MinMaxUInt8 compressed exchanges, built from
-tests/reference/minmax_uint8.py (numpy): shares no code with the engine.
+tests/harness/reference/minmax_uint8.py (numpy): shares no code with the engine.
 
 * :func:`scatter_reduce_gather` simulates every rank of ByteGrad's exchange
   (also LocalSteps' compressed pseudo-gradient) in one process, with the
@@ -12,7 +12,7 @@ tests/reference/minmax_uint8.py (numpy): shares no code with the engine.
 
 import numpy as np
 
-from tests.reference import minmax_uint8 as mm
+from tests.harness.reference import minmax_uint8 as mm
 
 
 def scatter_reduce_gather(xs, average, dtype=np.float32, errors=None):

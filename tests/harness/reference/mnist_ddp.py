@@ -1,7 +1,7 @@
 """The Bagua 0.9 MNIST example (examples/bagua_0_9/mnist.py) trained with
 torch's own DistributedDataParallel over gloo: the reference its Bagua run
 (GradientAllReduce) must match. Same model, data, sampler, seeds and loop;
-launched by tests/mp.py (torchrun's environment). argv: the example's flags."""
+launched by tests/harness/mp.py (torchrun's environment). argv: the example's flags."""
 
 import importlib.util
 import os
@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.harness.paths import REPO
 spec = importlib.util.spec_from_file_location("mnist_example", os.path.join(REPO, "examples", "bagua_0_9", "mnist.py"))
 mnist = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mnist)
