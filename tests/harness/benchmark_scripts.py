@@ -9,9 +9,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import _hosts  # benchmarks/_hosts.py: benchmarks/ is on sys.path (pyproject's pytest pythonpath)
+import pytest
 
 from tests.harness.mp import repo_env
 from tests.harness.paths import BENCHMARKS, REPO

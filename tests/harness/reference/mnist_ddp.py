@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tests.harness.paths import REPO
+
 spec = importlib.util.spec_from_file_location("mnist_example", os.path.join(REPO, "examples", "bagua_0_9", "mnist.py"))
 mnist = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mnist)
