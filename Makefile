@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:  make demo   and   make test
 # Each installs what it needs first: the system Gloo, a virtual environment
-# .venv, the project and its extras.
+# .venv, the project and its extras. make test-fast: the tests not marked slow
+# (a few multi-process ones per layer among them), for day-to-day work.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +14,7 @@ GLOO   := /usr/share/cmake/Gloo/GlooConfig.cmake
 TORCH  ?= torch==2.13.0
 NPROC  ?= 2
 
-.PHONY: demo test build deps system clean bench
+.PHONY: demo test test-fast build deps system clean bench
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
@@ -21,6 +22,9 @@ demo: build
 
 test: build
 	$(PY) -m pytest -q -ra
+
+test-fast: build
+	$(PY) -m pytest -q -ra -m "not slow"
 
 bench: build
 	$(PY) benchmarks/collectives.py

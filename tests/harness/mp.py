@@ -227,7 +227,7 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
 
     Each session runs once, on first use. ``requires`` names modules whose
     absence skips the tests, as does a reason from ``skip_reason()``;
-    ``marks`` (e.g. ``pytest.mark.gpu``) go on both tests. Use as
+    ``marks`` (e.g. ``pytest.mark.gpu``) go on both tests, and ``multiprocess``. Use as
     ``test_case, test_session_exits_cleanly = session_tests(__file__, ...)``.
     """
     import pytest
@@ -249,7 +249,7 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
     params = [pytest.param(n, c, id=f"{n}-{c}") for n in specs for c in case_names(n)]
 
     def marked(test):
-        for mark in marks:
+        for mark in (pytest.mark.multiprocess, *marks):
             test = mark(test)
         return test
 
