@@ -68,7 +68,7 @@ nine files:
    with ``core_type = core.<Name>`` and a docstring of its torch specifics,
    and 7. ``bagua_torch/algorithms/__init__.py``: its import;
 8. ``bagua_jax/algorithms.py``: the same class for JAX;
-9. ``tests/test_<name>.py``: its numbers against a reference in both
+9. ``tests/core/test_<name>.py``: its numbers against a reference in both
    frontends.
 
 Everything else follows the registry: ``names()``, every frontend's
