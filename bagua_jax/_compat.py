@@ -164,6 +164,6 @@ def register_ffi_target(name: str, capsule: Any, platform: str) -> None:
 
     Public API. For a platform whose plugin is not loaded (the CUDA handlers on
     a CPU-only jaxlib) JAX keeps the registration pending and hands it over if
-    the plugin loads later; nothing fails (tests/test_jax_cuda_registration.py).
+    the plugin loads later; nothing fails (tests/jax/test_jax_cuda_registration.py).
     """
     jax.ffi.register_ffi_target(name, capsule, platform=platform, api_version=1)

@@ -1,7 +1,138 @@
-import os
-import sys
+"""Settings and marks for every test.
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+JAX runs on the CPU unless the environment says otherwise.
+
+Two marks are given here, so that test files need not carry them:
+
+* ``multiprocess``: the test starts other processes (workers through
+  ``tests.harness.mp``, a benchmark script, ``bagua-run``, any ``subprocess``),
+  found by what the test, its fixtures and the module's functions they call
+  refer to;
+* ``slow``: a multi-process test outside ``FAST_MULTIPROCESS``, or a test in
+  ``SLOW``. ``make test-fast`` (``-m "not slow"``) keeps the few short
+  multi-process tests per layer listed in ``FAST_MULTIPROCESS``, so that every
+  layer still runs across real processes; ``make test`` runs everything.
+"""
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from tests.harness import benchmark_scripts, mp  # noqa: E402  (after the JAX setting)
+
+# Multi-process tests fast enough for `make test-fast`, a few per layer: node ids relative to
+# tests/, where * matches anything (a session's tests share its processes: keep them together).
+FAST_MULTIPROCESS = (
+    "core/test_store.py::*",  # 3 ranks: exchange, atomic add, a SIGKILLed rank
+    "core/test_process_group.py::test_process_group[*",  # 3 ranks: init, handles, reinit, clones
+    "core/test_process_group.py::test_main_session_exits_cleanly",
+    "core/test_process_group.py::test_killed_peer_fails_every_survivor[3-2]",
+    "core/test_dlpack.py::test_core_imports_neither_torch_nor_jax",
+    "torch/test_torch_api.py::test_single_process[*",  # a training worker
+    "torch/test_torch_frontend.py::test_*[w2*",  # 2 ranks: primitives on torch tensors, training
+    "jax/test_jax_ffi.py::test_*2]",  # 2 ranks: the XLA FFI collectives
+    "compat/test_bagua_compat.py::test_*[w2*",  # 2 ranks: bagua.torch_api's communication
+    "contrib/test_contrib_cache.py::test_lmdb_shared_by_the_ranks_of_a_node",  # 2 ranks, one LMDB
+    "benchmarks/test_benchmarks_agreement.py::*",  # a benchmark script through bagua-run
+)
+
+# Single-process tests that take more than about 10 s alone (none now).
+SLOW = ()
+
+# What starts processes: these modules, and these functions wherever they are imported.
+_STARTER_MODULES = {"subprocess", "multiprocessing"}
+_STARTER_IMPORTS = {"tests.harness.mp": {"launch"},
+                    "tests.harness.benchmark_scripts": {"run_script", "start_script"}}
+_STARTER_FUNCTIONS = {mp.launch, benchmark_scripts.run_script, benchmark_scripts.start_script,
+                      subprocess.run, subprocess.Popen, subprocess.check_output, subprocess.check_call}
+
+
+def _names(code: types.CodeType):
+    """The global and attribute names ``code`` and the functions nested in it refer to."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def _starts_processes(fn, namespace: dict, seen: set) -> bool:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    names = set(_names(code))
+    if names & _STARTER_MODULES:  # imported inside the function too
+        return True
+    for module, functions in _STARTER_IMPORTS.items():
+        if (module in names or namespace.get(module.rpartition(".")[2]) is sys.modules.get(module)) \
+                and names & functions:
+            return True  # mp.launch(...), or `from tests.harness.mp import launch` inside the function
+    for name in names:
+        obj = namespace.get(name)
+        if isinstance(obj, types.ModuleType):
+            found = obj.__name__ in _STARTER_MODULES
+        elif _hashable(obj) and obj in _STARTER_FUNCTIONS:
+            found = True
+        else:  # a helper of the module (lru_cache'd ones too)
+            found = (callable(obj) and getattr(obj, "__module__", None) == namespace.get("__name__")
+                     and _starts_processes(obj, namespace, seen))
+        if found:
+            return True
+    return False
+
+
+def _hashable(obj) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _item_starts_processes(item) -> bool:
+    if item.get_closest_marker("multiprocess"):
+        return True  # marked where it is defined (tests.harness.mp.session_tests)
+    namespace = vars(item.module)
+    seen: set = set()
+    if _starts_processes(item.function, namespace, seen):
+        return True
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        for fixturedef in defs:
+            if _starts_processes(fixturedef.func, getattr(inspect.getmodule(fixturedef.func), "__dict__", {}), seen):
+                return True
+    return False
+
+
+def _node_id(item) -> str:
+    """The node id relative to tests/, whatever directory pytest runs from."""
+    path = os.path.relpath(str(item.path), os.path.dirname(os.path.abspath(__file__)))
+    return path + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else path
+
+
+def _matcher(patterns):
+    """A match of a whole node id against ``patterns``, * being the only wildcard (node ids hold
+    brackets, which fnmatch would read as character sets)."""
+    if not patterns:
+        return lambda node: False
+    regex = re.compile("|".join(re.escape(p).replace(r"\*", ".*") for p in patterns))
+    return lambda node: regex.fullmatch(node) is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    fast_multiprocess, slow = _matcher(FAST_MULTIPROCESS), _matcher(SLOW)
+    for item in items:
+        node = _node_id(item)
+        if _item_starts_processes(item):
+            item.add_marker(pytest.mark.multiprocess)
+            if not fast_multiprocess(node):
+                item.add_marker(pytest.mark.slow)
+        elif slow(node):
+            item.add_marker(pytest.mark.slow)

@@ -68,14 +68,14 @@ nine files:
    with ``core_type = core.<Name>`` and a docstring of its torch specifics;
 7. ``bagua_torch/algorithms/__init__.py``: its import;
 8. ``bagua_jax/algorithms.py``: the same class for JAX;
-9. ``tests/test_<name>.py``: its numbers against a reference in both
+9. ``tests/core/test_<name>.py``: its numbers against a reference in both
    frontends.
 
 Everything else follows the registry: ``names()``, every frontend's
 ``__all__``, ``Algorithm.registered()`` and ``init(name)``,
 ``bagua.torch_api.algorithms``, ``bagua_jax``'s top level, ``bagua-compare``
-(``tests/test_compare.py`` then compares torch and JAX on it), and
-``tests/test_algorithm_surfaces.py``, which proves that the three surfaces
+(``tests/core/test_compare.py`` then compares torch and JAX on it), and
+``tests/core/test_algorithm_surfaces.py``, which proves that the three surfaces
 agree with the description; it makes up a non-default value for each bool,
 int and float field, and a str field needs one line in its ``NON_DEFAULT``
 table (a tenth file). A frontend without a class for a registered

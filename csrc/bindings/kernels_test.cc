@@ -1,5 +1,5 @@
 // Test-only entry points into the element kernels on raw addresses (Python ints): the float16 /
-// bfloat16 conversions of kernels/half.h over whole arrays (tests/test_half_conversions.py checks
+// bfloat16 conversions of kernels/half.h over whole arrays (tests/core/test_half_conversions.py checks
 // them bit for bit against numpy and ml_dtypes) and one CPU reduce loop (timing). Callers pass
 // valid host addresses of n elements; nothing here checks them.
 #include <pybind11/pybind11.h>

@@ -1,7 +1,7 @@
 // float16 / bfloat16 storage types and their conversions, shared by CPU and CUDA.
 //
 // Conversions go through float32 and round to nearest even. Results are bit-identical to numpy
-// (float16) and ml_dtypes (bfloat16), NaN payloads included (tests/test_half_conversions.py checks
+// (float16) and ml_dtypes (bfloat16), NaN payloads included (tests/core/test_half_conversions.py checks
 // every 16-bit pattern and the float32 rounding boundaries):
 //   float16 -> float32: exact; NaN payloads are kept (not quieted), as numpy does.
 //   float32 -> float16: overflow gives +-Inf; NaN keeps the top 10 payload bits (at least one set).

@@ -1,4 +1,4 @@
-"""Names shared by tests/test_jax_cuda.py and its GPU worker (no jax here)."""
+"""Names shared by tests/jax/test_jax_cuda.py and its GPU worker (no jax here)."""
 
 # How the worker gets a process group serving CUDA memory at world size 1.
 KINDS = ["staged", "nccl"]  # Gloo staged through pinned host memory; NCCL

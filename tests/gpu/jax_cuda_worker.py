@@ -1,5 +1,5 @@
 """GPU worker: bagua_jax on a CUDA device at world size 1, against the same
-calls on CPU. Started by tests/test_jax_cuda.py through tests.mp.launch.
+calls on CPU. Started by tests/jax/test_jax_cuda.py through tests.harness.mp.launch.
 
   jax_cuda_worker.py staged   a Gloo group, which bagua_jax stages through
                               pinned host memory for CUDA arrays
@@ -31,7 +31,7 @@ import bagua_core  # noqa: E402
 import bagua_jax  # noqa: E402
 from bagua_core import _C  # noqa: E402
 from tests.gpu.jax_cuda_cases import ALGORITHMS, case_names  # noqa: E402
-from tests.worker import run_cases  # noqa: E402
+from tests.harness.worker import run_cases  # noqa: E402
 
 KIND = sys.argv[1]
 CPU = jax.devices("cpu")[0]

@@ -1,6 +1,6 @@
 """GPU worker for failures: a missing rank and a dead peer must become
 exceptions within the timeout, never a hang. Started by
-tests/test_cuda_nccl.py through tests.mp.launch.
+tests/core/test_cuda_nccl.py through tests.harness.mp.launch.
 
   nccl_failure_worker.py lonely     1 process: rank 0 of a 2-rank communicator
                                     whose rank 1 never comes
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from bagua_core import _C, _nccl  # noqa: E402
-from tests.worker import run_cases  # noqa: E402
+from tests.harness.worker import run_cases  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])

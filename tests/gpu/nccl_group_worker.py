@@ -1,5 +1,5 @@
 """GPU worker: NCCL process groups (BAGUA_BACKEND=nccl) on torch CUDA tensors.
-Started by tests/test_backend.py through tests.mp.launch: at world size 1
+Started by tests/core/test_backend.py through tests.harness.mp.launch: at world size 1
 (``case_names()``), or with ``mismatch`` on 2 ranks (needs 2 GPUs)."""
 
 import os
@@ -127,7 +127,7 @@ def case_mismatch():
 
 
 if __name__ == "__main__":
-    from tests.worker import run_cases
+    from tests.harness.worker import run_cases
 
     import bagua_core
     cases = [("nccl_mismatch_raises_everywhere", case_mismatch)] if sys.argv[1:] == ["mismatch"] else CASES

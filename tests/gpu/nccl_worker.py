@@ -1,6 +1,6 @@
 """GPU worker: every NcclCommunicator operation on torch CUDA tensors, checked
-against torch CPU results. Started by tests/test_cuda_nccl.py through
-tests.mp.launch (one process per GPU, or a single process on a single GPU).
+against torch CPU results. Started by tests/core/test_cuda_nccl.py through
+tests.harness.mp.launch (one process per GPU, or a single process on a single GPU).
 
 Every rank builds every rank's inputs from seeded generators, so each one
 computes the expected results locally on the CPU.
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from bagua_core import _C, _nccl  # noqa: E402
 from tests.gpu.nccl_cases import DTYPES, OPS  # noqa: E402
-from tests.worker import run_cases  # noqa: E402
+from tests.harness.worker import run_cases  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])

@@ -24,7 +24,7 @@
 # --dry-run stops short of the first CUDA call, for machines without a GPU: the
 # same build (with the FFI compiled against deps/xla_include, the GPU image's
 # jaxlib headers), the import, pytest --collect-only, the benchmark list
-# (byte-compiled). tests/test_gpu_script.py runs it.
+# (byte-compiled). tests/core/test_gpu_script.py runs it.
 #
 # Environment: PYTHON (default python3), BAGUA_GPU_BUILD_DIR (default
 # REPO/build/gpu), BAGUA_GPU_TOTAL_S. Exit status 0 when every step passed.

@@ -1,0 +1,1 @@
+"""The scripts under benchmarks/, run as a user runs them."""

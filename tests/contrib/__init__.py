@@ -1,0 +1,1 @@
+"""bagua_torch.contrib: cached datasets, fused optimizers, load balancing, sync batchnorm."""

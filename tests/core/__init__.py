@@ -1,0 +1,2 @@
+"""Engine, communicators, store, kernels, process groups, settings, launcher, autotune and trace,
+the device path, and the algorithms across both frameworks."""

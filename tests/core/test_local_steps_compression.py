@@ -1,0 +1,337 @@
+"""LocalSteps with the 8-bit compressed pseudo-gradient
+(``compression="minmax_uint8"``, with and without ``error_feedback``) across
+real processes, against a numpy simulation of every rank: each rank's inner
+SGD with momentum (lr and momentum 0.5: exact in float32, so torch, optax and
+numpy agree bitwise), the uncompressed warm-up average, then at each
+synchronisation per bucket (64 bytes: several, padded ones among them) the
+pseudo-gradient plus this rank's residual, the MinMaxUInt8
+scatter-reduce-gather (tests/harness/reference/compressed_exchange.py, shared with
+the ByteGrad tests) and the outer Nesterov SGD in float32, on 2 and 3 ranks,
+and hierarchical on 4 ranks as 2 nodes (the node average exchanged among
+the leaders, which keep the residual):
+
+* torch's weights after every step and its checkpointed residual
+  (``bagua.step_state.<i>``) equal the simulation bitwise;
+* the JAX transform's updates equal it bitwise (so torch and JAX agree), the
+  residual lives in the optax state, and a state pickled mid-training and
+  restored into a fresh transform continues bitwise (with a zeroed residual
+  it does not); torch's checkpoints: tests/torch/test_torch_state_dict.py;
+* the compression matters (the result is not the float average), and so does
+  the error feedback;
+* the step's alignment, state spans and description follow the settings
+  (plain LocalSteps unchanged); bad settings are refused by the description
+  and by the C++ step (every frontend raises the description's errors:
+  tests/core/test_algorithm_surfaces.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
+from tests.harness.worker import expect_error
+
+SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
+BUCKET_BYTES = 64
+SHAPES = [(6, 5), (7,), (3, 4), (11,)]  # 89 elements: not a multiple of 2 or 3
+STEPS = 11
+# inner SGD: lr and momentum powers of two, so torch's fused a + alpha * b rounds as numpy does
+LR, MOMENTUM = 0.5, 0.5
+# one warm-up step: its average sums values exactly representable in float32, in any order
+OUTER = dict(sync_interval=3, warmup_steps=1, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+F32 = np.float32
+
+
+def case_names(session: str):
+    return ["torch_matches_reference", "torch_matches_reference_without_error_feedback", "jax_matches_reference",
+            "jax_matches_reference_without_error_feedback", "jax_checkpoint_resumes_bitwise",
+            "compression_and_error_feedback_matter", "settings_and_state"]
+
+
+def grads_of(rank, step):
+    """Rank ``rank``'s gradients at ``step``: multiples of 1/64, so sums of
+    the first step's weights are exact (the warm-up average's order does not
+    matter)."""
+    rng = np.random.default_rng([41, rank, step])
+    return [(np.rint(rng.standard_normal(s) * 64) / 64).astype(F32) for s in SHAPES]
+
+
+def initial_weights():
+    """Equal on every rank and not zero (the residual span starts as a copy
+    of them, which the first synchronisation must not read); multiples of
+    1/64 as the gradients."""
+    rng = np.random.default_rng(43)
+    return [(np.rint(rng.standard_normal(s) * 64) / 64).astype(F32) for s in SHAPES]
+
+
+def reference(world, local, error_feedback, compressed=True):
+    """The whole scheme on every rank in float32: (each step's weights of
+    every rank, each bucket's final residual of every rank, the layout)."""
+    from tests.harness.reference.buckets import flatten, padded_buckets, payload, unflatten
+    from tests.harness.reference.compressed_exchange import scatter_reduce_gather
+
+    layout = padded_buckets(SHAPES, F32, BUCKET_BYTES, world)
+    H, warmup = OUTER["sync_interval"], OUTER["warmup_steps"]
+    lr, mu = F32(OUTER["outer_lr"]), F32(OUTER["outer_momentum"])
+    per_node = local or 1
+    groups = world // per_node  # who takes part in the exchange: node leaders, or every rank
+    w = [initial_weights() for _ in range(world)]
+    buf = [None] * world
+    anchor = initial_weights()
+    momentum = [np.zeros(p, F32) for _, p in layout]
+    residual = [[np.zeros(p, F32) for _ in range(groups)] for _, p in layout]  # zero at the first synchronisation
+
+    def group_mean(xs):  # the node's (hierarchical) or the group's average, summed in rank order
+        total = xs[0].copy()
+        for x in xs[1:]:
+            total = total + x
+        return total / F32(len(xs))
+
+    out = []
+    for t in range(STEPS):
+        for r in range(world):
+            g = grads_of(r, t)
+            buf[r] = [x.copy() for x in g] if buf[r] is None else [F32(MOMENTUM) * b + x for b, x in zip(buf[r], g)]
+            w[r] = [x - F32(LR) * b for x, b in zip(w[r], buf[r])]
+        if t < warmup:  # uncompressed
+            node_means = [[group_mean([w[n * per_node + i][k] for i in range(per_node)]) for k in range(len(SHAPES))]
+                          for n in range(groups)]
+            mean = [group_mean([m[k] for m in node_means]) for k in range(len(SHAPES))]
+            anchor = [x.copy() for x in mean]
+            w = [[x.copy() for x in mean] for _ in range(world)]
+        elif (t - warmup + 1) % H == 0:
+            fresh = t - warmup + 1 == H
+            for k, bucket in enumerate(layout):
+                a = flatten(anchor, bucket)
+                xs = [a - flatten(w[r], bucket) for r in range(world)]
+                xs = [group_mean(xs[n * per_node:(n + 1) * per_node]) for n in range(groups)]  # node averages
+                if compressed:
+                    for e in residual[k]:
+                        e[payload(bucket, SHAPES):] = 0  # the adapters zero the state's padding before each run
+                    d, es = scatter_reduce_gather(xs, True, F32, residual[k] if error_feedback else None)
+                    if error_feedback:
+                        residual[k] = es
+                else:
+                    d = group_mean(xs)
+                m = d if fresh else mu * momentum[k] + d
+                momentum[k] = m
+                a = a - lr * (d + mu * m)
+                unflatten(a, bucket, SHAPES, anchor)
+            w = [[x.copy() for x in anchor] for _ in range(world)]
+        out.append([[x.copy() for x in wr] for wr in w])
+    return out, residual, layout
+
+
+class Worker(JaxWorker):
+    def __init__(self):
+        super().__init__()
+        import bagua_jax
+
+        self.group = bagua_jax.init_process_group()
+
+    @property
+    def local(self):
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        return local if local < self.world else None
+
+    def algorithm_args(self, error_feedback=True):
+        return dict(OUTER, hierarchical=self.local is not None, compression="minmax_uint8",
+                    error_feedback=error_feedback)
+
+    def my_residual(self, residual, k):
+        """This rank's residual of bucket k in the simulation: the node
+        leader's when hierarchical (other ranks keep zeros)."""
+        if self.local is None:
+            return residual[k][self.rank]
+        return residual[k][self.rank // self.local] if self.rank % self.local == 0 else np.zeros_like(residual[k][0])
+
+    # -- torch --
+    def _torch_matches_reference(self, error_feedback):
+        from tests.harness.reference.buckets import payload
+
+        torch = self.torch.torch
+        want, residual, layout = reference(self.world, self.local, error_feedback)
+        params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w)) for w in initial_weights()])
+        model = torch.nn.Module()
+        model.params = params
+        step_grads = {}
+        model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        model = model.with_bagua([opt], self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(error_feedback)))
+        buckets = model.bagua_buckets
+        assert [b.numel for b in buckets] == [p for _, p in layout]
+        assert any(b.numel != b.payload_numel for b in buckets), "expected a padded bucket"
+        for t in range(STEPS):
+            step_grads["g"] = grads_of(self.rank, t)
+            opt.zero_grad()
+            model().backward()
+            opt.step()
+            for i, p in enumerate(params):
+                np.testing.assert_array_equal(p.detach().numpy(), want[t][self.rank][i], err_msg=f"step {t}, leaf {i}")
+        state = model.bagua_ddp.state_dict()["state"]["step_state"]
+        spans = 3 if error_feedback else 2
+        for k, (s, bucket) in enumerate(zip(state, layout)):
+            assert s.numel() == spans * bucket[1], (tuple(s.shape), bucket)
+            if error_feedback:
+                n = payload(bucket, SHAPES)
+                np.testing.assert_array_equal(s.reshape(spans, -1)[2, :n].numpy(), self.my_residual(residual, k)[:n])
+        model.bagua_ddp.close()
+
+    def torch_matches_reference(self):
+        self._torch_matches_reference(True)
+
+    def torch_matches_reference_without_error_feedback(self):
+        self._torch_matches_reference(False)
+
+    # -- JAX: updates under jit, compared as the simulation's weight differences --
+    def jax_transform(self, error_feedback=True):
+        import bagua_jax
+
+        algorithm = bagua_jax.LocalStepsAlgorithm(**self.algorithm_args(error_feedback))
+        return self.optax.chain(self.optax.sgd(LR, momentum=MOMENTUM), bagua_jax.transform(algorithm))
+
+    def jax_run(self, tx, state, want, steps):
+        """Runs ``steps`` from ``state`` with the simulation's weights as
+        params, checking each update against it; returns the state."""
+        jnp = self.jnp
+        update = self.jax.jit(tx.update)
+        for t in steps:
+            prev = initial_weights() if t == 0 else want[t - 1][self.rank]
+            u, state = update([jnp.asarray(g) for g in grads_of(self.rank, t)], state, [jnp.asarray(p) for p in prev])
+            for i, (got, w, pv) in enumerate(zip(u, want[t][self.rank], prev)):
+                np.testing.assert_array_equal(np.asarray(got), w - pv, err_msg=f"step {t}, leaf {i}")
+        return state
+
+    def _jax_matches_reference(self, error_feedback):
+        from tests.harness.reference.buckets import payload
+
+        want, residual, layout = reference(self.world, self.local, error_feedback)
+        tx = self.jax_transform(error_feedback)
+        state = tx.init([self.jnp.asarray(w) for w in initial_weights()])
+        spans = 3 if error_feedback else 2
+        assert [s.shape for s in state[1].step_state] == [(spans * p,) for _, p in layout]
+        state = self.jax_run(tx, state, want, range(STEPS))
+        if error_feedback:
+            for k, (s, bucket) in enumerate(zip(state[1].step_state, layout)):
+                n, p = payload(bucket, SHAPES), bucket[1]
+                np.testing.assert_array_equal(np.asarray(s)[2 * p:2 * p + n], self.my_residual(residual, k)[:n])
+
+    def jax_matches_reference(self):
+        self._jax_matches_reference(True)
+
+    def jax_matches_reference_without_error_feedback(self):
+        self._jax_matches_reference(False)
+
+    def jax_checkpoint_resumes_bitwise(self):
+        """Saved after the first synchronisation (a residual is there),
+        restored into a fresh transform: the next synchronisations match the
+        simulation; the same state with a zeroed residual does not."""
+        jax, jnp = self.jax, self.jnp
+        want, _, layout = reference(self.world, self.local, True)
+        saved_after = OUTER["warmup_steps"] + OUTER["sync_interval"] + 1  # steps run before the save
+        tx = self.jax_transform()
+        state = self.jax_run(tx, tx.init([jnp.asarray(w) for w in initial_weights()]), want, range(saved_after))
+        saved = pickle.dumps(jax.device_get(state))
+
+        tx2 = self.jax_transform()
+        fresh = tx2.init([jnp.asarray(w) for w in initial_weights()])
+        restored = jax.tree_util.tree_map(jnp.asarray, pickle.loads(saved))
+        assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(restored)
+        residuals = [np.asarray(s)[2 * p:] for s, (_, p) in zip(restored[1].step_state, layout)]
+        leader = self.local is None or self.rank % self.local == 0
+        assert any(np.abs(e).max() > 0 for e in residuals) == leader
+        self.jax_run(tx2, restored, want, range(saved_after, STEPS))
+
+        zeroed = [jnp.asarray(np.concatenate([np.asarray(s)[:2 * p], np.zeros(p, F32)]))
+                  for s, (_, p) in zip(restored[1].step_state, layout)]
+        without = (restored[0], restored[1]._replace(step_state=tuple(zeroed)))
+        update = jax.jit(tx2.update)
+        next_sync = OUTER["warmup_steps"] + 2 * OUTER["sync_interval"] - 1
+        for t in range(saved_after, next_sync + 1):
+            prev = want[t - 1][self.rank]
+            u, without = update([jnp.asarray(g) for g in grads_of(self.rank, t)], without,
+                                [jnp.asarray(p) for p in prev])
+        # every rank's weights move: the leaders' residuals reach everyone through the exchange
+        assert any(not np.array_equal(np.asarray(a), w - p)
+                   for a, w, p in zip(u, want[next_sync][self.rank], want[next_sync - 1][self.rank]))
+
+    def compression_and_error_feedback_matter(self):
+        with_ef, residual, _ = reference(self.world, self.local, True)
+        without_ef, _, _ = reference(self.world, self.local, False)
+        plain, _, _ = reference(self.world, self.local, False, compressed=False)
+        last = STEPS - 1
+        for other in (without_ef, plain):
+            assert any(not np.array_equal(a, b) for a, b in zip(with_ef[last][0], other[last][0]))
+        # compressed, the weights stay close to the float average's
+        for a, b in zip(with_ef[last][0], plain[last][0]):
+            np.testing.assert_allclose(a, b, atol=0.05)
+        assert max(np.abs(e).max() for es in residual for e in es) > 0
+        # the warm-up average is the float one (the compressed exchange would round it)
+        assert all(np.array_equal(a, b) for a, b in zip(with_ef[0][0], plain[0][0]))
+
+    def settings_and_state(self):
+        from bagua_core import algorithms as core
+        from bagua_core import steps
+        from bagua_core.algorithms._base import Plan
+
+        hier = self.local is not None
+        plain = core.LocalSteps(hierarchical=hier).plan()
+        assert "compression" not in plain.params and "error_feedback" not in plain.params
+        info = steps.check_plan(plain, self.group)
+        assert info.alignment == 1 and info.num_state == 2, info
+        assert "compression" not in info.description and "error_feedback" not in info.description, info
+        squeezed = steps.check_plan(core.LocalSteps(hierarchical=hier, compression="minmax_uint8").plan(), self.group)
+        assert squeezed.alignment == self.world and squeezed.num_state == 2, squeezed
+        assert squeezed.description.endswith(", compression=minmax_uint8)"), squeezed
+        ef_plan = core.LocalSteps(hierarchical=hier, compression="minmax_uint8", error_feedback=True).plan()
+        ef = steps.check_plan(ef_plan, self.group)
+        assert ef.alignment == self.world and ef.num_state == 3, ef
+        assert ef.description.endswith(", compression=minmax_uint8, error_feedback=true)"), ef
+        n = 2 * self.world
+        layout = steps.state_layout(ef_plan, steps.communicators(self.group, hier), "float32", [(n,)], n)
+        assert layout[:2] == (3, n) and layout.init == "copy_of_data" and layout.data_shaped, layout
+        # the C++ step refuses what the description refuses, for callers that bypass it
+        for params, fragment in (({"compression": "zstd"}, "unknown compression 'zstd'"),
+                                 ({"compression": 8}, "compression must be a string"),
+                                 ({"error_feedback": True}, "error_feedback needs compression='minmax_uint8'"),
+                                 ({"compression": "minmax_uint8", "error_feedback": "yes"},
+                                  "error_feedback must be a bool")):
+            expect_error(ValueError, lambda: steps.check_plan(Plan(step="local_steps", params=params), self.group),
+                         fragment)
+
+
+# ---------------------------------------------------------------- pytest side
+
+
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {name: Session(world, local, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)})
+               for name, (world, local) in SESSIONS.items()},
+    case_names, timeout=240, test_timeout=300, requires=("jax", "optax", "torch"))
+
+
+def test_bad_settings_are_refused_at_construction():
+    import pytest
+
+    from bagua_core import algorithms as core
+
+    with pytest.raises(ValueError, match=r"LocalSteps: unknown compression 'zstd' \(use one of none, minmax_uint8\)"):
+        core.LocalSteps(compression="zstd")
+    for bad in (None, 8, b"minmax_uint8"):
+        with pytest.raises(TypeError, match="LocalSteps: compression must be a str"):
+            core.LocalSteps(compression=bad)
+    for bad in (1, 0, "yes", None, np.bool_(True)):
+        with pytest.raises(TypeError, match="LocalSteps: error_feedback must be a bool"):
+            core.LocalSteps(compression="minmax_uint8", error_feedback=bad)
+    with pytest.raises(ValueError, match="LocalSteps: error_feedback needs compression='minmax_uint8'"):
+        core.LocalSteps(error_feedback=True)
+    assert core.LocalSteps().compression == "none" and core.LocalSteps().error_feedback is False
+    params = core.LocalSteps(compression="minmax_uint8", error_feedback=True).plan().params
+    assert params["compression"] == "minmax_uint8" and params["error_feedback"] is True
+
+
+if __name__ == "__main__":
+    worker_main(Worker, case_names)

@@ -1,0 +1,204 @@
+"""bagua_jax's asynchronous model average across real processes:
+
+* a fixed schedule (sync interval longer than the run, explicit abort): the
+  weights abort returns are the mean of what each rank trained alone, against
+  numpy training and torch.distributed all_gather; the warm-up averages the
+  updates; the torch frontend in the same processes gives the same weights;
+* abort/resume cycles leave every rank with the same weights; the loss goes
+  down (gradients jitted, the update eager);
+* misuse: jit-compiling the update, missing params, update before init, bad
+  hyperparameters, each a clear exception.
+
+One multi-process session per world size runs every case (this file is also
+the worker script); pytest reports each case on its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import session_tests
+from tests.harness.worker import expect_error
+
+SESSIONS = {"w2": 2, "w3": 3}
+NEVER_MS = 10 ** 7
+SHAPES = [(6, 5), (7,), (3, 4)]
+
+
+def case_names(session: str):
+    return ["init", "abort_gives_exact_average", "warmup_averages_updates", "matches_torch", "abort_resume_cycles",
+            "misuse_refused", "loss_goes_down"]
+
+
+class Worker(JaxWorker):
+    def grads(self, step):
+        return self.rank_grads(SHAPES, step)
+
+    def start(self):
+        rng = np.random.default_rng(5)  # the same on every rank
+        return [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in SHAPES]
+
+    def gathered_mean(self, leaves):
+        """numpy mean over the ranks, gathered with torch.distributed."""
+        torch = self.torch.torch
+        flat = torch.from_numpy(np.concatenate([np.ravel(x) for x in leaves]))
+        every = [torch.empty_like(flat) for _ in range(self.world)]
+        self.torch.dist.all_gather(every, flat)
+        return np.mean(np.stack([e.double().numpy() for e in every]), axis=0)
+
+    def same_everywhere(self, leaves):
+        torch = self.torch.torch
+        flat = torch.from_numpy(np.concatenate([np.ravel(np.asarray(x)) for x in leaves]))
+        every = [torch.empty_like(flat) for _ in range(self.world)]
+        self.torch.dist.all_gather(every, flat)
+        for r, e in enumerate(every):
+            assert torch.equal(e, flat), f"rank {r} differs from rank {self.rank}"
+
+    def init(self):
+        import bagua_jax
+
+        bagua_jax.init_process_group()
+        _ = self.torch  # torch.distributed for the references
+
+    def _run(self, algo, steps, lr=0.1):
+        """Eager training with SGD; returns the final params (list of leaves)."""
+        import bagua_jax
+
+        jnp, optax = self.jnp, self.optax
+        tx = optax.chain(optax.sgd(lr), bagua_jax.transform(algo))
+        p = [jnp.asarray(x) for x in self.start()]
+        state = tx.init(p)
+        for t in range(steps):
+            u, state = tx.update([jnp.asarray(g) for g in self.grads(t)], state, p)
+            p = optax.apply_updates(p, u)
+        return p
+
+    def _schedule(self, warmup):
+        import bagua_jax
+
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=warmup)
+        p = self._run(algo, 6)
+        ref = [x.astype(np.float32) for x in self.start()]
+        for t in range(6):
+            g = self.grads(t)
+            if t < warmup:  # the warm-up averages the (SGD) updates over the ranks
+                mean = self.gathered_mean(g)
+                off = 0
+                g = []
+                for s in SHAPES:
+                    n = int(np.prod(s))
+                    g.append(mean[off:off + n].reshape(s).astype(np.float32))
+                    off += n
+            ref = [r - np.float32(0.1) * x for r, x in zip(ref, g)]
+        for got, want in zip(p, ref):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
+        assert algo._binding.averager.rounds == 0
+        final = algo.abort(p)
+        leaves = self.jax.tree_util.tree_leaves(final)
+        self.same_everywhere(leaves)
+        got = np.concatenate([np.ravel(np.asarray(x)) for x in leaves])
+        np.testing.assert_allclose(got, self.gathered_mean(ref), rtol=0, atol=1e-5)
+        algo._binding.close()
+
+    def abort_gives_exact_average(self):
+        self._schedule(0)
+
+    def warmup_averages_updates(self):
+        self._schedule(2)
+
+    def matches_torch(self):
+        """The same schedule in both frontends: the same weights after abort."""
+        import bagua_jax
+        import bagua_torch.algorithms as ta
+
+        torch = self.torch.torch
+        params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(x.copy())) for x in self.start()])
+        model = torch.nn.Module()
+        model.params = params
+        model.forward = lambda gs: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, gs))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        talgo = ta.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=2)
+        model = model.with_bagua([opt], talgo)
+        for t in range(6):
+            opt.zero_grad()
+            model(self.grads(t)).backward()
+            opt.step()
+        talgo.abort(model)
+        want = np.concatenate([p.detach().numpy().ravel() for p in params])
+        model.bagua_ddp.close()
+
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=2)
+        p = self._run(algo, 6)
+        got = np.concatenate([np.ravel(np.asarray(x)) for x in algo.abort(p)])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        algo._binding.close()
+
+    def abort_resume_cycles(self):
+        import bagua_jax
+
+        jnp, optax = self.jnp, self.optax
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=2, warmup_steps=1)
+        tx = optax.chain(optax.sgd(0.05), bagua_jax.transform(algo))
+        p = [jnp.asarray(x) for x in self.start()]
+        state = tx.init(p)
+        t = 0
+        for _cycle in range(3):
+            for _ in range(8):
+                u, state = tx.update([jnp.asarray(g) for g in self.grads(t)], state, p)
+                p = optax.apply_updates(p, u)
+                t += 1
+                time.sleep(0.005)
+            p = algo.abort(p)
+            p2 = algo.abort(p)  # idempotent
+            for a, b in zip(p, p2):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            self.same_everywhere(p)
+            algo.resume(p)
+            algo.resume(p)  # idempotent
+        assert algo._binding.averager.rounds >= 3
+        algo.abort(p)
+        algo._binding.close()
+
+    def misuse_refused(self):
+        import bagua_jax
+
+        jax, jnp, optax = self.jax, self.jnp, self.optax
+
+        A = bagua_jax.AsyncModelAverageAlgorithm
+        expect_error(ValueError, lambda: A(sync_interval_ms=-5), "sync_interval_ms")
+        expect_error(ValueError, lambda: A(warmup_steps=-1), "warmup_steps")
+        expect_error(ValueError, lambda: A(peer_selection_mode="shift_one"), "peer_selection_mode")
+        assert isinstance(bagua_jax.algorithms.Algorithm.init("async", sync_interval_ms=3), A)
+        algo = A(sync_interval_ms=NEVER_MS)
+        tx = optax.chain(optax.sgd(0.1), bagua_jax.transform(algo))
+        p = [jnp.asarray(x) for x in self.start()]
+        g = [jnp.asarray(x) for x in self.grads(0)]
+        unbound = bagua_jax.transform(A())
+        expect_error(RuntimeError, lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p),
+                     "init")
+        state = tx.init(p)
+        expect_error(TypeError, lambda: jax.jit(tx.update)(g, state, p), "jax.jit")
+        expect_error(ValueError, lambda: tx.update(g, state), "needs params")
+        expect_error(ValueError, lambda: tx.update(g[:2], state, p[:2]), "structure")
+        algo.abort(p)
+        algo._binding.close()
+
+    def loss_goes_down(self):
+        import bagua_jax
+
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=5, warmup_steps=5)
+        tx = self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(algo))
+        self.assert_training_reduces_loss(tx, eager=True, finish=algo.abort)
+        assert algo._binding.averager.rounds > 0
+        algo._binding.close()
+
+
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=("jax", "optax"))
+
+
+if __name__ == "__main__":
+    worker_main(Worker, case_names)

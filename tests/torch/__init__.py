@@ -1,0 +1,1 @@
+"""The PyTorch frontend (bagua_torch) and its Lightning strategy."""
