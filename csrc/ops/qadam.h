@@ -1,6 +1,6 @@
 // QAdam's communication step (§2.5, with our fix: no gradient is lost at the
 // switch). data = this rank's gradients (read; overwritten in warm-up only).
-// State (ops/step.h): one span, the Adam momentum m, which the optimizer
+// State (ops/algorithm_step.h): one span, the Adam momentum m, which the optimizer
 // shares (torch: its exp_avg tensors are views of it; JAX: bagua_jax.qadam's
 // state carries it).
 //
@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 
