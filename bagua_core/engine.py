@@ -76,7 +76,7 @@ import math
 import weakref
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from bagua_core import config, devices, log, steps
+from bagua_core import algorithm_steps, config, devices, log
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType, DTypeLike, as_dtype
 
@@ -180,7 +180,7 @@ class Bucket:
 
     # ---- the op chain (between steps) ----
     def append_op(self, step: str, **params) -> StepOp:
-        """Appends the registered engine step ``step`` (:func:`bagua_core.steps.names`)
+        """Appends the registered engine step ``step`` (:func:`bagua_core.algorithm_steps.names`)
         with its parameters, e.g. ``append_op("bytegrad", hierarchical=False,
         average=True)``; returns its :class:`StepOp`. Steps that need an
         element count multiple of the group size (ByteGrad) need a bucket
@@ -310,9 +310,9 @@ class Engine:
     def check_step(self, plan: Plan) -> steps.StepInfo:
         """Makes ``plan``'s step (:mod:`bagua_core.algorithms`) over this
         engine's communicators: raises ValueError when it cannot run on them,
-        else returns its :class:`bagua_core.steps.StepInfo` (e.g. the bucket
+        else returns its :class:`bagua_core.algorithm_steps.StepInfo` (e.g. the bucket
         alignment it needs)."""
-        info = steps.check_plan(plan, None, comms=self._comms)
+        info = algorithm_steps.check_plan(plan, None, comms=self._comms)
         log.logger.info("algorithm step %r (%s), communicates %s in phase %s", plan.step, plan.params_text(),
                         plan.communicates, plan.phase)
         return info

@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_core import agreement, config, devices, log, steps
+from bagua_core import agreement, algorithm_steps, config, devices, log
 from bagua_core import trace as core_trace
 from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START, check_tensors
@@ -250,7 +250,7 @@ class BaguaDistributedDataParallel:
                                            lanes=self._settings.engine_lanes, device=self._engine_device)
             self.step_info = self.engine.check_step(self.plan)
             if self.background_plan is not None:
-                steps.check_plan(self.background_plan, group)
+                algorithm_steps.check_plan(self.background_plan, group)
             self._broadcast_initial_state()
             self._build_buckets(bucket_bytes)
             if self.background_plan is not None:

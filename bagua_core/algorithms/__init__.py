@@ -49,7 +49,7 @@ What each algorithm communicates, and when:
 then among node leaders, then back within the node. Constraints that depend
 on the group (``shift_one`` needs an even number of peers, ByteGrad's chunk
 count) are checked once, by the engine step, when a frontend binds the plan
-to a group (:func:`bagua_core.steps.check_plan`).
+to a group (:func:`bagua_core.algorithm_steps.check_plan`).
 
 Adding an algorithm that needs no frontend code of its own (no optimizer of
 its own, no background loop: a stateless class in each frontend) touches

@@ -22,7 +22,7 @@ class Plan:
     """What a frontend does with an algorithm.
 
     Attributes:
-      step: name of the engine step (``bagua_core.steps.names()``).
+      step: name of the engine step (``bagua_core.algorithm_steps.names()``).
       params: the step's parameters (bool, int or str values).
       communicates: ``"gradients"`` or ``"weights"``.
       phase: :data:`BACKWARD`, :data:`FORWARD_START`, :data:`AFTER_OPTIMIZER_STEP`

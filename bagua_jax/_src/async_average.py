@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bagua_core import agreement, steps
+from bagua_core import agreement, algorithm_steps
 from bagua_core.averager import AsyncAverager, weight_buckets
 
 NEW, RUNNING, STOPPED = "new", "running", "stopped"
@@ -84,7 +84,7 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
     warm-up; ``state_type`` the transform's state class (BaguaState)."""
     description = algo.to_core()
     plan = description.plan()
-    steps.check_plan(plan, group)
+    algorithm_steps.check_plan(plan, group)
 
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)

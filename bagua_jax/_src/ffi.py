@@ -22,7 +22,7 @@ from bagua_jax import _compat
 ALLREDUCE = "bagua_allreduce"
 BROADCAST = "bagua_broadcast"
 ALLGATHER = "bagua_allgather"
-STEP = "bagua_step"  # algorithm steps on a bucket's leaves (csrc/ffi/steps.h)
+STEP = "bagua_step"  # algorithm steps on a bucket's leaves (csrc/ffi/xla_step_adapter.h)
 
 # jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
 _JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}

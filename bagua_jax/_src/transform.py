@@ -39,14 +39,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bagua_core import agreement, steps
+from bagua_core import agreement, algorithm_steps
 from bagua_core import trace as core_trace
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS, check_tensors
 from bagua_core.engine import default_bucket_bytes, plan_buckets
 
 from bagua_jax import algorithms
 from bagua_jax._src import groups, validation
-from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step
+from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
 
 # dtypes the steps average (every algorithm so far works on floating data)
 FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16))
@@ -199,9 +199,9 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
                          name=f"{name} warm-up")
         return async_transform(algo, group, what, warm, BaguaState)
 
-    flat_group, intra, inter = steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
+    flat_group, intra, inter = algorithm_steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
     comms = tuple(None if g is None else g.comm for g in (flat_group, intra, inter))
-    info = steps.check_plan(plan, group, comms=comms)
+    info = algorithm_steps.check_plan(plan, group, comms=comms)
     group_info = groups.resolve(group)
     bound = BoundStep(plan.step, plan.params_text(), group_info,
                       -1 if intra is None else groups.handle_of(intra),
@@ -235,11 +235,11 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
 
     state_layouts: dict = {}
 
-    def state_layout_of(bucket_leaves: List[Any], padded: int) -> steps.StateLayout:
+    def state_layout_of(bucket_leaves: List[Any], padded: int) -> algorithm_steps.StateLayout:
         """The step's state block on a bucket of these leaves (once per bucket layout)."""
         key = (str(np.dtype(bucket_leaves[0].dtype)), tuple(tuple(np.shape(x)) for x in bucket_leaves), padded)
         if key not in state_layouts:
-            state_layouts[key] = steps.state_layout(plan, comms, key[0], key[1], padded)
+            state_layouts[key] = algorithm_steps.state_layout(plan, comms, key[0], key[1], padded)
         return state_layouts[key]
 
     def layout_of(leaves: List[Any]) -> _Layout:

@@ -17,7 +17,7 @@
 #include "comm/staged_communicator.h"
 #include "comm/communicator.h"
 #include "comm/gloo/packed_allreduce.h"
-#include "comm/gloo_communicator.h"
+#include "comm/gloo/communicator.h"
 #include "comm/registry.h"
 #include "comm/shm/host_identity.h"
 #include "common/error.h"

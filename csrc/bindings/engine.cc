@@ -23,7 +23,7 @@
 #include "ops/registry.h"
 #include "sched/async_averager.h"
 #include "sched/engine.h"
-#include "sched/step_op.h"
+#include "sched/bucket_step_op.h"
 
 namespace py = pybind11;
 
@@ -150,7 +150,7 @@ StepParams step_params(const std::string& name, const py::dict& params) {
   return out;
 }
 
-// The bucket's tensors (padding excluded) as a step sees them (ops/step.h).
+// The bucket's tensors (padding excluded) as a step sees them (ops/algorithm_step.h).
 BucketLayout bucket_layout(const Bucket& b) {
   BucketLayout out;
   for (const Slot& s : b.slots())

@@ -28,7 +28,7 @@
 #include "kernels/scale.h"
 #include "ops/kernels.h"
 #include "ops/low_rank_kernels.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 #ifdef BAGUA_WITH_CUDA
 #include "comm/nccl/cuda_util.h"

@@ -16,7 +16,7 @@
 #include "comm/communicator.h"
 #include "device/device.h"
 #include "ffi/ffi_common.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 namespace ffi {

@@ -6,7 +6,7 @@
 #include "ffi/handlers.h"
 #include "ffi/step_thread.h"
 #include "ffi/step_timings.h"
-#include "ffi/steps.h"
+#include "ffi/xla_step_adapter.h"
 
 namespace bagua {
 namespace ffi {
@@ -77,7 +77,7 @@ xffi::Future run_async(std::string_view name, std::string_view model, int64_t bu
   return future;
 }
 
-// One bucket of an algorithm step (ffi/steps.h): token, step number, then the
+// One bucket of an algorithm step (ffi/xla_step_adapter.h): token, step number, then the
 // leaves (and state) as remaining operands and results.
 xffi::Future step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args, xffi::Result<xffi::Token>,
                       xffi::RemainingRets rets, std::string_view name, std::string_view params, int64_t comm,

@@ -1,7 +1,7 @@
 // CUDA handlers: buffers are device memory of the device of XLA's stream
 // (xffi::PlatformStream<cudaStream_t>), and every handler enqueues its work on
 // that stream before it returns; XLA orders what follows after it. The bodies
-// are the CPU handlers' (collectives.h, steps.h): only the Platform differs.
+// are the CPU handlers' (collectives.h, xla_step_adapter.h): only the Platform differs.
 //
 // The group's communicator must be a CUDA one (communicator_for checks it):
 // NCCL enqueues on the stream; a Gloo group serving CUDA memory is a staged
@@ -11,7 +11,7 @@
 //
 // Algorithm steps run synchronously in the handler (no step thread, no
 // ffi::Future: the work is on the stream once enqueued) with memory kept per
-// stream (ffi/steps.h StepMemory on the stream's Device, grow-only, so a warm
+// stream (ffi/xla_step_adapter.h StepMemory on the stream's Device, grow-only, so a warm
 // step allocates nothing; every call on one stream reuses it in stream order).
 // BAGUA_TRACE records no step timings here: the handler's own times would be
 // those of enqueuing, not of the work. The handlers declare no traits, so XLA
@@ -37,7 +37,7 @@
 #include "device/device.h"
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
-#include "ffi/steps.h"
+#include "ffi/xla_step_adapter.h"
 
 namespace bagua {
 namespace ffi {
@@ -186,7 +186,7 @@ xffi::Error allgather_cuda(cudaStream_t stream, xffi::AnyBuffer in, xffi::Token,
   return on_stream(stream, "allgather", [&](StreamState& s) { return allgather(s.platform, comm, in, out); });
 }
 
-// One bucket of an algorithm step (ffi/steps.h), enqueued on XLA's stream.
+// One bucket of an algorithm step (ffi/xla_step_adapter.h), enqueued on XLA's stream.
 xffi::Error step_cuda(cudaStream_t stream, xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args,
                       xffi::Result<xffi::Token>, xffi::RemainingRets rets, std::string_view name,
                       std::string_view params, int64_t comm, int64_t intra, int64_t inter, int64_t n_data,

@@ -15,7 +15,7 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allreduce_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_broadcast_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
-// Algorithm steps (ffi/steps.h): the token first, then the step number and a
+// Algorithm steps (ffi/xla_step_adapter.h): the token first, then the step number and a
 // bucket's leaves (and state) as remaining operands and results.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
 

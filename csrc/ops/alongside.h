@@ -15,7 +15,7 @@
 #include <system_error>
 #include <utility>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -21,7 +21,7 @@
 // (bool, true), error_feedback (bool, false).
 #pragma once
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -6,7 +6,7 @@
 // false), average (bool, true).
 #pragma once
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -24,7 +24,7 @@
 #pragma once
 
 #include "comm/communicator.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "common/error.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 #ifdef BAGUA_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -6,7 +6,7 @@
 
 #include "common/dtype.h"
 #include "ops/comm_set.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

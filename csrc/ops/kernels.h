@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 namespace step_kernels {

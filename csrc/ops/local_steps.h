@@ -5,7 +5,7 @@
 // with (Nesterov) momentum.
 //
 // data = this rank's weights after its local optimizer step, in place. State
-// (ops/step.h), spans initialised with the weights: A = the anchor (the
+// (ops/algorithm_step.h), spans initialised with the weights: A = the anchor (the
 // weights of the last synchronisation, equal on every rank), M = the outer
 // momentum, and with error feedback E = the residual (the initial values of
 // M and E are never read: the first outer step starts both from zero).
@@ -47,7 +47,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -3,7 +3,7 @@
 // neighbours, sending only MinMaxUInt8-compressed differences.
 //
 // data = this rank's weights after the local optimizer step (x_{t+1/2}), in
-// place. State (ops/step.h), three spans initialised with the weights:
+// place. State (ops/algorithm_step.h), three spans initialised with the weights:
 //   W = my replica, L = replica of my left peer, R = replica of my right peer.
 // Step number s communicates when s % communication_interval == 0; then, on a
 // communicator of n ranks, rank r, left = (r - 1 + n) mod n, right = (r + 1) mod n:
@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -1,7 +1,7 @@
 // Low-rank compressed gradient averaging: PowerSGD (Vogels et al. 2019) as
 // torch's DDP hook torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook
 // runs it, one power iteration per step with warm start and error feedback.
-// In place on one bucket of gradients; it needs the bucket's layout (ops/step.h).
+// In place on one bucket of gradients; it needs the bucket's layout (ops/algorithm_step.h).
 //
 // Which tensors are compressed (torch's rule): a tensor of >= 2 dimensions is
 // the n x m matrix M (n = shape[0], m = numel / n), of rank r = min(n, m,
@@ -55,7 +55,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

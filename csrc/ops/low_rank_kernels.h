@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 namespace step_kernels {

@@ -1,7 +1,7 @@
 // QAdam's communication step. Unlike Bagua 0.9's, it loses no gradient at the
 // switch: step t = warmup_steps folds its own gradient into the momentum.
 // data = this rank's gradients (read; overwritten in warm-up only).
-// State (ops/step.h): one span, the Adam momentum m, which the optimizer
+// State (ops/algorithm_step.h): one span, the Adam momentum m, which the optimizer
 // shares (torch: its exp_avg tensors are views of it; JAX: bagua_jax.qadam's
 // state carries it).
 //
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 

@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 
 // Makes the step called `name` over `comms` with `params`, for a bucket laid
-// out as `layout` (ops/step.h; empty when unknown: describing a step, or a
+// out as `layout` (ops/algorithm_step.h; empty when unknown: describing a step, or a
 // step that needs none). Throws InvalidArgument for an unknown name or bad
 // parameters.
 StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params,

@@ -5,7 +5,7 @@
 // is bound with its lane's comm stream: everything it does runs in that
 // stream's order. execute() runs on the
 // comm thread without the GIL and throws bagua::Error subclasses on failure.
-// The algorithms' ops are StepOps (sched/step_op.h): adapters from a bucket
+// The algorithms' ops are StepOps (sched/bucket_step_op.h): adapters from a bucket
 // to a registered step (ops/registry.h).
 #pragma once
 

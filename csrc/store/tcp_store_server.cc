@@ -7,7 +7,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,8 +22,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/sha256.h"
+#include "store/tcp_store_handshake.h"
 #include "store/tcp_store_protocol.h"
+#include "store/tcp_store_table.h"
 
 namespace bagua {
 
@@ -52,9 +52,7 @@ struct Conn {
   std::string out;      // replies not yet sent
   size_t out_off = 0;
   bool hello = false;       // authenticated: may make requests
-  bool challenged = false;  // said hello, was sent `nonce`, owes the proof
-  std::string nonce;
-  int rank = -1;
+  ServerHandshake handshake;  // until `hello`; names the client's rank
   bool goodbye = false;      // said goodbye: closes cleanly after the reply
   bool closed = false;       // to be removed at the end of the loop iteration
   Clock::time_point accepted;
@@ -91,12 +89,11 @@ struct TcpStoreServer::Impl {
   // Owned by the server thread only.
   std::map<uint64_t, std::unique_ptr<Conn>> conns;
   uint64_t next_id = 1;
-  std::unordered_map<std::string, std::string> data;
+  std::unique_ptr<StoreTable> data;  // made with the options
   // key -> connections whose pending get/wait is blocked on that key.
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;
   std::vector<uint64_t> ready;  // connections that may process more input
   std::set<int> dead;
-  size_t stored_bytes = 0;  // keys and values held in `data`
   size_t max_connections = 0;  // options.max_connections within the descriptor limit
   Clock::time_point accept_paused_until{};
 
@@ -186,6 +183,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServer
     : impl_(new Impl) {
   impl_->host = host;
   impl_->options = options;
+  impl_->data = std::make_unique<StoreTable>(options.max_value_bytes, options.max_total_bytes);
   impl_->max_connections = options.max_connections;
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
@@ -455,31 +453,13 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       std::string key = r.str(proto::kMaxKeySize);
       std::string value = r.str(proto::kMaxValueSize);
       if (!r.ok() || !r.at_end()) return false;
-      auto it = data.find(key);
-      if (it != data.end()) {
-        // Written once: a rendezvous cannot be rewritten under its readers.
-        if (it->second == value) {
-          reply_status(c, proto::kOk);
-        } else {
-          reply_error(c, "set: key '" + key + "' is already set (store keys are written once)");
-        }
+      StoreTable::SetResult set = data->set(key, std::move(value));
+      if (!set.error.empty()) {
+        reply_error(c, set.error);
         return true;
       }
-      if (value.size() > options.max_value_bytes) {
-        reply_error(c, "set: a value of " + std::to_string(value.size()) + " bytes exceeds the store's limit of " +
-                           std::to_string(options.max_value_bytes) + " (BAGUA_STORE_MAX_VALUE_BYTES)");
-        return true;
-      }
-      if (stored_bytes + key.size() + value.size() > options.max_total_bytes) {
-        reply_error(c, "set: the store holds " + std::to_string(stored_bytes) + " bytes; key '" + key +
-                           "' would exceed its limit of " + std::to_string(options.max_total_bytes) +
-                           " (BAGUA_STORE_MAX_BYTES)");
-        return true;
-      }
-      stored_bytes += key.size() + value.size();
-      data.emplace(key, std::move(value));
       reply_status(c, proto::kOk);
-      wake(key);
+      if (set.stored) wake(key);
       return true;
     }
     case proto::kGet:
@@ -508,32 +488,12 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       std::string key = r.str(proto::kMaxKeySize);
       int64_t delta = r.i64();
       if (!r.ok() || !r.at_end()) return false;
-      int64_t value = 0;
-      auto it = data.find(key);
-      if (it != data.end()) {
-        const std::string& s = it->second;
-        errno = 0;
-        char* end = nullptr;
-        long long v = s.empty() ? 0 : std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || errno != 0 || end != s.c_str() + s.size() || s.find('\0') != std::string::npos) {
-          reply_error(c, "add: the value of key '" + key + "' is not an integer");
-          return true;
-        }
-        value = v;
-      }
-      int64_t result;
-      if (__builtin_add_overflow(value, delta, &result)) {
-        reply_error(c, "add: key '" + key + "' would overflow int64");
+      int64_t result = 0;
+      const std::string error = data->add(key, delta, &result);
+      if (!error.empty()) {
+        reply_error(c, error);
         return true;
       }
-      std::string text = std::to_string(result);
-      const size_t before = it == data.end() ? 0 : key.size() + it->second.size();
-      if (stored_bytes - before + key.size() + text.size() > options.max_total_bytes) {
-        reply_error(c, "add: the store is full (BAGUA_STORE_MAX_BYTES=" + std::to_string(options.max_total_bytes) + ")");
-        return true;
-      }
-      stored_bytes = stored_bytes - before + key.size() + text.size();
-      data[key] = std::move(text);
       reply(c, proto::Writer().u8(proto::kOk).i64(result).finish());
       wake(key);
       return true;
@@ -544,7 +504,7 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       bool all = true;
       for (uint32_t i = 0; i < n && r.ok(); ++i) {
         std::string key = r.str(proto::kMaxKeySize);
-        if (!data.count(key)) all = false;
+        if (!data->contains(key)) all = false;
       }
       if (!r.ok() || !r.at_end()) return false;
       reply(c, proto::Writer().u8(proto::kOk).u8(all ? 1 : 0).finish());
@@ -574,65 +534,44 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
   }
 }
 
-// hello (version, rank) -> a fresh nonce; auth (HMAC of nonce and rank under
-// the job's secret) -> the client may make requests. Anything else, or a
-// wrong proof, ends the connection without marking any rank dead.
+// Steps the connection's handshake (store/tcp_store_handshake.h).
 bool TcpStoreServer::Impl::handshake(Conn& c, uint8_t op, proto::Reader& r) {
-  if (!c.challenged) {
-    if (op != proto::kHello) return false;  // not a Bagua store client
-    uint32_t magic = r.u32();
-    uint32_t version = r.u32();
-    int32_t rank = r.i32();
-    if (!r.ok() || !r.at_end() || magic != proto::kMagic) return false;
-    if (version != proto::kVersion) {
-      reply_error(c, "store protocol version " + std::to_string(version) + " is not supported (server speaks " +
-                         std::to_string(proto::kVersion) + "); all ranks must run the same Bagua");
-      c.goodbye = true;  // not a death
+  ServerHandshake::Step step = c.handshake.step(op, r, options.secret, options.idle_timeout.count());
+  switch (step.outcome) {
+    case ServerHandshake::Outcome::kMalformed:
+      return false;
+    case ServerHandshake::Outcome::kChallenged:
+      reply(c, std::move(step.reply));
+      return true;
+    case ServerHandshake::Outcome::kRefused:
+      reply(c, std::move(step.reply));
+      c.goodbye = true;  // a stranger or another Bagua, not a rank that died
       if (!c.has_output()) drop(c);
       return true;
-    }
-    c.nonce.assign(proto::kNonceSize, '\0');
-    if (getrandom(&c.nonce[0], c.nonce.size(), 0) != ssize_t(c.nonce.size())) return false;
-    c.challenged = true;
-    c.rank = rank;
-    reply(c, proto::Writer().u8(proto::kOk).u32(proto::kMagic).str(c.nonce).finish());
-    return true;
+    case ServerHandshake::Outcome::kAuthenticated:
+      c.hello = true;
+      if (c.handshake.rank() >= 0) dead.erase(c.handshake.rank());  // a rank that reconnects is alive again
+      reply(c, std::move(step.reply));
+      return true;
   }
-  if (op != proto::kAuth) return false;
-  std::string mac = r.str(proto::kMacSize);
-  if (!r.ok() || !r.at_end() || mac.size() != proto::kMacSize) return false;
-  const std::string message = proto::auth_message(c.nonce, c.rank);
-  Digest want = hmac_sha256(options.secret, message.data(), message.size());
-  Digest got;
-  std::memcpy(got.data(), mac.data(), got.size());
-  if (!digests_equal(want, got)) {
-    reply_error(c, "authentication failed: this client does not hold the job's secret (BAGUA_STORE_SECRET "
-                   "must be the same on every rank)");
-    c.goodbye = true;  // a stranger, not a rank that died
-    if (!c.has_output()) drop(c);
-    return true;
-  }
-  c.hello = true;
-  if (c.rank >= 0) dead.erase(c.rank);  // a rank that reconnects is alive again
-  reply(c, proto::Writer().u8(proto::kOk).i64(options.idle_timeout.count()).finish());
-  return true;
+  return false;
 }
 
 bool TcpStoreServer::Impl::try_complete(Conn& c) {
   if (c.pending == Conn::Pending::kGet) {
-    auto it = data.find(c.pending_keys[0]);
-    if (it == data.end()) {
+    const std::string* value = data->find(c.pending_keys[0]);
+    if (!value) {
       waiters[c.pending_keys[0]].push_back(c.id);
       return false;
     }
     c.pending = Conn::Pending::kNone;
     c.pending_keys.clear();
-    reply(c, proto::Writer(it->second.size() + 8).u8(proto::kOk).str(it->second).finish());
+    reply(c, proto::Writer(value->size() + 8).u8(proto::kOk).str(*value).finish());
     return true;
   }
   if (c.pending == Conn::Pending::kWait) {
     for (const auto& k : c.pending_keys) {
-      if (!data.count(k)) {
+      if (!data->contains(k)) {
         waiters[k].push_back(c.id);  // re-checked when k is set
         return false;
       }
@@ -703,7 +642,7 @@ void TcpStoreServer::Impl::drop(Conn& c) {
   c.closed = true;
   c.pending = Conn::Pending::kNone;
   c.pending_keys.clear();
-  if (c.hello && !c.goodbye && c.rank >= 0) dead.insert(c.rank);
+  if (c.hello && !c.goodbye && c.handshake.rank() >= 0) dead.insert(c.handshake.rank());
   ::shutdown(c.fd, SHUT_RDWR);
 }
 

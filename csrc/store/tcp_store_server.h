@@ -8,6 +8,9 @@
 // dead (see Store::dead_ranks). An authenticated connection that goes silent
 // outside a blocking request is closed after idle_timeout. Keys are written once (a SET of an existing
 // key with another value is refused), so a rendezvous cannot be rewritten.
+// This file's server runs the event loop (connections, timers, requests);
+// store/tcp_store_handshake.h checks a client's hello and proof, and
+// store/tcp_store_table.h holds the keys under the store's quotas.
 #pragma once
 
 #include <chrono>

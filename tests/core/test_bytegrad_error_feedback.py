@@ -196,7 +196,7 @@ class Worker(JaxWorker):
 
     def off_is_stateless(self):
         import bagua_jax
-        from bagua_core import steps
+        from bagua_core import algorithm_steps
 
         import bagua_torch
 
@@ -204,13 +204,14 @@ class Worker(JaxWorker):
         algo = bagua_jax.ByteGradAlgorithm(hierarchical=False)
         plan = algo.to_core().plan()
         assert plan.params_text() == "average=true;hierarchical=false", plan.params_text()
-        info = steps.check_plan(plan, bagua_jax.init_process_group())
+        info = algorithm_steps.check_plan(plan, bagua_jax.init_process_group())
         assert info.num_state == 0 and info.description == "bytegrad(hierarchical=false, average=true)", info
         group = bagua_jax.init_process_group()
         on_plan = bagua_jax.ByteGradAlgorithm(hierarchical=False, error_feedback=True).to_core().plan()
-        on = steps.check_plan(on_plan, group)
+        on = algorithm_steps.check_plan(on_plan, group)
         assert on.num_state == 1 and "error_feedback=true" in on.description, on
-        layout = steps.state_layout(on_plan, steps.communicators(group, False), "float32", [(6,)], 6)
+        layout = algorithm_steps.state_layout(on_plan, algorithm_steps.communicators(group, False), "float32",
+                                              [(6,)], 6)
         assert layout == (1, 6, layout.dtype, "zero", True) and layout.dtype.name == "float32", layout
         assert bagua_jax.transform(algo).init([self.jnp.zeros(5)]).step_state == ()
         model = torch.nn.Linear(3, 2)

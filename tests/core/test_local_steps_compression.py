@@ -275,24 +275,26 @@ class Worker(JaxWorker):
 
     def settings_and_state(self):
         from bagua_core import algorithms as core
-        from bagua_core import steps
+        from bagua_core import algorithm_steps
         from bagua_core.algorithms._base import Plan
 
         hier = self.local is not None
         plain = core.LocalSteps(hierarchical=hier).plan()
         assert "compression" not in plain.params and "error_feedback" not in plain.params
-        info = steps.check_plan(plain, self.group)
+        info = algorithm_steps.check_plan(plain, self.group)
         assert info.alignment == 1 and info.num_state == 2, info
         assert "compression" not in info.description and "error_feedback" not in info.description, info
-        squeezed = steps.check_plan(core.LocalSteps(hierarchical=hier, compression="minmax_uint8").plan(), self.group)
+        squeezed = algorithm_steps.check_plan(core.LocalSteps(hierarchical=hier, compression="minmax_uint8").plan(),
+                                              self.group)
         assert squeezed.alignment == self.world and squeezed.num_state == 2, squeezed
         assert squeezed.description.endswith(", compression=minmax_uint8)"), squeezed
         ef_plan = core.LocalSteps(hierarchical=hier, compression="minmax_uint8", error_feedback=True).plan()
-        ef = steps.check_plan(ef_plan, self.group)
+        ef = algorithm_steps.check_plan(ef_plan, self.group)
         assert ef.alignment == self.world and ef.num_state == 3, ef
         assert ef.description.endswith(", compression=minmax_uint8, error_feedback=true)"), ef
         n = 2 * self.world
-        layout = steps.state_layout(ef_plan, steps.communicators(self.group, hier), "float32", [(n,)], n)
+        layout = algorithm_steps.state_layout(ef_plan, algorithm_steps.communicators(self.group, hier), "float32",
+                                              [(n,)], n)
         assert layout[:2] == (3, n) and layout.init == "copy_of_data" and layout.data_shaped, layout
         # the C++ step refuses what the description refuses, for callers that bypass it
         for params, fragment in (({"compression": "zstd"}, "unknown compression 'zstd'"),
@@ -300,7 +302,8 @@ class Worker(JaxWorker):
                                  ({"error_feedback": True}, "error_feedback needs compression='minmax_uint8'"),
                                  ({"compression": "minmax_uint8", "error_feedback": "yes"},
                                   "error_feedback must be a bool")):
-            expect_error(ValueError, lambda: steps.check_plan(Plan(step="local_steps", params=params), self.group),
+            expect_error(ValueError,
+                         lambda: algorithm_steps.check_plan(Plan(step="local_steps", params=params), self.group),
                          fragment)
 
 

@@ -101,7 +101,7 @@ def case_handles():
 
 
 def case_hostname():
-    from bagua_core.process_group import _local_address
+    from bagua_core.rendezvous import _local_address
     assert _local_address("127.0.0.1") == "127.0.0.1"
     assert _local_address("localhost") in ("127.0.0.1", "::1")
 

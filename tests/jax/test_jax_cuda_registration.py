@@ -80,7 +80,7 @@ def test_cuda_lowering_emits_the_collective_target(which):
 
 @needs_cuda_handlers
 def test_cuda_lowering_emits_the_step_target():
-    from bagua_jax._src.collective_ops.step import BoundStep, algorithm_step
+    from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
 
     bound = BoundStep("decentralized", "communication_interval=2", _group("cuda"), -1, -1, True, 0, "m")
     text = _cuda_text(lambda s, a, b: algorithm_step([a, b], s, bound, bucket=3)[0],

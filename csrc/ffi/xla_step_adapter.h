@@ -19,7 +19,7 @@
 // "intra", "inter" (communicator handles; -1 when absent), "n_data".
 //
 // The leaves' shapes, back to back, are the bucket's layout the step is made
-// with (ops/step.h: low rank views each leaf as a matrix).
+// with (ops/algorithm_step.h: low rank views each leaf as a matrix).
 //
 // The adapter gathers the leaves into one contiguous bucket of `padded`
 // elements (their total rounded up to the step's alignment, the padding
@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "ffi/collectives.h"
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 namespace bagua {
 namespace ffi {

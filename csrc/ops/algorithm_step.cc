@@ -1,4 +1,4 @@
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 
 #include <algorithm>
 #include <cerrno>

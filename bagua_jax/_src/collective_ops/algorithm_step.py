@@ -1,6 +1,6 @@
 """algorithm_step: one engine algorithm step (``csrc/ops/registry.h``) on the
 leaves of one bucket, inside ``jax.jit`` through the ``bagua_step`` FFI target
-(``csrc/ffi/steps.h``), which gathers them into the engine's bucket layout,
+(``csrc/ffi/xla_step_adapter.h``), which gathers them into the engine's bucket layout,
 runs the step and scatters the result back. The building block of
 :func:`bagua_jax.transform`; the same C++ step the torch frontend runs on its
 engine buckets."""

@@ -1,4 +1,4 @@
-// The engine's adapter from a bucket to a registered step (ops/step.h).
+// The engine's adapter from a bucket to a registered step (ops/algorithm_step.h).
 //
 // It keeps what the step itself may not: the step counter (one execution per
 // training step), the result buffer of weight algorithms (the peer average,
@@ -21,7 +21,7 @@
 #include <optional>
 #include <string>
 
-#include "ops/step.h"
+#include "ops/algorithm_step.h"
 #include "sched/op.h"
 
 namespace bagua {

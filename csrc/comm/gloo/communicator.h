@@ -20,6 +20,10 @@
 //
 // Allreduce goes through shared memory when the whole group is on one host
 // (see GlooCommunicatorOptions::shm); everything else stays on TCP.
+//
+// Inside: communicator.cc runs the primitives; comm/gloo/setup.h connects the
+// lanes and the shared memory, comm/gloo/wire_packing.h decides when an
+// allreduce travels packed, comm/gloo/failure_report.h words the failures.
 #pragma once
 
 #include <chrono>
@@ -68,7 +72,7 @@ struct GlooCommunicatorOptions {
   // Gloo's ring; kOn runs comm/gloo/packed_allreduce.h and packs every
   // message that shrinks; kAuto runs the ring until every rank has measured
   // the link below wire_packing_slow_bits_per_s (a vote every few such calls,
-  // see takes_packed_path), then the packed allreduce, whose senders pack
+  // see comm/gloo/wire_packing.h), then the packed allreduce, whose senders pack
   // while their own measure stays below it: packing costs CPU time that only
   // a slow link pays back.
   WirePacking wire_packing = WirePacking::kAuto;

@@ -60,7 +60,7 @@ def check_plan(plan: Plan, group: Optional[ProcessGroup], comms: Optional[tuple]
 
 class StateLayout(NamedTuple):
     """A step's state block on one bucket (``Step::state_layout``,
-    ``csrc/ops/step.h``): ``spans`` spans of ``span_count`` elements of
+    ``csrc/ops/algorithm_step.h``): ``spans`` spans of ``span_count`` elements of
     ``dtype``; ``init``: what the block starts as (``"copy_of_data"``: each
     span a copy of the bucket's data, or ``"zero"``); ``data_shaped``: each
     span has the bucket's layout (else the block is the step's own)."""

@@ -1,4 +1,4 @@
-#include "comm/gloo_communicator.h"
+#include "comm/gloo/communicator.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -9,9 +9,7 @@
 #include <gloo/common/logging.h>
 #include <gloo/gather.h>
 #include <gloo/reduce.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
@@ -26,24 +24,22 @@
 #include "comm/call_agreement.h"
 #include "comm/call_checks.h"
 #include "comm/gloo/algorithms.h"
+#include "comm/gloo/failure_report.h"
 #include "comm/gloo/lane_worker.h"
 #include "comm/gloo/packed_allreduce.h"
+#include "comm/gloo/setup.h"
+#include "comm/gloo/wire_packing.h"
 #include "comm/op_desc.h"
 #include "comm/shm/shm_allreduce.h"
-#include "common/descriptors.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
 #include "kernels/scale.h"
-#include "store/gloo_store_adapter.h"
 
 namespace bagua {
 namespace {
 
 using std::chrono::milliseconds;
 namespace ga = gloo_algorithms;
-
-// gloo/transport/tcp/pair.h: waitUntilConnected() waits timeout_ * 5.
-constexpr int kGlooConnectFactor = 5;
 
 // Gloo's templated setters only use sizeof(T): pick an unsigned type of the
 // element's size.
@@ -62,17 +58,6 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (dst != src && n > 0) std::memmove(dst, src, n);
 }
 
-bool mentions_timeout(const std::string& what) {
-  return what.find("Timed out") != std::string::npos ||
-         what.find("timed out") != std::string::npos;
-}
-
-// One full mesh of connections with its own transport thread.
-struct Lane {
-  std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::Context> context;
-};
-
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(StorePtr store, std::string prefix, int rank, int size,
@@ -81,16 +66,17 @@ class GlooCommunicator : public Communicator {
         prefix_(std::move(prefix)),
         rank_(rank),
         size_(size),
-        options_(std::move(options)),
+        options_(with_dead_ranks(std::move(options), store_)),
+        packing_(options_),
+        report_(store_, prefix_, rank_, size_, options_.timeout, options_.dead_ranks),
         send_seq_(size, 0),
         recv_seq_(size, 0) {
-    if (!options_.dead_ranks && store_) {
-      StorePtr s = store_;
-      options_.dead_ranks = [s] { return s->dead_ranks(); };
+    if (size_ > 1) {
+      lanes_ = connect_lanes(store_, prefix_, rank_, size_, options_, describe());
+      for (size_t i = 1; i < lanes_.size(); ++i) workers_.push_back(std::make_unique<LaneWorker>());
+      shm_ = join_shared_memory(store_, prefix_, rank_, size_, options_, describe());
+      agree_on_wire_packing(*store_, prefix_, rank_, size_, options_.wire_packing, options_.timeout, describe());
     }
-    if (size_ > 1) connect();
-    if (size_ > 1) join_shm();
-    if (size_ > 1) agree_on_wire_packing();
   }
 
   void close() override {
@@ -130,7 +116,11 @@ class GlooCommunicator : public Communicator {
         copy_bytes(recv, send, count * es);
       } else if (shm_ && shm_->covers(count * es) && shm_->map()) {
         shm_->allreduce(send, recv, count, dtype, op, fn);  // averages too
-      } else if (takes_packed_path(dtype, op, count * es, tag)) {
+      } else if (packing_.takes_packed_path(dtype, op, count * es, [&](int64_t mine) {
+                   std::vector<int64_t> all(size_);
+                   allgather_words(&mine, 1, all.data(), tag | 0x40000000u);  // never a data or agreement tag
+                   return all;
+                 })) {
         packed_allreduce(send, recv, count, op == ReduceOp::kAvg, tag);
       } else {
         const auto started = std::chrono::steady_clock::now();
@@ -155,9 +145,9 @@ class GlooCommunicator : public Communicator {
             cpu_average(static_cast<uint8_t*>(recv) + b * es, e - b, dtype, size_);
         });
         // A ring sends and receives 2 (size - 1) / size of the buffer per rank.
-        if (packable(dtype, op, count * es))
-          note_link_rate(2.0 * (size_ - 1) / size_ * count * es,
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+        if (packing_.packable(dtype, op, count * es))
+          packing_.note_link_rate(2.0 * (size_ - 1) / size_ * count * es,
+                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
       }
     });
   }
@@ -392,133 +382,24 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
-  // ---- connection set-up ----------------------------------------------------
-
-  void connect() {
-    const int lanes = std::max(1, options_.lanes);
-    for (int i = 0; i < lanes; ++i) {
-      Lane lane;
-      try {
-        gloo::transport::tcp::attr attr;
-        attr.hostname = options_.hostname;
-        lane.device = gloo::transport::tcp::CreateDevice(attr);
-        auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-        // Gloo waits 5 x the context timeout for a peer to connect: a fifth of
-        // ours bounds set-up by our timeout. (The store waits of the
-        // rendezvous keep the full timeout: see GlooStoreAdapter.)
-        ctx->setTimeout(std::max(milliseconds(1), options_.timeout / kGlooConnectFactor));
-        GlooStoreAdapter adapter(store_, prefix_ + "/gloo/lane" + std::to_string(i));
-        ctx->connectFullMesh(adapter, lane.device);
-        ctx->setTimeout(options_.timeout);
-        lane.context = ctx;
-      } catch (const Error&) {
-        rethrow_rendezvous_failure();
-      } catch (const std::exception& e) {
-        std::string what = e.what();
-        // Gloo says "Unable to find address for: <host>" when socket() fails.
-        if (out_of_descriptors())
-          throw Error(describe() + ": " + out_of_descriptors_message("connecting to peers (listening on '" +
-                                                                    options_.hostname + "')") +
-                      " [gloo: " + what + "]");
-        if (mentions_timeout(what)) throw TimeoutError(describe() + ": connecting timed out: " + what);
-        throw Error(describe() + ": connecting to peers (listening on '" + options_.hostname +
-                    "') failed: " + what);
-      }
-      lanes_.push_back(std::move(lane));
+  // The store's dead ranks, unless the caller gave its own way to learn them.
+  static GlooCommunicatorOptions with_dead_ranks(GlooCommunicatorOptions options, const StorePtr& store) {
+    if (!options.dead_ranks && store) {
+      StorePtr s = store;
+      options.dead_ranks = [s] { return s->dead_ranks(); };
     }
-    for (int i = 1; i < lanes; ++i) workers_.push_back(std::make_unique<LaneWorker>());
-  }
-
-  void join_shm() {
-    ShmAllreduceOptions o{options_.shm_window_bytes, options_.shm_threshold_bytes, options_.timeout,
-                          options_.dead_ranks};
-    try {
-      shm_ = ShmAllreduce::join(store_, prefix_, rank_, size_, options_.shm, std::move(o));
-    } catch (const Error&) {
-      rethrow_rendezvous_failure();
-    }
-  }
-
-  // Inside a catch of bagua::Error during set-up: the same error, named after this group.
-  [[noreturn]] void rethrow_rendezvous_failure() {
-    try {
-      throw;
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(describe() + ": rendezvous timed out: " + e.what());
-    } catch (const PeerError& e) {
-      throw PeerError(describe() + ": " + e.what(), e.peer());
-    } catch (const Error& e) {
-      throw Error(describe() + ": rendezvous failed: " + e.what());
-    }
-  }
-
-  // Every rank must run the same allreduce algorithm: BAGUA_WIRE_PACKING set
-  // differently on different hosts would pair the packed exchange with Gloo's
-  // ring, which only the timeout would end. Compared once, at creation.
-  void agree_on_wire_packing() {
-    const std::string mine = wire_packing_name(options_.wire_packing);
-    const std::string key = prefix_ + "/wire_packing/";
-    store_->set(key + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
-    std::string all;
-    bool differ = false;
-    for (int q = 0; q < size_; ++q) {
-      const std::vector<uint8_t> v = store_->get(key + std::to_string(q), options_.timeout);
-      const std::string theirs(v.begin(), v.end());
-      differ |= theirs != mine;
-      all += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " '" + theirs + "'";
-    }
-    if (differ)
-      throw MismatchError(describe() + ": BAGUA_WIRE_PACKING differs across the group (" + all +
-                          "); set the same value on every rank");
+    return options;
   }
 
   const std::shared_ptr<gloo::Context>& main() { return lanes_[0].context; }
 
   // ---- packed allreduce (comm/gloo/packed_allreduce.h) ------------------------
 
-  bool packable(DType dtype, ReduceOp op, size_t bytes) const {
-    return dtype == DType::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kAvg) &&
-           bytes >= options_.wire_packing_min_bytes;
-  }
-
-  bool link_seems_slow() const {
-    return link_bits_per_s_ > 0 && link_bits_per_s_ < options_.wire_packing_slow_bits_per_s;
-  }
-
-  void note_link_rate(double bytes, double seconds) {
-    if (seconds <= 0) return;
-    link_bits_per_s_ = 8.0 * bytes / seconds;
-    best_bits_per_s_ = std::max(best_bits_per_s_, link_bits_per_s_);
-  }
-
-  // Which algorithm a packable allreduce runs must be the same on every rank:
-  // kAuto switches only when every rank votes that the link is slow (or no
-  // longer is), in a one-word allgather at the kFirstVote-th packable call and
-  // every kVoteEvery-th after it. A rank votes "slow" when even its fastest
-  // packable call since the last vote stayed below the threshold: a call that
-  // waited for a late peer, or for a CPU, looks slow, but not all of them.
-  static constexpr uint64_t kFirstVote = 3;
-  static constexpr uint64_t kVoteEvery = 16;
-
-  bool takes_packed_path(DType dtype, ReduceOp op, size_t bytes, uint32_t tag) {
-    if (options_.wire_packing == WirePacking::kOff || !packable(dtype, op, bytes)) return false;
-    if (options_.wire_packing == WirePacking::kOn) return true;
-    const uint64_t call = packable_calls_++;
-    if (call == kFirstVote || (call > kFirstVote && (call - kFirstVote) % kVoteEvery == 0)) {
-      const int64_t mine = best_bits_per_s_ > 0 && best_bits_per_s_ < options_.wire_packing_slow_bits_per_s;
-      std::vector<int64_t> all(size_);
-      allgather_words(&mine, 1, all.data(), tag | 0x40000000u);  // never a data or agreement tag
-      packed_path_ = std::all_of(all.begin(), all.end(), [](int64_t v) { return v == 1; });
-      best_bits_per_s_ = 0;
-    }
-    return packed_path_;
-  }
-
   // Senders pack while their own measure says the link is slow (kOn: always).
   // Large buffers are split over the lanes like the ring's, each part its own
   // exchange on its own connections and threads.
   void packed_allreduce(const void* send, void* recv, size_t count, bool average, uint32_t tag) {
-    const bool pack = options_.wire_packing == WirePacking::kOn || link_seems_slow();
+    const bool pack = packing_.senders_pack();
     const size_t parts = lanes_for(count * 4);
     if (packed_scratch_.size() < parts) packed_scratch_.resize(parts);
     std::vector<ga::PackedAllreduceStats> st(parts);
@@ -534,7 +415,7 @@ class GlooCommunicator : public Communicator {
       bytes += static_cast<double>(s.received_bytes);
       seconds = std::max(seconds, s.receiving_seconds);
     }
-    note_link_rate(bytes, seconds);
+    packing_.note_link_rate(bytes, seconds);
   }
 
   size_t lanes_for(size_t bytes) const {
@@ -628,7 +509,7 @@ class GlooCommunicator : public Communicator {
     if (same_desc(expected, d)) return;
     agreed_.clear();
     fail(d, seq, peer, "this rank called " + to_string(d) + " where it had promised " + to_string(expected) +
-         " (expect_calls) to its peers, who run the promised call without agreeing on it", kOther);
+         " (expect_calls) to its peers, who run the promised call without agreeing on it", FailureKind::kOther);
   }
 
  public:
@@ -682,15 +563,15 @@ class GlooCommunicator : public Communicator {
     } catch (const InvalidArgument&) {
       throw;
     } catch (const ShmPeerLost& e) {
-      fail(d, seq, e.peer(), e.what(), kLostPeer);
+      fail(d, seq, e.peer(), e.what(), FailureKind::kLostPeer);
     } catch (const ShmTimeout& e) {
-      fail(d, seq, peer, e.what(), kTimedOut);
+      fail(d, seq, peer, e.what(), FailureKind::kTimedOut);
     } catch (const gloo::IoException& e) {
-      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kLostPeer);
+      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? FailureKind::kTimedOut : FailureKind::kLostPeer);
     } catch (const gloo::EnforceNotMet& e) {
-      fail(d, seq, peer, e.what(), kOther);
+      fail(d, seq, peer, e.what(), FailureKind::kOther);
     } catch (const std::exception& e) {
-      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? kTimedOut : kOther);
+      fail(d, seq, peer, e.what(), mentions_timeout(e.what()) ? FailureKind::kTimedOut : FailureKind::kOther);
     }
   }
 
@@ -717,119 +598,17 @@ class GlooCommunicator : public Communicator {
     });
   }
 
-  enum FailureKind { kTimedOut, kLostPeer, kOther };
-
-  // Ranks the store reports dead. A killed peer's store connection may close
-  // a moment after its Gloo connections, so a lost peer is asked for briefly.
-  std::string dead_ranks_note(FailureKind kind, int* first_dead) {
-    if (!options_.dead_ranks) return "";
-    std::vector<int> dead;
-    try {
-      const auto deadline = std::chrono::steady_clock::now() + milliseconds(500);
-      for (;;) {
-        dead = options_.dead_ranks();
-        if (!dead.empty() || kind != kLostPeer || std::chrono::steady_clock::now() > deadline)
-          break;
-        std::this_thread::sleep_for(milliseconds(50));
-      }
-    } catch (const std::exception& e) {
-      return std::string("; dead ranks unknown: ") + e.what();
-    }
-    if (dead.empty()) return "";
-    *first_dead = dead[0];
-    return "; " + ranks_text(dead) +
-           (dead.size() == 1 ? " has died" : " have died");
-  }
-
-  // A failed collective is said in the store (<prefix>/failed/<rank> = its
-  // op number; a broken communicator fails once), so that the ranks that
-  // never say it can be named: they did not reach the operation.
-  std::string failed_key(int r) const { return prefix_ + "/failed/" + std::to_string(r); }
-
-  void say_failed(uint64_t seq) {
-    if (!store_) return;
-    try {
-      const std::string v = std::to_string(seq);
-      store_->set(failed_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
-    } catch (const std::exception&) {
-    }
-  }
-
-  // Waits briefly for the other ranks to say they failed too (those waiting
-  // with us fail at once, since we closed our connections), then names those
-  // that did not, and those that failed at another operation.
-  std::string absent_ranks_note(uint64_t seq) {
-    if (!store_) return "";
-    std::vector<int> absent, elsewhere;
-    std::vector<uint64_t> their_ops;
-    try {
-      // Short enough that the engine's watchdog (1.5 x timeout) sees this error, not its own.
-      const auto deadline = std::chrono::steady_clock::now() + std::min(options_.timeout / 4, milliseconds(2000));
-      std::vector<std::string> keys;
-      for (int r = 0; r < size_; ++r) keys.push_back(failed_key(r));
-      while (!store_->check(keys) && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(milliseconds(50));
-      for (int r = 0; r < size_; ++r) {
-        if (!store_->check({keys[r]})) {
-          absent.push_back(r);
-          continue;
-        }
-        const std::vector<uint8_t> v = store_->get(keys[r], milliseconds(1000));
-        const uint64_t op = std::strtoull(std::string(v.begin(), v.end()).c_str(), nullptr, 10);
-        if (op != seq) {
-          elsewhere.push_back(r);
-          their_ops.push_back(op);
-        }
-      }
-    } catch (const std::exception& e) {
-      return std::string("; which ranks did not reach op #") + std::to_string(seq) + " is unknown: " + e.what();
-    }
-    std::string note;
-    if (!absent.empty())
-      note += "; " + ranks_text(absent) + " did not reach op #" +
-              std::to_string(seq) + " (stuck or busy elsewhere)";
-    for (size_t i = 0; i < elsewhere.size(); ++i)
-      note += "; rank " + std::to_string(elsewhere[i]) + " failed at op #" + std::to_string(their_ops[i]);
-    return note;
-  }
-
+  // Says what failed (comm/gloo/failure_report.h) and breaks the communicator.
   [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what,
                          FailureKind kind) {
-    std::string msg = describe() + ": " + to_string(d) +
-                      (d.has_peer() ? " (message #" : " (op #") + std::to_string(seq) + ") ";
-    switch (kind) {
-      case kTimedOut:
-        msg += "timed out after " + std::to_string(options_.timeout.count()) + " ms";
-        break;
-      case kLostPeer:
-        msg += peer >= 0 ? "lost the connection to peer rank " + std::to_string(peer)
-                         : "lost a connection to a peer";
-        break;
-      case kOther:
-        msg += "failed";
-        break;
-    }
+    std::string msg = report_.headline(describe(), d, seq, peer, kind);
     // Close first: peers blocked on us should not wait for the store query.
-    break_connections(msg + " [gloo: " + what + "]", kind == kTimedOut);
-    const bool collective = !d.has_peer() && kind != kOther;
-    if (collective) say_failed(seq);
+    break_connections(msg + " [gloo: " + what + "]", kind == FailureKind::kTimedOut);
     int dead = -1;
-    msg += dead_ranks_note(kind, &dead);
-    const std::string absent = collective && dead < 0 ? absent_ranks_note(seq) : "";
-    msg += absent;
-    if (kind == kTimedOut && dead < 0 && absent.empty())
-      msg += " (a peer may be stuck, or may have skipped or reordered this operation)";
+    msg += report_.explain(d, seq, kind, &dead);
     msg += " [gloo: " + what + "]";
     broken_ = msg;
-    switch (kind) {
-      case kTimedOut:
-        throw TimeoutError(msg);
-      case kLostPeer:
-        throw PeerError(msg, dead >= 0 ? dead : peer);
-      case kOther:
-        throw Error(msg);
-    }
-    throw Error(msg);
+    throw_failure(kind, msg, dead >= 0 ? dead : peer);
   }
 
   // After a failure the transport state is unknown: close every connection so
@@ -851,6 +630,8 @@ class GlooCommunicator : public Communicator {
   const int rank_;
   const int size_;
   GlooCommunicatorOptions options_;
+  WirePackingPolicy packing_;
+  FailureReport report_;
 
   std::vector<Lane> lanes_;
   std::vector<std::unique_ptr<LaneWorker>> workers_;
@@ -864,10 +645,6 @@ class GlooCommunicator : public Communicator {
   std::vector<uint64_t> recv_seq_;
   std::vector<uint8_t> scratch_;
   std::vector<ga::PackedAllreduceScratch> packed_scratch_;  // one per lane
-  double link_bits_per_s_ = 0;  // measured by the last packable allreduce; 0: none yet
-  double best_bits_per_s_ = 0;  // the fastest packable allreduce since the last vote
-  uint64_t packable_calls_ = 0;
-  bool packed_path_ = false;    // kAuto: what the ranks last voted
   std::string broken_;
   bool closed_ = false;
 };

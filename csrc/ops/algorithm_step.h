@@ -7,8 +7,8 @@
 // execution context (device, stream, scratch memory), and the step's state
 // spans. It keeps no state of its own between runs: counters, replicas and
 // momentum are passed in by its two
-// adapters, the engine's bucket op (sched/step_op.h, torch) and the XLA FFI
-// handler (ffi/steps.cc, JAX). Both frontends therefore run the same code and
+// adapters, the engine's bucket op (sched/bucket_step_op.h, torch) and the XLA FFI
+// handler (ffi/xla_step_adapter.cc, JAX). Both frontends therefore run the same code and
 // get the same numbers.
 //
 // State: a step may ask for num_state() spans of the data's size and dtype
@@ -29,7 +29,7 @@
 // matrix) need each tensor's place and shape in the bucket. Both adapters
 // know them when they make the step (the engine from the bucket's slots,
 // bindings/engine.cc append_op; the XLA handler from its leaves' shapes,
-// ffi/steps.cc), and pass them to make_step as a BucketLayout: the tensors in
+// ffi/xla_step_adapter.cc), and pass them to make_step as a BucketLayout: the tensors in
 // bucket order, padding excluded. Steps that do not need it ignore it.
 //
 // Steps are named in one registry (ops/registry.h); their parameters arrive as

@@ -1,4 +1,4 @@
-#include "sched/step_op.h"
+#include "sched/bucket_step_op.h"
 
 #include <cstring>
 

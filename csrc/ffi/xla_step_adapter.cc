@@ -1,4 +1,4 @@
-#include "ffi/steps.h"
+#include "ffi/xla_step_adapter.h"
 
 #include <cstring>
 #include <string>
@@ -39,7 +39,7 @@ Span ret_span(const Step& s, const xffi::RemainingRets& rets, size_t i, const Sp
 }
 
 // The first `n` operands' shapes, back to back: the bucket's layout
-// (ops/step.h). Operands that are no buffers are left to the checks below.
+// (ops/algorithm_step.h). Operands that are no buffers are left to the checks below.
 BucketLayout leaf_layout(const xffi::RemainingArgs& args, size_t n) {
   BucketLayout out;
   size_t offset = 0;
