@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import types
-import weakref
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -58,33 +56,14 @@ from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _overlap, _sync
+from bagua_torch import _optimizers, _sync
+from bagua_torch._step_guard import StepGuard
+from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
 from bagua_torch.bucket import BaguaBucket
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
-
-def _torch_view(view) -> torch.Tensor:
-    """A torch tensor over engine memory (zero-copy DLPack; keeps the memory alive)."""
-    return torch.from_dlpack(view)
-
-
-def _bucket_tensors(bucket, names) -> Dict[str, torch.Tensor]:
-    """The named tensors of ``bucket`` as views of one torch tensor over the
-    whole bucket: one storage, like torch's own flattened buffers, so code
-    that checks storages (fuse_optimizer) sees one buffer, not its own
-    allocation per tensor."""
-    flat = _torch_view(bucket.flat_view())
-    out = {}
-    for n in names:
-        s = bucket.slot(n)
-        out[n] = flat.narrow(0, s["offset"], s["numel"]).view(s["shape"])
-    return out
-
-
-def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
-    return a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
 
 _IGNORE_ATTRS = ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore")
@@ -117,59 +96,6 @@ def _ignored_names(module: torch.nn.Module) -> set:
             f"named_buffers(), e.g. {example!r}"
         )
     return names
-
-
-class _StepGuard:
-    """Wraps an optimizer's ``step`` once, so it first ends the open step of
-    every wrapped model it updates (a safety net: the post-backward callback
-    normally did), or, for models wrapped with ``overlap_optimizer``, steps
-    their parameters bucket by bucket as their exchange finishes
-    (bagua_torch._overlap). Stays a bound method, as LR schedulers expect.
-    ``zero_grad`` is wrapped too: it ends an open overlapped step first (the
-    gradients it zeroes are the engine's buckets)."""
-
-    @staticmethod
-    def attach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
-        if "_bagua_ddps" not in optimizer.__dict__:
-            optimizer._bagua_ddps = weakref.WeakSet()
-            optimizer._bagua_original_step = optimizer.step
-            optimizer._bagua_original_zero_grad = optimizer.zero_grad
-
-            def step(self, *args, **kwargs):
-                owners = list(self._bagua_ddps)
-                overlapped = [o for o in owners if o.overlap_optimizer and not o._closed]
-                for owner in owners:
-                    if owner not in overlapped:
-                        owner.finish_step()
-                    owner.before_optimizer_step()
-                t0 = monotonic_ns()
-                if overlapped:
-                    out = _overlap.step_by_bucket(self, overlapped, self._bagua_original_step, args, kwargs)
-                    for owner in overlapped:  # ends at once, unless another optimizer holds some buckets
-                        owner.finish_step()
-                else:
-                    out = self._bagua_original_step(*args, **kwargs)
-                t1 = monotonic_ns()
-                for owner in owners:
-                    owner.trace_optimizer_step(t0, t1)
-                    owner.after_optimizer_step()
-                return out
-
-            def zero_grad(self, *args, **kwargs):
-                for owner in list(self._bagua_ddps):
-                    if owner.overlap_optimizer:
-                        owner.finish_step()
-                return self._bagua_original_zero_grad(*args, **kwargs)
-
-            optimizer.step = types.MethodType(step, optimizer)
-            optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
-        optimizer._bagua_ddps.add(ddp)
-
-    @staticmethod
-    def detach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
-        ddps = optimizer.__dict__.get("_bagua_ddps")
-        if ddps is not None:
-            ddps.discard(ddp)
 
 
 class BaguaDistributedDataParallel:
@@ -237,11 +163,11 @@ class BaguaDistributedDataParallel:
         if self.plan.phase not in (BACKWARD, FORWARD_START, AFTER_OPTIMIZER_STEP):
             raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
         if self.plan.phase == AFTER_OPTIMIZER_STEP:
-            self._check_one_optimizer_updates_all()
+            _optimizers.check_one_optimizer_updates_all(self)
         if self.plan.optimizer_state:
-            self._check_own_optimizer()
+            _optimizers.check_own_optimizer(self)
         if self.overlap_optimizer:
-            self._check_overlap_optimizer()
+            _optimizers.check_overlap_optimizer(self)
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         check_tensors(self.impl.description, [tuple(p.shape) for _, p in self.params])
@@ -302,90 +228,6 @@ class BaguaDistributedDataParallel:
             return torch.cuda.current_stream(self.device).cuda_stream
         return None
 
-    def _check_own_optimizer(self) -> None:
-        """Algorithms that share their optimizer's state (QAdam's momentum)
-        need exactly that optimizer, updating every parameter."""
-        own = getattr(self.algorithm, "optimizer", None)
-        name = type(self.algorithm).__name__
-        if len(self.optimizers) != 1 or self.optimizers[0] is not own:
-            got = ", ".join(type(o).__name__ for o in self.optimizers) or "none"
-            raise ValueError(f"{name} communicates the state of the optimizer it was built with, so pass exactly "
-                             f"that optimizer to with_bagua; got {got}")
-        self._check_one_optimizer_updates_all()
-
-    def _share_optimizer_state(self) -> None:
-        """Makes the optimizer's per-parameter state ``plan.optimizer_state``
-        (QAdam: exp_avg) a view of the engine step's state, so both update
-        the same memory; again after optimizer.load_state_dict() replaced it.
-        The step counter follows the optimizer's."""
-        opt = self.optimizers[0]
-        key = self.plan.optimizer_state
-        relinked = False
-        with torch.no_grad():
-            for p, view in self._shared_state:
-                current = opt.init_state(p).get(key)
-                if current is not view:
-                    if current is not None:
-                        view.copy_(current)
-                    opt.state[p][key] = view
-                    relinked = True
-        if relinked:
-            for op in self.impl.ops:
-                op.step = opt.step_id()
-
-    def _link_optimizer_state(self) -> None:
-        self._shared_state = []
-        for b, op in zip(self.buckets, self.impl.ops):
-            state = _torch_view(op.state_view())[0]
-            with torch.no_grad():
-                state.zero_()
-            base = b.flat_view().address
-            for n in b.tensor_names:
-                slot = self.slots[n]
-                off = (slot.data_ptr() - base) // slot.element_size()
-                self._shared_state.append((self._by_name[n], state[off:off + slot.numel()].view(slot.shape)))
-        self._share_optimizer_state()
-
-    def _check_overlap_optimizer(self) -> None:
-        """overlap_optimizer: a gradient algorithm whose step ends with
-        backward, and optimizers that update every communicated parameter,
-        each from its own gradient and state (so the step can go bucket by
-        bucket). Raises ValueError, the same on every rank, before any
-        communication."""
-        name = type(self.algorithm).__name__
-        if self.background_plan is not None or self.plan.phase != BACKWARD or self.communicates_weights:
-            raise ValueError(
-                f"overlap_optimizer=True applies to algorithms that exchange gradients during backward "
-                f"(GradientAllReduce, ByteGrad, LowRank, QAdam); {name} communicates weights "
-                f"({'in the background' if self.background_plan is not None else self.plan.phase.replace('_', ' ')}), "
-                "so there is no exchange for the optimizer to overlap with. Wrap without overlap_optimizer")
-        if not self.optimizers:
-            raise ValueError("overlap_optimizer=True needs the optimizers that update the model: pass them to "
-                             "with_bagua, since their step() is where the gradients are waited for")
-        for opt in self.optimizers:
-            _overlap.check_optimizer(opt)
-        owned = {id(p) for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
-        missing = [n for n, p in self.params if id(p) not in owned]
-        if missing:
-            raise ValueError(
-                f"overlap_optimizer=True: parameter(s) {', '.join(repr(n) for n in missing[:8])} are not updated by "
-                "the optimizers passed to with_bagua; their gradients would be read before their exchange ends. "
-                "Add them to an optimizer, list them in module._bagua_params_and_buffers_to_ignore, or wrap "
-                "without overlap_optimizer")
-
-    def _check_one_optimizer_updates_all(self) -> None:
-        """Algorithms that communicate after ``optimizer.step()`` run once per
-        step of exactly one optimizer, which must update every parameter."""
-        if len(self.optimizers) != 1:
-            raise ValueError(f"{type(self.algorithm).__name__} communicates after the optimizer step, so it needs "
-                             f"exactly one optimizer; got {len(self.optimizers)}")
-        owned = {id(p) for g in self.optimizers[0].param_groups for p in g["params"]}
-        missing = [n for n, p in self.params if id(p) not in owned]
-        if missing:
-            raise ValueError(f"{type(self.algorithm).__name__}: parameter(s) {', '.join(repr(n) for n in missing[:8])} "
-                             "are not updated by the optimizer; add them to it or list them in "
-                             "module._bagua_params_and_buffers_to_ignore")
-
     def _buffers(self) -> List[torch.Tensor]:
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
 
@@ -439,7 +281,7 @@ class BaguaDistributedDataParallel:
         self.bucket_params = [[self._by_name[n] for n in b.tensor_names] for b in buckets]
         self.slots: Dict[str, torch.Tensor] = {}
         for b in buckets:
-            self.slots.update(_bucket_tensors(b, b.tensor_names))
+            self.slots.update(bucket_tensors(b, b.tensor_names))
 
         with torch.no_grad():
             for n, p in self.params:
@@ -456,7 +298,7 @@ class BaguaDistributedDataParallel:
         # after the weights sit in the buckets: weight steps copy them at bind time
         self.impl.ops = [b.append_op(self.plan.step, **self.plan.params) for b in buckets]
         if self.plan.optimizer_state:
-            self._link_optimizer_state()
+            _optimizers.link_optimizer_state(self)
 
     def _build_weight_buckets(self) -> None:
         """Asynchronous model average: one bucket per dtype holds the weights
@@ -465,7 +307,7 @@ class BaguaDistributedDataParallel:
         self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)],
                                              self._engine_device)
         self.weight_slots: Dict[str, torch.Tensor] = {
-            n: t for b in self.weight_buckets for n, t in _bucket_tensors(b, b.slot_names).items()}
+            n: t for b in self.weight_buckets for n, t in bucket_tensors(b, b.slot_names).items()}
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.weight_slots[n]
@@ -536,7 +378,7 @@ class BaguaDistributedDataParallel:
             return
         with torch.no_grad():  # gradients keep their values, in their own memory until the new buckets
             for n, p in self.params:
-                if _same_memory(p.grad, self.slots[n]):
+                if same_memory(p.grad, self.slots[n]):
                     p.grad = self.slots[n].clone()
         self.engine.clear_buckets()
         self._build_buckets(plan.bucket_bytes, [n for n, _, _ in self.autotune.ordered_decls(plan)])
@@ -568,7 +410,7 @@ class BaguaDistributedDataParallel:
             if self.overlap_optimizer:  # before the gradient is accumulated into its bucket slot
                 self._hooks.append(p.register_hook(self._grad_pre_hook))
         for opt in self.optimizers:
-            _StepGuard.attach(opt, self)
+            StepGuard.attach(opt, self)
 
     # ------------------------------------------------------------ hooks
 
@@ -607,7 +449,7 @@ class BaguaDistributedDataParallel:
         if self._tracer is not None:
             self._t_forward = monotonic_ns()
         if self.plan.optimizer_state:
-            self._share_optimizer_state()
+            _optimizers.share_optimizer_state(self)
         # not while asynchronous model average runs: a collective per step would
         # make every rank wait for the slowest (buffers are broadcast at abort)
         if self.broadcast_buffers and self.plan is not self.background_plan:
@@ -677,9 +519,9 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             if g is None:
                 slot.zero_()
-            elif not _same_memory(g, slot):
+            elif not same_memory(g, slot):
                 slot.copy_(g)
-            if self.do_flatten and not _same_memory(g, slot):
+            if self.do_flatten and not same_memory(g, slot):
                 p.grad = slot
         self._marked.add(name)
         self.step_pending = True
@@ -799,7 +641,7 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.slots[n]
-                if not _same_memory(p.data, slot):
+                if not same_memory(p.data, slot):
                     slot.copy_(p.detach())
                     if self.do_flatten:  # someone replaced p.data: put it back in the bucket
                         p.data = slot
@@ -874,12 +716,12 @@ class BaguaDistributedDataParallel:
             h.remove()
         self._hooks.clear()
         for opt in self.optimizers:
-            _StepGuard.detach(opt, self)
+            StepGuard.detach(opt, self)
         if self.averager is not None:
             self.impl.close()
             with torch.no_grad():
                 for n, p in self.params:
-                    if _same_memory(p.data, self.weight_slots[n]):
+                    if same_memory(p.data, self.weight_slots[n]):
                         p.data = self.weight_slots[n].clone()
         if self.engine is None:
             return
@@ -892,9 +734,9 @@ class BaguaDistributedDataParallel:
                 slot = getattr(self, "slots", {}).get(n)
                 if slot is None:
                     continue
-                if _same_memory(p.grad, slot):
+                if same_memory(p.grad, slot):
                     p.grad = slot.clone()
-                if _same_memory(p.data, slot):
+                if same_memory(p.data, slot):
                     p.data = slot.clone()
             for p, view in getattr(self, "_shared_state", ()):
                 state = self.optimizers[0].state.get(p, {})
