@@ -48,7 +48,6 @@ import torch
 
 import bagua_core
 from bagua_core import agreement, config, devices, log, steps
-from bagua_core import trace as core_trace
 from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START, check_tensors
 from bagua_core.dtypes import as_dtype
@@ -56,7 +55,7 @@ from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _optimizers, _sync
+from bagua_torch import _observe, _optimizers, _sync
 from bagua_torch._step_guard import StepGuard
 from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
@@ -182,7 +181,7 @@ class BaguaDistributedDataParallel:
             if self.background_plan is not None:
                 self._build_weight_buckets()
             self._register_hooks()
-            self._start_observing(bucket_bytes)
+            _observe.start_observing(self, bucket_bytes)
         except BaseException:
             self.close()
             raise
@@ -343,57 +342,6 @@ class BaguaDistributedDataParallel:
     def communicates_weights(self) -> bool:
         return self.plan.communicates == "weights"
 
-    # ------------------------------------------------------------ trace and autotune
-
-    def _autotune_unsupported(self) -> str:
-        """Why the bucket plan of this algorithm cannot change during training ('' if it can)."""
-        if self.background_plan is not None:
-            return "it switches to averaging weights in the background after its warm-up"
-        if self.plan.phase != BACKWARD or self.communicates_weights:
-            return "it communicates weights"
-        if self.plan.one_bucket_per_dtype:
-            return "it uses one bucket per dtype"
-        if self.plan.optimizer_state or self.impl.keeps_state:
-            return "its steps keep state per bucket"
-        return ""
-
-    def _start_observing(self, bucket_bytes: Optional[int]) -> None:
-        s = self._settings
-        self._tracer = core_trace.writer(s)
-        if s.autotune_level >= 1:
-            reason = self._autotune_unsupported()
-            if reason:
-                log.logger.warning("BAGUA_AUTOTUNE: %s keeps its bucket plan: %s", self.algorithm.name, reason)
-            else:
-                group = self.engine.group
-                decls = [(n, p.numel(), as_dtype(p.dtype)) for n, p in reversed(self.params)]
-                self.autotune = AutotuneSession(decls, bucket_bytes or s.bucket_size, group.store, group.name,
-                                                group.rank, group.size, self.module_name, s)
-        if self._tracer is not None or self.autotune is not None:
-            self.engine.record_ready = True
-
-    def _autotune_step(self) -> None:
-        plan = self.autotune.on_step_start(self.engine.steps, self.engine.ready_order)
-        if plan is None:
-            return
-        with torch.no_grad():  # gradients keep their values, in their own memory until the new buckets
-            for n, p in self.params:
-                if same_memory(p.grad, self.slots[n]):
-                    p.grad = self.slots[n].clone()
-        self.engine.clear_buckets()
-        self._build_buckets(plan.bucket_bytes, [n for n, _, _ in self.autotune.ordered_decls(plan)])
-
-    def _trace_step(self) -> None:
-        step = self.engine.steps - 1
-        self._tracer.engine_step(self.module_name, step, [b.name for b in self.buckets], self.engine.timings(),
-                                 lanes=self.engine.num_lanes)
-        if self._t_backward_end >= 0:
-            self._tracer.span(self.module_name, "forward start -> backward end", self._t_forward,
-                              self._t_backward_end, step=step)
-            self._tracer.span(self.module_name, "backward: first gradient -> end", self._t_first_grad,
-                              self._t_backward_end, step=step)
-        self._t_forward = self._t_first_grad = self._t_backward_end = -1
-
     def _register_hooks(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
         owners: Dict[int, list] = {}
@@ -445,7 +393,7 @@ class BaguaDistributedDataParallel:
         if self.averager is not None:
             self._background_before_forward()
         if self.autotune is not None:
-            self._autotune_step()
+            _observe.autotune_step(self)
         if self._tracer is not None:
             self._t_forward = monotonic_ns()
         if self.plan.optimizer_state:
@@ -572,7 +520,7 @@ class BaguaDistributedDataParallel:
         try:
             self.engine.wait(self._stream())
             if self._tracer is not None:
-                self._trace_step()
+                _observe.trace_step(self)
             self._apply_results()
         finally:
             self._marked.clear()
@@ -599,19 +547,12 @@ class BaguaDistributedDataParallel:
         return i
 
     def record_optimizer_span(self, bucket: int, start_ns: int, end_ns: int) -> None:
-        if self._tracer is not None:
-            self._optimizer_spans.append((bucket, start_ns, end_ns))
+        _observe.record_optimizer_span(self, bucket, start_ns, end_ns)
 
     def trace_optimizer_step(self, start_ns: int, end_ns: int) -> None:
         """Traced: the optimizer step (and, overlapped, each bucket's part of
         it) as spans of the step just ended."""
-        if self._tracer is None:
-            return
-        step = self.engine.steps - 1
-        self._tracer.span(self.module_name, "optimizer step", start_ns, end_ns, step=step)
-        for bucket, t0, t1 in self._optimizer_spans:
-            self._tracer.span(self.module_name, f"optimizer: bucket {self.buckets[bucket].name}", t0, t1, step=step)
-        self._optimizer_spans.clear()
+        _observe.trace_optimizer_step(self, start_ns, end_ns)
 
     def _apply_results(self) -> None:
         """After engine.wait(): the results into the tensors torch uses."""
