@@ -36,6 +36,11 @@ gradients or weights, in which phase). At wrap time (every rank, same order):
 
 Errors of the communication (a dead or stuck peer) surface as Python
 exceptions from ``loss.backward()`` (or ``optimizer.step()``), on every rank.
+
+Beside it: what the hooks do in each phase (bagua_torch._phases), the
+optimizer checks and shared optimizer state (bagua_torch._optimizers), the
+wrapped optimizer step (bagua_torch._step_guard), trace and autotune
+(bagua_torch._observe) and the views of engine memory (bagua_torch._views).
 """
 
 from __future__ import annotations
@@ -49,13 +54,13 @@ import torch
 import bagua_core
 from bagua_core import agreement, config, devices, log, steps
 from bagua_core.averager import AsyncAverager, weight_buckets
-from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START, check_tensors
+from bagua_core.algorithms import check_tensors
 from bagua_core.dtypes import as_dtype
 from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _observe, _optimizers, _sync
+from bagua_torch import _observe, _optimizers, _phases, _sync
 from bagua_torch._step_guard import StepGuard
 from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
@@ -159,10 +164,8 @@ class BaguaDistributedDataParallel:
         if self.background_plan is not None and not self.do_flatten:
             raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
                              "averages the weights in place, in the buckets the parameters are views of")
-        if self.plan.phase not in (BACKWARD, FORWARD_START, AFTER_OPTIMIZER_STEP):
-            raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
-        if self.plan.phase == AFTER_OPTIMIZER_STEP:
-            _optimizers.check_one_optimizer_updates_all(self)
+        self.phase_driver = _phases.for_plan(self.plan, self.algorithm)  # what the hooks do, by phase
+        self.phase_driver.check_optimizers(self)
         if self.plan.optimizer_state:
             _optimizers.check_own_optimizer(self)
         if self.overlap_optimizer:
@@ -330,13 +333,14 @@ class BaguaDistributedDataParallel:
         if not self.impl.in_warmup and self.plan is not self.background_plan:
             self.finish_step()
             self.plan = self.background_plan
+            self.phase_driver = _phases.BackgroundDriver()
         self.impl.before_forward()
 
     def before_optimizer_step(self) -> None:
-        """Holds the weights during the optimizer step (asynchronous model
-        average: the step never sees half an average)."""
-        if self.averager is not None and not self._closed and self.plan is self.background_plan:
-            self.averager.lock()
+        """Called before each step of a wrapped optimizer (asynchronous model
+        average holds the weights: the step never sees half an average)."""
+        if not self._closed:
+            self.phase_driver.before_optimizer_step(self)
 
     @property
     def communicates_weights(self) -> bool:
@@ -398,18 +402,11 @@ class BaguaDistributedDataParallel:
             self._t_forward = monotonic_ns()
         if self.plan.optimizer_state:
             _optimizers.share_optimizer_state(self)
-        # not while asynchronous model average runs: a collective per step would
-        # make every rank wait for the slowest (buffers are broadcast at abort)
-        if self.broadcast_buffers and self.plan is not self.background_plan:
+        if self.broadcast_buffers and self.phase_driver.broadcasts_buffers:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
         self.attach_gradients()
-        if self.plan.phase == FORWARD_START:
-            # The weights are handed to the engine as forward starts; the step
-            # averages a copy on the comm thread while forward and backward read them.
-            self.copy_weights_to_slots()
-            self.engine.mark_all_ready(self._stream())
-            self.step_pending = True
+        self.phase_driver.forward_start(self)
 
     def _grad_hook(self, name: str, param: torch.nn.Parameter) -> None:
         if self._closed or not self.require_backward_grad_sync:
@@ -418,8 +415,7 @@ class BaguaDistributedDataParallel:
             raise ValueError(f"parameter '{name}' got a sparse gradient; Bagua supports dense gradients only")
         if self._tracer is not None and self._t_first_grad < 0:
             self._t_first_grad = monotonic_ns()
-        if self.plan.phase == BACKWARD:
-            self.mark_gradient_ready(name)
+        self.phase_driver.gradient_ready(self, name)
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
@@ -437,7 +433,7 @@ class BaguaDistributedDataParallel:
             return
         if self._tracer is not None:
             self._t_backward_end = monotonic_ns()
-        missing = self.mark_unused_gradients_ready() if self.plan.phase == BACKWARD else []
+        missing = self.phase_driver.backward_end(self)
         if self.overlap_optimizer and self.step_pending:
             self._awaiting_optimizer = True  # optimizer.step() waits, bucket by bucket
         else:
@@ -503,12 +499,9 @@ class BaguaDistributedDataParallel:
         asynchronous model average releases the weights."""
         if self.averager is not None:
             self.averager.unlock()
-        if self._closed or self.plan.phase != AFTER_OPTIMIZER_STEP or not self.require_backward_grad_sync:
+        if self._closed or not self.require_backward_grad_sync:
             return
-        self.copy_weights_to_slots()
-        self.engine.mark_all_ready(self._stream())
-        self.step_pending = True
-        self.finish_step()
+        self.phase_driver.after_optimizer_step(self)
 
     def finish_step(self) -> None:
         """Ends the open step: waits for the engine (re-raising its failure)
@@ -559,14 +552,7 @@ class BaguaDistributedDataParallel:
         if not self.communicates_weights:
             self.copy_slots_to_gradients()
             return
-        if self.plan.phase == AFTER_OPTIMIZER_STEP:  # in place on the weights' slots
-            if any(op.last_communicated for op in self.impl.ops):
-                self.copy_slots_to_weights()
-            return
-        stream = self._stream()
-        copied = [op.copy_back(stream) for op in self.impl.ops]
-        if any(copied):
-            self.copy_slots_to_weights()
+        self.phase_driver.apply_weights(self)
 
     def copy_slots_to_gradients(self) -> None:
         if self.do_flatten:
