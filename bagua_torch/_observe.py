@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from bagua_core import log
-from bagua_core import trace as core_trace
+from bagua_core import log, trace as core_trace
 from bagua_core.algorithms import BACKWARD
 from bagua_core.autotune import AutotuneSession
 from bagua_core.dtypes import as_dtype
