@@ -36,55 +36,38 @@ gradients or weights, in which phase). At wrap time (every rank, same order):
 
 Errors of the communication (a dead or stuck peer) surface as Python
 exceptions from ``loss.backward()`` (or ``optimizer.step()``), on every rank.
+
+Beside it: what the hooks do in each phase (bagua_torch._phases), the
+optimizer checks and shared optimizer state (bagua_torch._optimizers), the
+wrapped optimizer step (bagua_torch._step_guard), trace and autotune
+(bagua_torch._observe) and the views of engine memory (bagua_torch._views).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import types
-import weakref
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
 import bagua_core
-from bagua_core import agreement, algorithm_steps, config, devices, log
-from bagua_core import trace as core_trace
+from bagua_core import agreement, algorithm_steps, config, devices
 from bagua_core.averager import AsyncAverager, weight_buckets
-from bagua_core.algorithms import AFTER_OPTIMIZER_STEP, BACKWARD, FORWARD_START, check_tensors
+from bagua_core.algorithms import check_tensors
 from bagua_core.dtypes import as_dtype
 from bagua_core.autotune import AutotuneSession
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _overlap, _sync
+from bagua_torch import _observe, _optimizers, _phases, _sync
+from bagua_torch._step_guard import StepGuard
+from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, as_algorithm
 from bagua_torch.bucket import BaguaBucket
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
-
-def _torch_view(view) -> torch.Tensor:
-    """A torch tensor over engine memory (zero-copy DLPack; keeps the memory alive)."""
-    return torch.from_dlpack(view)
-
-
-def _bucket_tensors(bucket, names) -> Dict[str, torch.Tensor]:
-    """The named tensors of ``bucket`` as views of one torch tensor over the
-    whole bucket: one storage, like torch's own flattened buffers, so code
-    that checks storages (fuse_optimizer) sees one buffer, not its own
-    allocation per tensor."""
-    flat = _torch_view(bucket.flat_view())
-    out = {}
-    for n in names:
-        s = bucket.slot(n)
-        out[n] = flat.narrow(0, s["offset"], s["numel"]).view(s["shape"])
-    return out
-
-
-def _same_memory(a: Optional[torch.Tensor], b: torch.Tensor) -> bool:
-    return a is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
 
 
 _IGNORE_ATTRS = ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore")
@@ -117,59 +100,6 @@ def _ignored_names(module: torch.nn.Module) -> set:
             f"named_buffers(), e.g. {example!r}"
         )
     return names
-
-
-class _StepGuard:
-    """Wraps an optimizer's ``step`` once, so it first ends the open step of
-    every wrapped model it updates (a safety net: the post-backward callback
-    normally did), or, for models wrapped with ``overlap_optimizer``, steps
-    their parameters bucket by bucket as their exchange finishes
-    (bagua_torch._overlap). Stays a bound method, as LR schedulers expect.
-    ``zero_grad`` is wrapped too: it ends an open overlapped step first (the
-    gradients it zeroes are the engine's buckets)."""
-
-    @staticmethod
-    def attach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
-        if "_bagua_ddps" not in optimizer.__dict__:
-            optimizer._bagua_ddps = weakref.WeakSet()
-            optimizer._bagua_original_step = optimizer.step
-            optimizer._bagua_original_zero_grad = optimizer.zero_grad
-
-            def step(self, *args, **kwargs):
-                owners = list(self._bagua_ddps)
-                overlapped = [o for o in owners if o.overlap_optimizer and not o._closed]
-                for owner in owners:
-                    if owner not in overlapped:
-                        owner.finish_step()
-                    owner.before_optimizer_step()
-                t0 = monotonic_ns()
-                if overlapped:
-                    out = _overlap.step_by_bucket(self, overlapped, self._bagua_original_step, args, kwargs)
-                    for owner in overlapped:  # ends at once, unless another optimizer holds some buckets
-                        owner.finish_step()
-                else:
-                    out = self._bagua_original_step(*args, **kwargs)
-                t1 = monotonic_ns()
-                for owner in owners:
-                    owner.trace_optimizer_step(t0, t1)
-                    owner.after_optimizer_step()
-                return out
-
-            def zero_grad(self, *args, **kwargs):
-                for owner in list(self._bagua_ddps):
-                    if owner.overlap_optimizer:
-                        owner.finish_step()
-                return self._bagua_original_zero_grad(*args, **kwargs)
-
-            optimizer.step = types.MethodType(step, optimizer)
-            optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
-        optimizer._bagua_ddps.add(ddp)
-
-    @staticmethod
-    def detach(optimizer: torch.optim.Optimizer, ddp: "BaguaDistributedDataParallel") -> None:
-        ddps = optimizer.__dict__.get("_bagua_ddps")
-        if ddps is not None:
-            ddps.discard(ddp)
 
 
 class BaguaDistributedDataParallel:
@@ -234,14 +164,12 @@ class BaguaDistributedDataParallel:
         if self.background_plan is not None and not self.do_flatten:
             raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
                              "averages the weights in place, in the buckets the parameters are views of")
-        if self.plan.phase not in (BACKWARD, FORWARD_START, AFTER_OPTIMIZER_STEP):
-            raise NotImplementedError(f"{self.algorithm!r}: phase {self.plan.phase!r} is not supported yet")
-        if self.plan.phase == AFTER_OPTIMIZER_STEP:
-            self._check_one_optimizer_updates_all()
+        self.phase_driver = _phases.for_plan(self.plan, self.algorithm)  # what the hooks do, by phase
+        self.phase_driver.check_optimizers(self)
         if self.plan.optimizer_state:
-            self._check_own_optimizer()
+            _optimizers.check_own_optimizer(self)
         if self.overlap_optimizer:
-            self._check_overlap_optimizer()
+            _optimizers.check_overlap_optimizer(self)
 
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         check_tensors(self.impl.description, [tuple(p.shape) for _, p in self.params])
@@ -256,7 +184,7 @@ class BaguaDistributedDataParallel:
             if self.background_plan is not None:
                 self._build_weight_buckets()
             self._register_hooks()
-            self._start_observing(bucket_bytes)
+            _observe.start_observing(self, bucket_bytes)
         except BaseException:
             self.close()
             raise
@@ -301,90 +229,6 @@ class BaguaDistributedDataParallel:
         if self.device.type == "cuda":
             return torch.cuda.current_stream(self.device).cuda_stream
         return None
-
-    def _check_own_optimizer(self) -> None:
-        """Algorithms that share their optimizer's state (QAdam's momentum)
-        need exactly that optimizer, updating every parameter."""
-        own = getattr(self.algorithm, "optimizer", None)
-        name = type(self.algorithm).__name__
-        if len(self.optimizers) != 1 or self.optimizers[0] is not own:
-            got = ", ".join(type(o).__name__ for o in self.optimizers) or "none"
-            raise ValueError(f"{name} communicates the state of the optimizer it was built with, so pass exactly "
-                             f"that optimizer to with_bagua; got {got}")
-        self._check_one_optimizer_updates_all()
-
-    def _share_optimizer_state(self) -> None:
-        """Makes the optimizer's per-parameter state ``plan.optimizer_state``
-        (QAdam: exp_avg) a view of the engine step's state, so both update
-        the same memory; again after optimizer.load_state_dict() replaced it.
-        The step counter follows the optimizer's."""
-        opt = self.optimizers[0]
-        key = self.plan.optimizer_state
-        relinked = False
-        with torch.no_grad():
-            for p, view in self._shared_state:
-                current = opt.init_state(p).get(key)
-                if current is not view:
-                    if current is not None:
-                        view.copy_(current)
-                    opt.state[p][key] = view
-                    relinked = True
-        if relinked:
-            for op in self.impl.ops:
-                op.step = opt.step_id()
-
-    def _link_optimizer_state(self) -> None:
-        self._shared_state = []
-        for b, op in zip(self.buckets, self.impl.ops):
-            state = _torch_view(op.state_view())[0]
-            with torch.no_grad():
-                state.zero_()
-            base = b.flat_view().address
-            for n in b.tensor_names:
-                slot = self.slots[n]
-                off = (slot.data_ptr() - base) // slot.element_size()
-                self._shared_state.append((self._by_name[n], state[off:off + slot.numel()].view(slot.shape)))
-        self._share_optimizer_state()
-
-    def _check_overlap_optimizer(self) -> None:
-        """overlap_optimizer: a gradient algorithm whose step ends with
-        backward, and optimizers that update every communicated parameter,
-        each from its own gradient and state (so the step can go bucket by
-        bucket). Raises ValueError, the same on every rank, before any
-        communication."""
-        name = type(self.algorithm).__name__
-        if self.background_plan is not None or self.plan.phase != BACKWARD or self.communicates_weights:
-            raise ValueError(
-                f"overlap_optimizer=True applies to algorithms that exchange gradients during backward "
-                f"(GradientAllReduce, ByteGrad, LowRank, QAdam); {name} communicates weights "
-                f"({'in the background' if self.background_plan is not None else self.plan.phase.replace('_', ' ')}), "
-                "so there is no exchange for the optimizer to overlap with. Wrap without overlap_optimizer")
-        if not self.optimizers:
-            raise ValueError("overlap_optimizer=True needs the optimizers that update the model: pass them to "
-                             "with_bagua, since their step() is where the gradients are waited for")
-        for opt in self.optimizers:
-            _overlap.check_optimizer(opt)
-        owned = {id(p) for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
-        missing = [n for n, p in self.params if id(p) not in owned]
-        if missing:
-            raise ValueError(
-                f"overlap_optimizer=True: parameter(s) {', '.join(repr(n) for n in missing[:8])} are not updated by "
-                "the optimizers passed to with_bagua; their gradients would be read before their exchange ends. "
-                "Add them to an optimizer, list them in module._bagua_params_and_buffers_to_ignore, or wrap "
-                "without overlap_optimizer")
-
-    def _check_one_optimizer_updates_all(self) -> None:
-        """Algorithms that communicate after ``optimizer.step()`` run once per
-        step of exactly one optimizer, which must update every parameter."""
-        if len(self.optimizers) != 1:
-            raise ValueError(f"{type(self.algorithm).__name__} communicates after the optimizer step, so it needs "
-                             f"exactly one optimizer; got {len(self.optimizers)}")
-        owned = {id(p) for g in self.optimizers[0].param_groups for p in g["params"]}
-        missing = [n for n, p in self.params if id(p) not in owned]
-        if missing:
-            raise ValueError(f"{type(self.algorithm).__name__}: parameter(s) {', '.join(repr(n) for n in missing[:8])} "
-                             "are not updated by the optimizer; add them to it or list them in "
-                             "module._bagua_params_and_buffers_to_ignore")
 
     def _buffers(self) -> List[torch.Tensor]:
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
@@ -439,7 +283,7 @@ class BaguaDistributedDataParallel:
         self.bucket_params = [[self._by_name[n] for n in b.tensor_names] for b in buckets]
         self.slots: Dict[str, torch.Tensor] = {}
         for b in buckets:
-            self.slots.update(_bucket_tensors(b, b.tensor_names))
+            self.slots.update(bucket_tensors(b, b.tensor_names))
 
         with torch.no_grad():
             for n, p in self.params:
@@ -456,7 +300,7 @@ class BaguaDistributedDataParallel:
         # after the weights sit in the buckets: weight steps copy them at bind time
         self.impl.ops = [b.append_op(self.plan.step, **self.plan.params) for b in buckets]
         if self.plan.optimizer_state:
-            self._link_optimizer_state()
+            _optimizers.link_optimizer_state(self)
 
     def _build_weight_buckets(self) -> None:
         """Asynchronous model average: one bucket per dtype holds the weights
@@ -465,7 +309,7 @@ class BaguaDistributedDataParallel:
         self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)],
                                              self._engine_device)
         self.weight_slots: Dict[str, torch.Tensor] = {
-            n: t for b in self.weight_buckets for n, t in _bucket_tensors(b, b.slot_names).items()}
+            n: t for b in self.weight_buckets for n, t in bucket_tensors(b, b.slot_names).items()}
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.weight_slots[n]
@@ -489,68 +333,18 @@ class BaguaDistributedDataParallel:
         if not self.impl.in_warmup and self.plan is not self.background_plan:
             self.finish_step()
             self.plan = self.background_plan
+            self.phase_driver = _phases.BackgroundDriver()
         self.impl.before_forward()
 
     def before_optimizer_step(self) -> None:
-        """Holds the weights during the optimizer step (asynchronous model
-        average: the step never sees half an average)."""
-        if self.averager is not None and not self._closed and self.plan is self.background_plan:
-            self.averager.lock()
+        """Called before each step of a wrapped optimizer (asynchronous model
+        average holds the weights: the step never sees half an average)."""
+        if not self._closed:
+            self.phase_driver.before_optimizer_step(self)
 
     @property
     def communicates_weights(self) -> bool:
         return self.plan.communicates == "weights"
-
-    # ------------------------------------------------------------ trace and autotune
-
-    def _autotune_unsupported(self) -> str:
-        """Why the bucket plan of this algorithm cannot change during training ('' if it can)."""
-        if self.background_plan is not None:
-            return "it switches to averaging weights in the background after its warm-up"
-        if self.plan.phase != BACKWARD or self.communicates_weights:
-            return "it communicates weights"
-        if self.plan.one_bucket_per_dtype:
-            return "it uses one bucket per dtype"
-        if self.plan.optimizer_state or self.impl.keeps_state:
-            return "its steps keep state per bucket"
-        return ""
-
-    def _start_observing(self, bucket_bytes: Optional[int]) -> None:
-        s = self._settings
-        self._tracer = core_trace.writer(s)
-        if s.autotune_level >= 1:
-            reason = self._autotune_unsupported()
-            if reason:
-                log.logger.warning("BAGUA_AUTOTUNE: %s keeps its bucket plan: %s", self.algorithm.name, reason)
-            else:
-                group = self.engine.group
-                decls = [(n, p.numel(), as_dtype(p.dtype)) for n, p in reversed(self.params)]
-                self.autotune = AutotuneSession(decls, bucket_bytes or s.bucket_size, group.store, group.name,
-                                                group.rank, group.size, self.module_name, s)
-        if self._tracer is not None or self.autotune is not None:
-            self.engine.record_ready = True
-
-    def _autotune_step(self) -> None:
-        plan = self.autotune.on_step_start(self.engine.steps, self.engine.ready_order)
-        if plan is None:
-            return
-        with torch.no_grad():  # gradients keep their values, in their own memory until the new buckets
-            for n, p in self.params:
-                if _same_memory(p.grad, self.slots[n]):
-                    p.grad = self.slots[n].clone()
-        self.engine.clear_buckets()
-        self._build_buckets(plan.bucket_bytes, [n for n, _, _ in self.autotune.ordered_decls(plan)])
-
-    def _trace_step(self) -> None:
-        step = self.engine.steps - 1
-        self._tracer.engine_step(self.module_name, step, [b.name for b in self.buckets], self.engine.timings(),
-                                 lanes=self.engine.num_lanes)
-        if self._t_backward_end >= 0:
-            self._tracer.span(self.module_name, "forward start -> backward end", self._t_forward,
-                              self._t_backward_end, step=step)
-            self._tracer.span(self.module_name, "backward: first gradient -> end", self._t_first_grad,
-                              self._t_backward_end, step=step)
-        self._t_forward = self._t_first_grad = self._t_backward_end = -1
 
     def _register_hooks(self) -> None:
         self._hooks.append(self.module.register_forward_pre_hook(self._forward_pre_hook))
@@ -568,7 +362,7 @@ class BaguaDistributedDataParallel:
             if self.overlap_optimizer:  # before the gradient is accumulated into its bucket slot
                 self._hooks.append(p.register_hook(self._grad_pre_hook))
         for opt in self.optimizers:
-            _StepGuard.attach(opt, self)
+            StepGuard.attach(opt, self)
 
     # ------------------------------------------------------------ hooks
 
@@ -603,23 +397,16 @@ class BaguaDistributedDataParallel:
         if self.averager is not None:
             self._background_before_forward()
         if self.autotune is not None:
-            self._autotune_step()
+            _observe.autotune_step(self)
         if self._tracer is not None:
             self._t_forward = monotonic_ns()
         if self.plan.optimizer_state:
-            self._share_optimizer_state()
-        # not while asynchronous model average runs: a collective per step would
-        # make every rank wait for the slowest (buffers are broadcast at abort)
-        if self.broadcast_buffers and self.plan is not self.background_plan:
+            _optimizers.share_optimizer_state(self)
+        if self.broadcast_buffers and self.phase_driver.broadcasts_buffers:
             with torch.no_grad():
                 _sync.broadcast_tensors(self._buffers(), 0, self.process_group)
         self.attach_gradients()
-        if self.plan.phase == FORWARD_START:
-            # The weights are handed to the engine as forward starts; the step
-            # averages a copy on the comm thread while forward and backward read them.
-            self.copy_weights_to_slots()
-            self.engine.mark_all_ready(self._stream())
-            self.step_pending = True
+        self.phase_driver.forward_start(self)
 
     def _grad_hook(self, name: str, param: torch.nn.Parameter) -> None:
         if self._closed or not self.require_backward_grad_sync:
@@ -628,8 +415,7 @@ class BaguaDistributedDataParallel:
             raise ValueError(f"parameter '{name}' got a sparse gradient; Bagua supports dense gradients only")
         if self._tracer is not None and self._t_first_grad < 0:
             self._t_first_grad = monotonic_ns()
-        if self.plan.phase == BACKWARD:
-            self.mark_gradient_ready(name)
+        self.phase_driver.gradient_ready(self, name)
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
@@ -647,7 +433,7 @@ class BaguaDistributedDataParallel:
             return
         if self._tracer is not None:
             self._t_backward_end = monotonic_ns()
-        missing = self.mark_unused_gradients_ready() if self.plan.phase == BACKWARD else []
+        missing = self.phase_driver.backward_end(self)
         if self.overlap_optimizer and self.step_pending:
             self._awaiting_optimizer = True  # optimizer.step() waits, bucket by bucket
         else:
@@ -677,9 +463,9 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             if g is None:
                 slot.zero_()
-            elif not _same_memory(g, slot):
+            elif not same_memory(g, slot):
                 slot.copy_(g)
-            if self.do_flatten and not _same_memory(g, slot):
+            if self.do_flatten and not same_memory(g, slot):
                 p.grad = slot
         self._marked.add(name)
         self.step_pending = True
@@ -713,12 +499,9 @@ class BaguaDistributedDataParallel:
         asynchronous model average releases the weights."""
         if self.averager is not None:
             self.averager.unlock()
-        if self._closed or self.plan.phase != AFTER_OPTIMIZER_STEP or not self.require_backward_grad_sync:
+        if self._closed or not self.require_backward_grad_sync:
             return
-        self.copy_weights_to_slots()
-        self.engine.mark_all_ready(self._stream())
-        self.step_pending = True
-        self.finish_step()
+        self.phase_driver.after_optimizer_step(self)
 
     def finish_step(self) -> None:
         """Ends the open step: waits for the engine (re-raising its failure)
@@ -730,7 +513,7 @@ class BaguaDistributedDataParallel:
         try:
             self.engine.wait(self._stream())
             if self._tracer is not None:
-                self._trace_step()
+                _observe.trace_step(self)
             self._apply_results()
         finally:
             self._marked.clear()
@@ -757,33 +540,19 @@ class BaguaDistributedDataParallel:
         return i
 
     def record_optimizer_span(self, bucket: int, start_ns: int, end_ns: int) -> None:
-        if self._tracer is not None:
-            self._optimizer_spans.append((bucket, start_ns, end_ns))
+        _observe.record_optimizer_span(self, bucket, start_ns, end_ns)
 
     def trace_optimizer_step(self, start_ns: int, end_ns: int) -> None:
         """Traced: the optimizer step (and, overlapped, each bucket's part of
         it) as spans of the step just ended."""
-        if self._tracer is None:
-            return
-        step = self.engine.steps - 1
-        self._tracer.span(self.module_name, "optimizer step", start_ns, end_ns, step=step)
-        for bucket, t0, t1 in self._optimizer_spans:
-            self._tracer.span(self.module_name, f"optimizer: bucket {self.buckets[bucket].name}", t0, t1, step=step)
-        self._optimizer_spans.clear()
+        _observe.trace_optimizer_step(self, start_ns, end_ns)
 
     def _apply_results(self) -> None:
         """After engine.wait(): the results into the tensors torch uses."""
         if not self.communicates_weights:
             self.copy_slots_to_gradients()
             return
-        if self.plan.phase == AFTER_OPTIMIZER_STEP:  # in place on the weights' slots
-            if any(op.last_communicated for op in self.impl.ops):
-                self.copy_slots_to_weights()
-            return
-        stream = self._stream()
-        copied = [op.copy_back(stream) for op in self.impl.ops]
-        if any(copied):
-            self.copy_slots_to_weights()
+        self.phase_driver.apply_weights(self)
 
     def copy_slots_to_gradients(self) -> None:
         if self.do_flatten:
@@ -799,7 +568,7 @@ class BaguaDistributedDataParallel:
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.slots[n]
-                if not _same_memory(p.data, slot):
+                if not same_memory(p.data, slot):
                     slot.copy_(p.detach())
                     if self.do_flatten:  # someone replaced p.data: put it back in the bucket
                         p.data = slot
@@ -874,12 +643,12 @@ class BaguaDistributedDataParallel:
             h.remove()
         self._hooks.clear()
         for opt in self.optimizers:
-            _StepGuard.detach(opt, self)
+            StepGuard.detach(opt, self)
         if self.averager is not None:
             self.impl.close()
             with torch.no_grad():
                 for n, p in self.params:
-                    if _same_memory(p.data, self.weight_slots[n]):
+                    if same_memory(p.data, self.weight_slots[n]):
                         p.data = self.weight_slots[n].clone()
         if self.engine is None:
             return
@@ -892,9 +661,9 @@ class BaguaDistributedDataParallel:
                 slot = getattr(self, "slots", {}).get(n)
                 if slot is None:
                     continue
-                if _same_memory(p.grad, slot):
+                if same_memory(p.grad, slot):
                     p.grad = slot.clone()
-                if _same_memory(p.data, slot):
+                if same_memory(p.data, slot):
                     p.data = slot.clone()
             for p, view in getattr(self, "_shared_state", ()):
                 state = self.optimizers[0].state.get(p, {})
