@@ -101,7 +101,8 @@ ORDER = ("process", "setting", "wheel")
 HOW_TO_SUPPLY = (
     "supply NCCL in one of three ways: import torch (a CUDA build) before Bagua creates the group, so the "
     "NCCL torch loaded in this process is used; pip install the nvidia-nccl wheel (nvidia-nccl-cu13, or "
-    "'bagua[gpu]'); or set BAGUA_NCCL_LIBRARY to the full path of libnccl.so.2")
+    "'bagua[gpu]'); or set BAGUA_NCCL_LIBRARY to the full path of libnccl.so.2"
+)
 
 
 def _explicit(library: Optional[str], env) -> tuple:
@@ -129,9 +130,13 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def find_library(library: Optional[str] = None, *, env=None,
-                 search_path: Optional[Sequence[str]] = None,
-                 maps_text: Optional[str] = None) -> str:
+def find_library(
+    library: Optional[str] = None,
+    *,
+    env=None,
+    search_path: Optional[Sequence[str]] = None,
+    maps_text: Optional[str] = None,
+) -> str:
     """Full path of the NCCL library to load, in the order of :data:`ORDER`
     (see the module docstring).
 
@@ -141,22 +146,29 @@ def find_library(library: Optional[str] = None, *, env=None,
     """
     explicit, source = _explicit(library, env)
     tried = []
-    mapped = [p for p in mapped_libraries(_read_own_maps() if maps_text is None else maps_text)
-              if os.path.isfile(p)]
+    mapped = [p for p in mapped_libraries(_read_own_maps() if maps_text is None else maps_text) if os.path.isfile(p)]
     if mapped:
         chosen = mapped[0]
         others = [p for p in mapped[1:] if not _same_file(p, chosen)]
         if others:
-            log.logger.warning("bagua: this process has several NCCL libraries mapped (%s); using %s",
-                               ", ".join([chosen] + others), chosen)
+            log.logger.warning(
+                "bagua: this process has several NCCL libraries mapped (%s); using %s",
+                ", ".join([chosen] + others),
+                chosen,
+            )
         if explicit:
             try:
                 wanted = _resolve_explicit(explicit, source)
             except NcclNotFoundError:
                 wanted = None
             if wanted is None or not _same_file(wanted, chosen):
-                log.logger.warning("bagua: %s=%r is ignored: this process already loaded NCCL from %s (e.g. "
-                                   "torch did), and one process uses one NCCL", source, explicit, chosen)
+                log.logger.warning(
+                    "bagua: %s=%r is ignored: this process already loaded NCCL from %s (e.g. "
+                    "torch did), and one process uses one NCCL",
+                    source,
+                    explicit,
+                    chosen,
+                )
         return chosen
     tried.append("this process: no libnccl.so* loaded (e.g. by torch)")
 
@@ -172,7 +184,8 @@ def find_library(library: Optional[str] = None, *, env=None,
 
     raise NcclNotFoundError(
         "cannot find the NCCL library (libnccl.so.2). Tried, in order: " + "; ".join(tried) + ". "
-        "Fix: " + HOW_TO_SUPPLY + " (pip install 'bagua[gpu]' installs the wheel).")
+        "Fix: " + HOW_TO_SUPPLY + " (pip install 'bagua[gpu]' installs the wheel)."
+    )
 
 
 _process_library: Optional[str] = None
@@ -197,8 +210,10 @@ def library_for_communicators(library: Optional[str] = None) -> str:
     global _process_library
     if _process_library is not None:
         if library and not _same_file(_resolve_explicit(library, "library argument"), _process_library):
-            raise _C.BaguaError(f"this process already uses the NCCL library {_process_library}; it cannot "
-                                f"load {library} as well (one NCCL library per process)")
+            raise _C.BaguaError(
+                f"this process already uses the NCCL library {_process_library}; it cannot "
+                f"load {library} as well (one NCCL library per process)"
+            )
         return _process_library
     path = find_library(library)
     check_library(path)
@@ -218,9 +233,16 @@ def version_string(code: int) -> str:
     return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
-def create_communicator(store, prefix: str, rank: int, size: int, device: int,
-                        timeout_s: Optional[float] = None, library: Optional[str] = None,
-                        native_avg: bool = True):
+def create_communicator(
+    store,
+    prefix: str,
+    rank: int,
+    size: int,
+    device: int,
+    timeout_s: Optional[float] = None,
+    library: Optional[str] = None,
+    native_avg: bool = True,
+):
     """An NCCL communicator (``_C.Communicator``), collective over ``size`` ranks.
 
     ``timeout_s`` defaults to ``BAGUA_TIMEOUT`` and ``library`` to
@@ -231,5 +253,6 @@ def create_communicator(store, prefix: str, rank: int, size: int, device: int,
         raise _C.BaguaError("bagua_core was built without CUDA: NCCL communicators are unavailable")
     if timeout_s is None:
         timeout_s = config.load().timeout_s
-    return _C.create_nccl_communicator(store, prefix, rank, size, device, timeout_s,
-                                       library_for_communicators(library), native_avg)
+    return _C.create_nccl_communicator(
+        store, prefix, rank, size, device, timeout_s, library_for_communicators(library), native_avg
+    )

@@ -31,8 +31,9 @@ def names() -> Tuple[str, ...]:
     return tuple(_C.step_names())
 
 
-def step_groups(group: ProcessGroup,
-                hierarchical: bool) -> Tuple[ProcessGroup, Optional[ProcessGroup], Optional[ProcessGroup]]:
+def step_groups(
+    group: ProcessGroup, hierarchical: bool
+) -> Tuple[ProcessGroup, Optional[ProcessGroup], Optional[ProcessGroup]]:
     """``(group, intra, inter)``: the groups a step over ``group`` uses; the
     intra- and inter-node groups only when ``hierarchical`` (creating them is
     collective: every member calls this, in the same order). ``inter`` is None
@@ -76,14 +77,20 @@ class StateLayout(NamedTuple):
         return self.spans * self.span_count
 
 
-def state_layout(plan: Plan, comms: tuple, dtype: DTypeLike, shapes: Sequence[Sequence[int]],
-                 count: int) -> StateLayout:
+def state_layout(
+    plan: Plan, comms: tuple, dtype: DTypeLike, shapes: Sequence[Sequence[int]], count: int
+) -> StateLayout:
     """The state block of ``plan``'s step over ``comms`` (``(comm, intra,
     inter)``) on a bucket of ``count`` elements of ``dtype`` holding tensors
     of ``shapes`` back to back (padding after them)."""
     from bagua_core.dtypes import DType, as_dtype
 
-    d = _C.step_state_layout(plan.step, dict(plan.params), int(as_dtype(dtype)),
-                             [tuple(int(x) for x in s) for s in shapes], int(count), *comms)
-    return StateLayout(int(d["spans"]), int(d["span_count"]), DType(d["dtype"]), str(d["init"]),
-                       bool(d["data_shaped"]))
+    d = _C.step_state_layout(
+        plan.step,
+        dict(plan.params),
+        int(as_dtype(dtype)),
+        [tuple(int(x) for x in s) for s in shapes],
+        int(count),
+        *comms,
+    )
+    return StateLayout(int(d["spans"]), int(d["span_count"]), DType(d["dtype"]), str(d["init"]), bool(d["data_shaped"]))

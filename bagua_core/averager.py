@@ -60,9 +60,15 @@ class AsyncAverager:
     training stream's last change; ``producer_stream()`` names that stream
     (called when the weight lock is released), None for host work."""
 
-    def __init__(self, group: ProcessGroup, buckets: Sequence, plan: Plan, timeout_s: Optional[float] = None,
-                 device: Optional[_C.Device] = None,
-                 producer_stream: Optional[Callable[[], Optional[int]]] = None) -> None:
+    def __init__(
+        self,
+        group: ProcessGroup,
+        buckets: Sequence,
+        plan: Plan,
+        timeout_s: Optional[float] = None,
+        device: Optional[_C.Device] = None,
+        producer_stream: Optional[Callable[[], Optional[int]]] = None,
+    ) -> None:
         if not group.is_member:
             raise ValueError(f"this process is not a member of {group!r}")
         if device is not None:
@@ -74,8 +80,9 @@ class AsyncAverager:
             if device is not None and own.device_type != "cuda":
                 comm = devices.staged(comm, device)
             # the stop flags are host memory: on NCCL groups they go on the Gloo control communicator
-            self._core = _C.AsyncAverager(comm, list(buckets), dict(plan.params), timeout_s,
-                                          control=own.control_group.comm)
+            self._core = _C.AsyncAverager(
+                comm, list(buckets), dict(plan.params), timeout_s, control=own.control_group.comm
+            )
         except BaseException:
             own.close()
             raise

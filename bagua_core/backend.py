@@ -48,10 +48,14 @@ class Availability:
         return Availability("") if value == b"ok" else Availability(value[3:].decode(errors="replace"))
 
 
-def local_availability(settings: config.Settings, *, built_with_cuda: Optional[bool] = None,
-                       device_count: Optional[Callable[[], int]] = None,
-                       find_library: Optional[Callable[[], str]] = None,
-                       check_library: Optional[Callable[[str], int]] = None) -> Availability:
+def local_availability(
+    settings: config.Settings,
+    *,
+    built_with_cuda: Optional[bool] = None,
+    device_count: Optional[Callable[[], int]] = None,
+    find_library: Optional[Callable[[], str]] = None,
+    check_library: Optional[Callable[[str], int]] = None,
+) -> Availability:
     """Whether this process can run NCCL on device ``LOCAL_RANK``. The keyword
     arguments replace the build flag, ``_C.cuda_device_count``, the library
     search and its version check (for tests)."""
@@ -64,9 +68,11 @@ def local_availability(settings: config.Settings, *, built_with_cuda: Optional[b
         return Availability(f"no CUDA device is visible ({why})")
     index = settings.local_rank
     if index >= count:
-        return Availability(f"LOCAL_RANK={index} but only {count} CUDA device(s) are visible (device index "
-                            f"= LOCAL_RANK: one process per GPU; check CUDA_VISIBLE_DEVICES and "
-                            f"LOCAL_WORLD_SIZE)")
+        return Availability(
+            f"LOCAL_RANK={index} but only {count} CUDA device(s) are visible (device index "
+            f"= LOCAL_RANK: one process per GPU; check CUDA_VISIBLE_DEVICES and "
+            f"LOCAL_WORLD_SIZE)"
+        )
     try:
         path = (find_library or (lambda: _nccl.process_library() or _nccl.find_library()))()
         (check_library or _nccl.check_library)(path)
@@ -76,7 +82,7 @@ def local_availability(settings: config.Settings, *, built_with_cuda: Optional[b
 
 
 def choose(requested: str, everyone: Sequence[Availability], members: Sequence[int], what: str) -> str:
-    """"nccl" or "gloo" for a group of global ``members``, given every rank's
+    """ "nccl" or "gloo" for a group of global ``members``, given every rank's
     availability (indexed by global rank). The same on every rank."""
     if requested == "gloo":
         return "gloo"
@@ -90,7 +96,8 @@ def choose(requested: str, everyone: Sequence[Availability], members: Sequence[i
         f"{what}: backend 'nccl' was asked for (BAGUA_BACKEND or backend=), but "
         f"{'a rank' if len(missing) == 1 else f'{len(missing)} ranks'} cannot run NCCL: {shown}. "
         f"NCCL groups need a CUDA build, one visible device per local rank and an NCCL library. To "
-        f"{_nccl.HOW_TO_SUPPLY}. Or use backend 'gloo' (or 'auto')")
+        f"{_nccl.HOW_TO_SUPPLY}. Or use backend 'gloo' (or 'auto')"
+    )
 
 
 def fallback_reason(everyone: Sequence[Availability], members: Sequence[int]) -> str:

@@ -43,9 +43,9 @@ from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.one_caller import one_caller
 from bagua_core.process_group import ProcessGroup, get_default_group
 
-
 # An array argument: anything exporting DLPack (numpy, torch, jax, CuPy, a bagua_core.Buffer).
 Array = Any
+
 
 class ReduceOp(enum.IntEnum):
     """Reduction operators (values of the original Bagua)."""
@@ -61,9 +61,18 @@ class ReduceOp(enum.IntEnum):
     AVG = 10
 
 
-_OP_NAMES = {"sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "product": ReduceOp.PROD,
-             "min": ReduceOp.MIN, "max": ReduceOp.MAX, "avg": ReduceOp.AVG, "mean": ReduceOp.AVG,
-             "bor": ReduceOp.BOR, "band": ReduceOp.BAND, "bxor": ReduceOp.BXOR}
+_OP_NAMES = {
+    "sum": ReduceOp.SUM,
+    "prod": ReduceOp.PROD,
+    "product": ReduceOp.PROD,
+    "min": ReduceOp.MIN,
+    "max": ReduceOp.MAX,
+    "avg": ReduceOp.AVG,
+    "mean": ReduceOp.AVG,
+    "bor": ReduceOp.BOR,
+    "band": ReduceOp.BAND,
+    "bxor": ReduceOp.BXOR,
+}
 Op = Union[ReduceOp, int, str]  # a ReduceOp, its code or a name from _OP_NAMES
 
 
@@ -94,8 +103,10 @@ def _group(group) -> ProcessGroup:
     if isinstance(group, GroupCommunicator):
         return group.group
     if not isinstance(group, ProcessGroup):
-        raise TypeError("group must be a bagua_core.ProcessGroup or one of its communicators "
-                        f"(group.get_global_communicator(), ...), got {type(group).__name__}")
+        raise TypeError(
+            "group must be a bagua_core.ProcessGroup or one of its communicators "
+            f"(group.get_global_communicator(), ...), got {type(group).__name__}"
+        )
     return group
 
 
@@ -270,8 +281,13 @@ def broadcast(tensor: Array, src: int = 0, group: Optional[ProcessGroup] = None)
 
 
 @one_caller
-def reduce(send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0, op: Op = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None) -> Array:
+def reduce(
+    send_tensor: Array,
+    recv_tensor: Optional[Array] = None,
+    dst: int = 0,
+    op: Op = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of ``dst``.
     ``recv_tensor`` is only needed (and allocated when None) on ``dst``."""
     g = _group(group)
@@ -303,8 +319,9 @@ def reduce_inplace(tensor: Array, dst: int = 0, op: Op = ReduceOp.SUM, group: Op
 
 
 @one_caller
-def allreduce(send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM,
-              group: Optional[ProcessGroup] = None) -> Array:
+def allreduce(
+    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None
+) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank
     (returned; a new :class:`Buffer` when ``recv_tensor`` is None). Any array
     with ``__dlpack__`` works: numpy, torch, JAX, CuPy.
@@ -373,8 +390,9 @@ def allgather_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> No
 
 
 @one_caller
-def gather(send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0,
-           group: Optional[ProcessGroup] = None) -> Array:
+def gather(
+    send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0, group: Optional[ProcessGroup] = None
+) -> Array:
     """Like :func:`allgather`, with the result only on ``dst`` (``recv_tensor`` is
     only needed, and allocated when None, there)."""
     g = _group(group)
@@ -452,8 +470,9 @@ def scatter_inplace(tensor: Array, count: int, src: int = 0, group: Optional[Pro
 
 
 @one_caller
-def reduce_scatter(send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM,
-                   group: Optional[ProcessGroup] = None) -> Array:
+def reduce_scatter(
+    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None
+) -> Array:
     """Reduces ``send_tensor`` (``size`` chunks) across ranks; rank ``i`` receives
     the reduction of chunk ``i``."""
     g = _group(group)
@@ -516,9 +535,15 @@ def alltoall_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> Non
 
 
 @one_caller
-def alltoall_v(send_tensor: Array, send_counts: Sequence[int], send_displs: Sequence[int],
-               recv_tensor: Optional[Array], recv_counts: Sequence[int], recv_displs: Sequence[int],
-               group: Optional[ProcessGroup] = None) -> Array:
+def alltoall_v(
+    send_tensor: Array,
+    send_counts: Sequence[int],
+    send_displs: Sequence[int],
+    recv_tensor: Optional[Array],
+    recv_counts: Sequence[int],
+    recv_displs: Sequence[int],
+    group: Optional[ProcessGroup] = None,
+) -> Array:
     """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
     rank ``j``, which stores them at ``recv_displs[i]`` (``recv_counts[i]`` of them).
     ``recv_tensor=None`` allocates a 1-D buffer just large enough."""
@@ -539,8 +564,9 @@ def alltoall_v(send_tensor: Array, send_counts: Sequence[int], send_displs: Sequ
 
 
 @one_caller
-def alltoall_v_inplace(tensor: Array, counts: Sequence[int], displs: Sequence[int],
-                       group: Optional[ProcessGroup] = None) -> None:
+def alltoall_v_inplace(
+    tensor: Array, counts: Sequence[int], displs: Sequence[int], group: Optional[ProcessGroup] = None
+) -> None:
     """:func:`alltoall_v` with the same counts and displacements on both sides."""
     g = _group(group)
     if not g.is_member:
@@ -591,4 +617,3 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[ProcessGroup] = Non
         payload = np.empty(int(length[0]), dtype=np.uint8)
     broadcast(payload, src, g)
     return obj if g.rank == src else pickle.loads(payload.tobytes())
-

@@ -79,8 +79,9 @@ def compress(x: Any, n_chunks: int, out: Optional[Any] = None, target_chunk: int
     return result
 
 
-def decompress(c: Any, n: int, dtype: DTypeLike, n_chunks: int, out: Optional[Any] = None,
-               target_chunk: int = -1) -> Any:
+def decompress(
+    c: Any, n: int, dtype: DTypeLike, n_chunks: int, out: Optional[Any] = None, target_chunk: int = -1
+) -> Any:
     """Decodes ``n_chunks`` records in ``c`` (uint8) into ``n`` elements of ``dtype``.
 
     ``dtype``: anything :func:`bagua_core.as_dtype` accepts ("float16", np.float32, torch.bfloat16...).
@@ -98,8 +99,9 @@ def decompress(c: Any, n: int, dtype: DTypeLike, n_chunks: int, out: Optional[An
     return result
 
 
-def reduce_chunks(c: Any, chunk_len: int, n_records: int, dtype: DTypeLike, average: bool = True,
-                  out: Optional[Any] = None) -> Any:
+def reduce_chunks(
+    c: Any, chunk_len: int, n_records: int, dtype: DTypeLike, average: bool = True, out: Optional[Any] = None
+) -> Any:
     """Decodes ``n_records`` records of ``chunk_len`` elements each (one per peer) and reduces them.
 
     Sums in float32 (record 0 first), divides by ``n_records`` when ``average``, and writes

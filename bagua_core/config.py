@@ -183,8 +183,9 @@ def parse_int(name: str, value: Optional[str], default: Optional[int], minimum: 
     return n
 
 
-def parse_float(name: str, value: Optional[str], default: float, minimum: float = 0.0,
-                maximum: Optional[float] = None) -> float:
+def parse_float(
+    name: str, value: Optional[str], default: float, minimum: float = 0.0, maximum: Optional[float] = None
+) -> float:
     if value is None or value.strip() == "":
         return default
     try:
@@ -341,23 +342,28 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         shm=parse_bool("BAGUA_SHM", g("BAGUA_SHM"), True),
         bucket_size=parse_int(*_aliased(env, "BAGUA_BUCKET_SIZE"), DEFAULT_BUCKET_SIZE, minimum=1),
         store_secret=g(STORE_SECRET_ENV) or "",
-        store_max_value_bytes=parse_int("BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None,
-                                        minimum=1),
+        store_max_value_bytes=parse_int(
+            "BAGUA_STORE_MAX_VALUE_BYTES", g("BAGUA_STORE_MAX_VALUE_BYTES"), None, minimum=1
+        ),
         store_max_bytes=parse_int("BAGUA_STORE_MAX_BYTES", g("BAGUA_STORE_MAX_BYTES"), None, minimum=1),
-        store_idle_timeout_s=_optional_float("BAGUA_STORE_IDLE_TIMEOUT", g("BAGUA_STORE_IDLE_TIMEOUT"),
-                                             maximum=MAX_TIMEOUT_S),
+        store_idle_timeout_s=_optional_float(
+            "BAGUA_STORE_IDLE_TIMEOUT", g("BAGUA_STORE_IDLE_TIMEOUT"), maximum=MAX_TIMEOUT_S
+        ),
         launched=launched,
         log_level=_log_level(g("BAGUA_LOG_LEVEL")),
         trace_path=g("BAGUA_TRACE") or None,
         autotune_level=parse_int("BAGUA_AUTOTUNE", g("BAGUA_AUTOTUNE"), 0, minimum=0),
         autotune_max_samples=parse_int("BAGUA_AUTOTUNE_MAX_SAMPLES", g("BAGUA_AUTOTUNE_MAX_SAMPLES"), 60, minimum=1),
-        autotune_sampling_confidence_time_s=_seconds("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S",
-                                                     g("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"), 5.0),
+        autotune_sampling_confidence_time_s=_seconds(
+            "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S", g("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"), 5.0
+        ),
         autotune_warmup_time_s=_seconds("BAGUA_AUTOTUNE_WARMUP_TIME_S", g("BAGUA_AUTOTUNE_WARMUP_TIME_S"), 30.0),
-        autotune_interval_steps=parse_int("BAGUA_AUTOTUNE_INTERVAL_STEPS", g("BAGUA_AUTOTUNE_INTERVAL_STEPS"), 100,
-                                          minimum=1),
-        autotune_confirm_pairs=parse_int("BAGUA_AUTOTUNE_CONFIRM_PAIRS", g("BAGUA_AUTOTUNE_CONFIRM_PAIRS"), 5,
-                                         minimum=2),
+        autotune_interval_steps=parse_int(
+            "BAGUA_AUTOTUNE_INTERVAL_STEPS", g("BAGUA_AUTOTUNE_INTERVAL_STEPS"), 100, minimum=1
+        ),
+        autotune_confirm_pairs=parse_int(
+            "BAGUA_AUTOTUNE_CONFIRM_PAIRS", g("BAGUA_AUTOTUNE_CONFIRM_PAIRS"), 5, minimum=2
+        ),
         autotune_log=parse_bool("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", g("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"), False),
         wire_packing=_wire_packing(g("BAGUA_WIRE_PACKING")),
         engine_lanes=parse_int("BAGUA_ENGINE_LANES", g("BAGUA_ENGINE_LANES"), None, minimum=1),

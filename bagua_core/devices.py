@@ -64,14 +64,17 @@ def check_group_serves(group: ProcessGroup, device_type: str, what: str, index: 
     if group.device_type == device_type:
         return
     if group.device_type == "cuda":
-        raise ValueError(f"{what} is on {device_type} but group '{group.name}' communicates on cuda (NCCL): "
-                         "move it to the group's device, or make the group with BAGUA_BACKEND=gloo")
+        raise ValueError(
+            f"{what} is on {device_type} but group '{group.name}' communicates on cuda (NCCL): "
+            "move it to the group's device, or make the group with BAGUA_BACKEND=gloo"
+        )
     if device_type == "cuda":
         try:
             cuda(index)
         except ValueError as e:
-            raise ValueError(f"{what} is a cuda array on group '{group.name}' (Gloo, staged through host "
-                             f"memory): {e}") from None
+            raise ValueError(
+                f"{what} is a cuda array on group '{group.name}' (Gloo, staged through host memory): {e}"
+            ) from None
         _warn_staging_once(group)
         return
     raise ValueError(f"{what} is on {device_type} but group '{group.name}' communicates on {group.device_type}")
@@ -103,9 +106,12 @@ def _warn_staging_once(group) -> None:
         if _warned_staging:
             return
         _warned_staging = True
-    warnings.warn(f"CUDA arrays on the Gloo group '{group.name}': each call copies them to page-locked host memory "
-                  "and back (use an NCCL group for GPU speed: BAGUA_BACKEND=auto with an NCCL library)",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"CUDA arrays on the Gloo group '{group.name}': each call copies them to page-locked host memory "
+        "and back (use an NCCL group for GPU speed: BAGUA_BACKEND=auto with an NCCL library)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 @contextlib.contextmanager

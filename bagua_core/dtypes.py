@@ -32,6 +32,5 @@ def as_dtype(x: DTypeLike) -> DType:
         return _BY_NAME[name]
     except KeyError:
         raise TypeError(
-            f"unsupported dtype {x!r}: Bagua communicates float32, float64, float16, "
-            "bfloat16, int32, int64 and uint8"
+            f"unsupported dtype {x!r}: Bagua communicates float32, float64, float16, bfloat16, int32, int64 and uint8"
         ) from None

@@ -243,9 +243,15 @@ class Engine:
     communicator's timeout, ``BAGUA_TIMEOUT``).
     """
 
-    def __init__(self, comm: _C.Communicator, intra: Optional[_C.Communicator] = None,
-                 inter: Optional[_C.Communicator] = None, timeout_s: Optional[float] = None,
-                 more_lanes: Sequence[tuple] = (), device: Optional[_C.Device] = None) -> None:
+    def __init__(
+        self,
+        comm: _C.Communicator,
+        intra: Optional[_C.Communicator] = None,
+        inter: Optional[_C.Communicator] = None,
+        timeout_s: Optional[float] = None,
+        more_lanes: Sequence[tuple] = (),
+        device: Optional[_C.Device] = None,
+    ) -> None:
         self._core = _C.Engine(comm, intra, inter, timeout_s, [tuple(lane) for lane in more_lanes])
         self._comms = (comm, intra, inter)
         self._device = device
@@ -254,8 +260,14 @@ class Engine:
         self._release = None
 
     @classmethod
-    def for_group(cls, group: ProcessGroup, hierarchical: bool = False, timeout_s: Optional[float] = None,
-                  lanes: Optional[int] = None, device: Optional[_C.Device] = None) -> "Engine":
+    def for_group(
+        cls,
+        group: ProcessGroup,
+        hierarchical: bool = False,
+        timeout_s: Optional[float] = None,
+        lanes: Optional[int] = None,
+        device: Optional[_C.Device] = None,
+    ) -> "Engine":
         """An engine over private clones of a ``bagua_core`` process group (and,
         with ``hierarchical``, of their intra- and inter-node groups), one per
         lane (default :func:`default_lanes`). Collective: every member of the
@@ -289,8 +301,14 @@ class Engine:
                 own.close()
             raise
         engine._groups = owned
-        log.logger.info("engine on %r: %s, %d lane(s)", group.name, "hierarchical (within each node, then between "
-                        "node leaders)" if hierarchical else "flat (every rank together)", lanes)
+        log.logger.info(
+            "engine on %r: %s, %d lane(s)",
+            group.name,
+            "hierarchical (within each node, then between node leaders)"
+            if hierarchical
+            else "flat (every rank together)",
+            lanes,
+        )
         for own in owned:
             own._on_close.append(engine._core.close)  # destroy_process_group() stops the threads first
         # No reference to the engine itself: it may still be collected.
@@ -313,26 +331,34 @@ class Engine:
         else returns its :class:`bagua_core.algorithm_steps.StepInfo` (e.g. the bucket
         alignment it needs)."""
         info = algorithm_steps.check_plan(plan, None, comms=self._comms)
-        log.logger.info("algorithm step %r (%s), communicates %s in phase %s", plan.step, plan.params_text(),
-                        plan.communicates, plan.phase)
+        log.logger.info(
+            "algorithm step %r (%s), communicates %s in phase %s",
+            plan.step,
+            plan.params_text(),
+            plan.communicates,
+            plan.phase,
+        )
         return info
 
     # ---- buckets ----
-    def add_bucket(self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype: DTypeLike,
-                   alignment: int = 1) -> Bucket:
+    def add_bucket(
+        self, name: str, tensors: Sequence[Tuple[str, Shape]], dtype: DTypeLike, alignment: int = 1
+    ) -> Bucket:
         """Allocates a bucket holding ``(name, shape)`` tensors of one dtype and
         appends it to the launch order."""
         if alignment < 1:
             raise ValueError(f"alignment must be >= 1, got {alignment}")
-        core = _C.Bucket(str(name), int(as_dtype(dtype)), [(str(n), _shape(s)) for n, s in tensors], int(alignment),
-                         self._device)
+        core = _C.Bucket(
+            str(name), int(as_dtype(dtype)), [(str(n), _shape(s)) for n, s in tensors], int(alignment), self._device
+        )
         index = self._core.add_bucket(core)
         bucket = Bucket(self, index, core)
         self._buckets.append(bucket)
         return bucket
 
-    def create_buckets(self, tensors: Sequence[Tuple[str, Shape, object]], bucket_bytes: Optional[int] = None,
-                       alignment: int = 1) -> List[Bucket]:
+    def create_buckets(
+        self, tensors: Sequence[Tuple[str, Shape, object]], bucket_bytes: Optional[int] = None, alignment: int = 1
+    ) -> List[Bucket]:
         """Plans (see :func:`plan_buckets`) and allocates buckets for ``(name,
         shape, dtype)`` declarations in registration order. Buckets are named
         by their index among this engine's buckets ("0", "1", ...)."""

@@ -14,8 +14,7 @@ MismatchError = _C.MismatchError
 
 BaguaError.__doc__ = "Base of every engine error (a RuntimeError)."
 CommTimeoutError.__doc__ = (
-    "A blocking call (collective, rendezvous, store request) did not finish within "
-    "the timeout (BAGUA_TIMEOUT)."
+    "A blocking call (collective, rendezvous, store request) did not finish within the timeout (BAGUA_TIMEOUT)."
 )
 PeerError.__doc__ = "A peer process went away (connection closed or reset) during an operation."
 MismatchError.__doc__ = (
@@ -23,7 +22,6 @@ MismatchError.__doc__ = (
     "(operation, dtype, element count or root are checked before every collective; "
     "BAGUA_DEBUG_CHECKS=1 also checks send/recv pairs)."
 )
-
 
 
 class ConcurrentUseError(BaguaError):

@@ -78,8 +78,7 @@ class ProcessGroup:
     ``LOCAL_RANK``; None on Gloo and on non-members), ``control_group``.
     """
 
-    def __init__(self, ctx: "_Context", name: str, ranks: Sequence[int], backend: str = "gloo",
-                 register: bool = True):
+    def __init__(self, ctx: "_Context", name: str, ranks: Sequence[int], backend: str = "gloo", register: bool = True):
         self._ctx = ctx
         self.name = name
         self.backend = backend
@@ -260,8 +259,15 @@ class _Context(Rendezvous):
 
     def _gloo(self, name: str, g: ProcessGroup):
         return _C.create_gloo_communicator(
-            self.store, name, g.rank, g.size, self.settings.timeout_s, self.hostname,
-            self.settings.debug_checks, shm=self.settings.shm, wire_packing=self.settings.wire_packing or "",
+            self.store,
+            name,
+            g.rank,
+            g.size,
+            self.settings.timeout_s,
+            self.hostname,
+            self.settings.debug_checks,
+            shm=self.settings.shm,
+            wire_packing=self.settings.wire_packing or "",
         )
 
     def make_group(self, name: str, ranks: Sequence[int], backend: str = "gloo") -> ProcessGroup:
@@ -275,8 +281,9 @@ class _Context(Rendezvous):
         control = self._gloo(f"{name}/control", g)
         try:
             if backend == "nccl":
-                data = _nccl.create_communicator(self.nccl_store(), name, g.rank, g.size,
-                                                 self.settings.local_rank, self.settings.timeout_s)
+                data = _nccl.create_communicator(
+                    self.nccl_store(), name, g.rank, g.size, self.settings.local_rank, self.settings.timeout_s
+                )
             else:
                 data = self._gloo(name, g)
             g._comm = _C.agree_over_control(data, control)
@@ -297,8 +304,7 @@ class _Context(Rendezvous):
             if self.settings.world_size == 1:
                 self.availability = [mine]
             else:
-                values = self.exchange_then_meet("bagua/nccl_available", mine.encode(),
-                                                "say whether it can run NCCL")
+                values = self.exchange_then_meet("bagua/nccl_available", mine.encode(), "say whether it can run NCCL")
                 self.availability = [backends.Availability.decode(v) for v in values]
         return self.availability
 
@@ -320,7 +326,8 @@ class _Context(Rendezvous):
                     raise config.ConfigError(
                         f"rank {r} asked for backend '{theirs.decode()}' while rank 0 asked for "
                         f"'{asked[0][0].decode()}' (BAGUA_BACKEND or init_process_group(backend=)): every rank "
-                        "must ask for the same")
+                        "must ask for the same"
+                    )
             if mine is not None:
                 self.availability = [backends.Availability.decode(a) for _, a in asked]
         if s.backend == "gloo":
@@ -328,7 +335,9 @@ class _Context(Rendezvous):
         everyone = self.nccl_availability()
         chosen = backends.choose(s.backend, everyone, range(s.world_size), "init_process_group")
         if chosen == "gloo":
-            log.logger.info("bagua: backend auto chose Gloo: %s", backends.fallback_reason(everyone, range(s.world_size)))
+            log.logger.info(
+                "bagua: backend auto chose Gloo: %s", backends.fallback_reason(everyone, range(s.world_size))
+            )
         return chosen
 
     def exchange_node_identities(self) -> None:
@@ -408,9 +417,15 @@ def _log_layout(ctx: "_Context") -> None:
     local_sizes = {}
     for node in ctx.node_of:
         local_sizes[node] = local_sizes.get(node, 0) + 1
-    log.logger.info("rank %d of %d: %d node(s), ranks per node %s; this is node %d, local rank %d",
-                    s.rank, s.world_size, len(local_sizes), [local_sizes[n] for n in sorted(local_sizes)],
-                    s.node_rank, s.local_rank)
+    log.logger.info(
+        "rank %d of %d: %d node(s), ranks per node %s; this is node %d, local rank %d",
+        s.rank,
+        s.world_size,
+        len(local_sizes),
+        [local_sizes[n] for n in sorted(local_sizes)],
+        s.node_rank,
+        s.local_rank,
+    )
 
 
 _said_single_process = False
@@ -422,7 +437,8 @@ def _say_single_process_once() -> None:
         _said_single_process = True
         log.logger.warning(
             "bagua: no launcher environment (RANK, WORLD_SIZE, ... or Slurm's): this process runs alone, "
-            "as a single process; start several with bagua-run or torchrun")
+            "as a single process; start several with bagua-run or torchrun"
+        )
 
 
 # A process that exits without destroy_process_group() still closes its
@@ -451,8 +467,10 @@ def destroy_process_group() -> None:
 def _context() -> _Context:
     ctx = _ctx
     if ctx is None:
-        raise RuntimeError("Bagua is not initialised: call bagua_torch.init_process_group() (PyTorch), "
-                           "bagua_jax.init() (JAX) or bagua_core.init_process_group() first")
+        raise RuntimeError(
+            "Bagua is not initialised: call bagua_torch.init_process_group() (PyTorch), "
+            "bagua_jax.init() (JAX) or bagua_core.init_process_group() first"
+        )
     return ctx
 
 
@@ -500,8 +518,11 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
         members.sort()
         if world > 1:
             _agree_on_members(ctx, name, members, requested)
-        chosen = "gloo" if requested == "gloo" else backends.choose(
-            requested, ctx.nccl_availability(), members, f"new_group ({name})")
+        chosen = (
+            "gloo"
+            if requested == "gloo"
+            else backends.choose(requested, ctx.nccl_availability(), members, f"new_group ({name})")
+        )
         return ctx.make_group(name, members, chosen)
 
 
@@ -509,8 +530,7 @@ def _agree_on_members(ctx: "_Context", name: str, members: List[int], backend: s
     """Every rank of the job compares the member lists (and backends) all
     ranks passed to this ``new_group`` call; on any difference every rank
     raises ``MismatchError`` naming a rank whose call differs from rank 0's."""
-    lists = ctx.exchange(f"{name}/members", (",".join(map(str, members)) + "|" + backend).encode(),
-                         "call new_group()")
+    lists = ctx.exchange(f"{name}/members", (",".join(map(str, members)) + "|" + backend).encode(), "call new_group()")
     for r, theirs in enumerate(lists):
         if theirs != lists[0]:
             ours_ranks, ours_backend = lists[0].decode().split("|")
@@ -518,10 +538,12 @@ def _agree_on_members(ctx: "_Context", name: str, members: List[int], backend: s
             if their_ranks != ours_ranks:
                 raise _C.MismatchError(
                     f"new_group ({name}): rank {r} passed ranks [{their_ranks}] while rank 0 passed "
-                    f"[{ours_ranks}]; every rank must call new_group() with the same ranks, in the same order")
+                    f"[{ours_ranks}]; every rank must call new_group() with the same ranks, in the same order"
+                )
             raise _C.MismatchError(
                 f"new_group ({name}): rank {r} asked for backend '{their_backend}' while rank 0 asked for "
-                f"'{ours_backend}'; every rank must call new_group() with the same backend")
+                f"'{ours_backend}'; every rank must call new_group() with the same backend"
+            )
 
 
 def _settings() -> config.Settings:

@@ -45,8 +45,12 @@ class _WaitNotice:
         if now >= self._next:
             self._next = now + _NOTICE_EVERY_S
             what = self._what() if callable(self._what) else self._what
-            log.logger.warning("bagua: rank %d is waiting for %s; timeout in %.0f s (BAGUA_TIMEOUT)",
-                               self._rank, what, max(0.0, self._deadline - now))
+            log.logger.warning(
+                "bagua: rank %d is waiting for %s; timeout in %.0f s (BAGUA_TIMEOUT)",
+                self._rank,
+                what,
+                max(0.0, self._deadline - now),
+            )
 
 
 class Rendezvous:
@@ -78,8 +82,12 @@ class Rendezvous:
         # previous generation, before rank 0 closed it: wait for the new one.
         # Short attempts keep Ctrl-C working while rank 0 is not there yet.
         deadline = time.monotonic() + s.timeout_s
-        waiting = _WaitNotice(f"rank 0's rendezvous store at {s.master_addr}:{s.store_port} (is rank 0 running, "
-                              "with the same MASTER_ADDR and MASTER_PORT?)", s.rank, deadline)
+        waiting = _WaitNotice(
+            f"rank 0's rendezvous store at {s.master_addr}:{s.store_port} (is rank 0 running, "
+            "with the same MASTER_ADDR and MASTER_PORT?)",
+            s.rank,
+            deadline,
+        )
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -92,8 +100,9 @@ class Rendezvous:
             try:
                 # short attempts; later calls keep the full timeout
                 attempt = min(remaining, _ATTEMPT_S)
-                store = _C.TcpStore(s.master_addr, s.store_port, s.rank, s.timeout_s, s.store_secret,
-                                    connect_timeout_s=attempt)
+                store = _C.TcpStore(
+                    s.master_addr, s.store_port, s.rank, s.timeout_s, s.store_secret, connect_timeout_s=attempt
+                )
                 found = int(store.get(_GENERATION_KEY, attempt))
             except BaguaError:
                 if store is not None:
@@ -107,7 +116,8 @@ class Rendezvous:
                     store.close()
                     raise config.ConfigError(
                         f"WORLD_SIZE={s.world_size} on rank {s.rank} but {theirs} on rank 0: every rank must "
-                        "be started with the same WORLD_SIZE")
+                        "be started with the same WORLD_SIZE"
+                    )
                 self.store = store
                 return
             store.close()
@@ -150,13 +160,16 @@ class Rendezvous:
                 dead = sorted(set(self._missing(keys)) & set(dead))
                 if dead:
                     one = len(dead) == 1
-                    raise _C.PeerError(f"{_ranks_str(dead)} {'has' if one else 'have'} died before "
-                                       f"{'it' if one else 'they'} could {what} {where}")
+                    raise _C.PeerError(
+                        f"{_ranks_str(dead)} {'has' if one else 'have'} died before "
+                        f"{'it' if one else 'they'} could {what} {where}"
+                    )
             if waiting is None:
                 waiting = _WaitNotice(lambda: f"{_ranks_str(self._missing(keys))} to {what} {where}", s.rank, deadline)
             if time.monotonic() >= deadline:
-                raise _C.CommTimeoutError(f"{_ranks_str(self._missing(keys))} did not {what} within {s.timeout_s} s "
-                                          f"{where}")
+                raise _C.CommTimeoutError(
+                    f"{_ranks_str(self._missing(keys))} did not {what} within {s.timeout_s} s {where}"
+                )
             waiting.tick()
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
@@ -217,7 +230,10 @@ def _warn_if_unauthenticated(s: config.Settings) -> None:
     warnings.warn(
         f"{config.STORE_SECRET_ENV} is not set: Bagua's rendezvous store on {s.master_addr}:{s.store_port} "
         "accepts any client that reaches it. Set it to the same secret on every node (bagua-run does this "
-        "for single-node jobs).", RuntimeWarning, stacklevel=3)
+        "for single-node jobs).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 _warned_secret = False

@@ -90,21 +90,38 @@ class TraceWriter:
         tid = self._tids.get(key)
         if tid is None:
             tid = self._tids[key] = len(self._tids) + 1
-            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
-                        "args": {"name": f"{model} {lane}"}})
-            self._emit({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
-                        "args": {"sort_index": tid}})
+            self._emit(
+                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": f"{model} {lane}"}}
+            )
+            self._emit(
+                {"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid, "args": {"sort_index": tid}}
+            )
         return tid
 
     # The step path only appends raw numbers; events are formatted when written.
-    def engine_step(self, model: str, step: int, bucket_names: Sequence[str], timings: Sequence[tuple],
-                    first_bucket: int = 0, lanes: int = 1) -> None:
+    def engine_step(
+        self,
+        model: str,
+        step: int,
+        bucket_names: Sequence[str],
+        timings: Sequence[tuple],
+        first_bucket: int = 0,
+        lanes: int = 1,
+    ) -> None:
         """One engine step: ``timings[i]`` = (ready, launch, start, end) ns of
         bucket ``first_bucket + i``, run on lane ``(first_bucket + i) % lanes``."""
         with self._lock:
             if not self._closed:
-                self._records.append((model, int(step), tuple(bucket_names), [tuple(t) for t in timings],
-                                      int(first_bucket), max(1, int(lanes))))
+                self._records.append(
+                    (
+                        model,
+                        int(step),
+                        tuple(bucket_names),
+                        [tuple(t) for t in timings],
+                        int(first_bucket),
+                        max(1, int(lanes)),
+                    )
+                )
                 self._maybe_flush()
 
     def span(self, model: str, name: str, start_ns: int, end_ns: int, **args) -> None:
@@ -122,8 +139,18 @@ class TraceWriter:
         pid = self.rank
         if isinstance(record[1], str):  # a framework span
             model, name, start, end, args = record
-            self._emit({"name": name, "cat": "bagua", "ph": "X", "pid": pid, "tid": self._tid(model, "framework"),
-                        "ts": start / 1000.0, "dur": (end - start) / 1000.0, "args": {"model": model, **args}})
+            self._emit(
+                {
+                    "name": name,
+                    "cat": "bagua",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": self._tid(model, "framework"),
+                    "ts": start / 1000.0,
+                    "dur": (end - start) / 1000.0,
+                    "args": {"model": model, **args},
+                }
+            )
             return
         model, step, names, timings, first, lanes = record
         quoted = json.dumps(model)
@@ -131,19 +158,27 @@ class TraceWriter:
         out = self._pending
         for i, (name, (ready, launch, start, end)) in enumerate(zip(names, timings), start=first):
             comm_tid = comm_tids[i % lanes]
-            args = (f'{{"model":{quoted},"step":{step},"bucket":{i},"bucket_name":{json.dumps(name)},'
-                    f'"ready_ns":{ready},"launch_ns":{launch},"start_ns":{start},"end_ns":{end}}}')
+            args = (
+                f'{{"model":{quoted},"step":{step},"bucket":{i},"bucket_name":{json.dumps(name)},'
+                f'"ready_ns":{ready},"launch_ns":{launch},"start_ns":{start},"end_ns":{end}}}'
+            )
             tid = self._tid(model, f"bucket {i}")
             head = f'{{"cat":"bagua","ph":"X","pid":{pid},'
             if 0 <= ready <= launch:
-                out.append(f'{head}"tid":{tid},"name":"waits for earlier buckets","ts":{ready / 1000.0},'
-                           f'"dur":{(launch - ready) / 1000.0},"args":{args}}}')
+                out.append(
+                    f'{head}"tid":{tid},"name":"waits for earlier buckets","ts":{ready / 1000.0},'
+                    f'"dur":{(launch - ready) / 1000.0},"args":{args}}}'
+                )
             if 0 <= launch <= start:
-                out.append(f'{head}"tid":{tid},"name":"queued","ts":{launch / 1000.0},'
-                           f'"dur":{(start - launch) / 1000.0},"args":{args}}}')
+                out.append(
+                    f'{head}"tid":{tid},"name":"queued","ts":{launch / 1000.0},'
+                    f'"dur":{(start - launch) / 1000.0},"args":{args}}}'
+                )
             if 0 <= start <= end:
-                out.append(f'{head}"tid":{comm_tid},"name":"bucket {i}","ts":{start / 1000.0},'
-                           f'"dur":{(end - start) / 1000.0},"args":{args}}}')
+                out.append(
+                    f'{head}"tid":{comm_tid},"name":"bucket {i}","ts":{start / 1000.0},'
+                    f'"dur":{(end - start) / 1000.0},"args":{args}}}'
+                )
 
     def _flush(self) -> None:
         for record in self._records:
@@ -336,8 +371,13 @@ def summary(events: Sequence[dict]) -> Dict[Tuple[int, str], dict]:
     out = {}
     for k, row in per.items():
         med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-        out[k] = {"steps": len(row["comm_ms"]), "buckets": len(buckets[k]), "comm_ms": med(row["comm_ms"]),
-                  "overlap": med(row["overlap"]), "forward_backward_ms": med(row["step_ms"])}
+        out[k] = {
+            "steps": len(row["comm_ms"]),
+            "buckets": len(buckets[k]),
+            "comm_ms": med(row["comm_ms"]),
+            "overlap": med(row["overlap"]),
+            "forward_backward_ms": med(row["step_ms"]),
+        }
     return out
 
 
@@ -350,12 +390,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(argv) >= 2 and argv[0] == "summary":
         events = [e for p in argv[1:] for e in load(p)]
         for (rank, model), r in sorted(summary(events).items()):
-            print(f"rank {rank} {model}: {r['steps']} steps, {r['buckets']} buckets; per step (median): "
-                  f"communication {r['comm_ms']:.1f} ms, {100 * r['overlap']:.0f}% of it before backward ended; "
-                  f"forward start -> backward end {r['forward_backward_ms']:.1f} ms")
+            print(
+                f"rank {rank} {model}: {r['steps']} steps, {r['buckets']} buckets; per step (median): "
+                f"communication {r['comm_ms']:.1f} ms, {100 * r['overlap']:.0f}% of it before backward ended; "
+                f"forward start -> backward end {r['forward_backward_ms']:.1f} ms"
+            )
         return 0
-    print("usage: python -m bagua_core.trace merge OUT.json RANK_TRACE.json...\n"
-          "       python -m bagua_core.trace summary RANK_TRACE.json...", file=sys.stderr)
+    print(
+        "usage: python -m bagua_core.trace merge OUT.json RANK_TRACE.json...\n"
+        "       python -m bagua_core.trace summary RANK_TRACE.json...",
+        file=sys.stderr,
+    )
     return 2
 
 

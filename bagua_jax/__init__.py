@@ -55,15 +55,14 @@ Sharp bits:
 """
 
 from bagua_core import ReduceOp
-
-from bagua_jax._src.ffi import register_targets as _register_targets
-from bagua_jax._src.groups import GroupNotInitializedError, init, init_process_group
+from bagua_jax import algorithms
 from bagua_jax._src.collective_ops.allgather import allgather
 from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
-from bagua_jax._src.transform import BaguaState, transform
-from bagua_jax import algorithms
+from bagua_jax._src.ffi import register_targets as _register_targets
+from bagua_jax._src.groups import GroupNotInitializedError, init, init_process_group
 from bagua_jax._src.qadam import QAdamState, qadam
+from bagua_jax._src.transform import BaguaState, transform
 
 _register_targets()
 

@@ -21,12 +21,9 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+from jax._src import core as _core, dispatch as _dispatch, effects as _effects
 from jax.extend.core import Primitive  # re-exported
 from jax.interpreters import ad, batching, mlir
-
-from jax._src import core as _core
-from jax._src import dispatch as _dispatch
-from jax._src import effects as _effects
 
 ShapedArray = _core.ShapedArray
 abstract_token = _core.abstract_token
@@ -121,9 +118,15 @@ def lowering_platforms(ctx: Any) -> Sequence[str]:
     return tuple(ctx.platforms or ctx.module_context.platforms)
 
 
-def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
-                         alias: bool, aliases: Optional[dict] = None, token_first: bool = False,
-                         **attributes: Any) -> Any:
+def lower_ffi_with_token(
+    ctx: Any,
+    target: str,
+    *operands: Any,
+    alias: bool,
+    aliases: Optional[dict] = None,
+    token_first: bool = False,
+    **attributes: Any,
+) -> Any:
     """Emits the FFI call ``target(*operands, token) -> (*results, token)``
     (one result per output aval of ``ctx``); with ``token_first``,
     ``target(token, *operands) -> (token, *results)``, for targets whose
@@ -141,11 +144,9 @@ def lower_ffi_with_token(ctx: Any, target: str, *operands: Any,
         pairs[0] = 0
     if token_first:
         pairs = {i + 1: o + 1 for i, o in pairs.items()}
-        token_ctx = ctx.replace(avals_in=[abstract_token, *ctx.avals_in],
-                                avals_out=[abstract_token, *ctx.avals_out])
+        token_ctx = ctx.replace(avals_in=[abstract_token, *ctx.avals_in], avals_out=[abstract_token, *ctx.avals_out])
     else:
-        token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token],
-                                avals_out=[*ctx.avals_out, abstract_token])
+        token_ctx = ctx.replace(avals_in=[*ctx.avals_in, abstract_token], avals_out=[*ctx.avals_out, abstract_token])
     rule = jax.ffi.ffi_lowering(
         target,
         has_side_effect=True,

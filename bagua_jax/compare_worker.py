@@ -14,14 +14,14 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")  # one core per rank, as torch
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-import bagua_jax  # noqa: E402
-from bagua_core.algorithms import WEIGHTS  # noqa: E402
-from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result  # noqa: E402
+import bagua_jax
+from bagua_core.algorithms import WEIGHTS
+from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result
 
 
 def forward(params, x):
@@ -40,8 +40,9 @@ def main(argv=None) -> None:
         jax.config.update("jax_enable_x64", True)
     group = bagua_jax.init_process_group()
     if args.algorithm == "qadam":  # the transform is the whole optimizer
-        tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(
-            bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps)))
+        tx = bagua_jax.transform(
+            bagua_jax.QAdamAlgorithm(bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps))
+        )
     else:
         name, extra = algorithm_of(args.algorithm)
         if args.algorithm == "async":

@@ -44,8 +44,16 @@ def start_observing(ddp: "BaguaDistributedDataParallel", bucket_bytes: Optional[
         else:
             group = ddp.engine.group
             decls = [(n, p.numel(), as_dtype(p.dtype)) for n, p in reversed(ddp.params)]
-            ddp.autotune = AutotuneSession(decls, bucket_bytes or s.bucket_size, group.store, group.name,
-                                            group.rank, group.size, ddp.module_name, s)
+            ddp.autotune = AutotuneSession(
+                decls,
+                bucket_bytes or s.bucket_size,
+                group.store,
+                group.name,
+                group.rank,
+                group.size,
+                ddp.module_name,
+                s,
+            )
     if ddp._tracer is not None or ddp.autotune is not None:
         ddp.engine.record_ready = True
 
@@ -64,13 +72,16 @@ def autotune_step(ddp: "BaguaDistributedDataParallel") -> None:
 
 def trace_step(ddp: "BaguaDistributedDataParallel") -> None:
     step = ddp.engine.steps - 1
-    ddp._tracer.engine_step(ddp.module_name, step, [b.name for b in ddp.buckets], ddp.engine.timings(),
-                             lanes=ddp.engine.num_lanes)
+    ddp._tracer.engine_step(
+        ddp.module_name, step, [b.name for b in ddp.buckets], ddp.engine.timings(), lanes=ddp.engine.num_lanes
+    )
     if ddp._t_backward_end >= 0:
-        ddp._tracer.span(ddp.module_name, "forward start -> backward end", ddp._t_forward,
-                          ddp._t_backward_end, step=step)
-        ddp._tracer.span(ddp.module_name, "backward: first gradient -> end", ddp._t_first_grad,
-                          ddp._t_backward_end, step=step)
+        ddp._tracer.span(
+            ddp.module_name, "forward start -> backward end", ddp._t_forward, ddp._t_backward_end, step=step
+        )
+        ddp._tracer.span(
+            ddp.module_name, "backward: first gradient -> end", ddp._t_first_grad, ddp._t_backward_end, step=step
+        )
     ddp._t_forward = ddp._t_first_grad = ddp._t_backward_end = -1
 
 

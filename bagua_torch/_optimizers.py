@@ -24,8 +24,10 @@ def check_own_optimizer(ddp: "BaguaDistributedDataParallel") -> None:
     name = type(ddp.algorithm).__name__
     if len(ddp.optimizers) != 1 or ddp.optimizers[0] is not own:
         got = ", ".join(type(o).__name__ for o in ddp.optimizers) or "none"
-        raise ValueError(f"{name} communicates the state of the optimizer it was built with, so pass exactly "
-                         f"that optimizer to with_bagua; got {got}")
+        raise ValueError(
+            f"{name} communicates the state of the optimizer it was built with, so pass exactly "
+            f"that optimizer to with_bagua; got {got}"
+        )
     check_one_optimizer_updates_all(ddp)
 
 
@@ -60,7 +62,7 @@ def link_optimizer_state(ddp: "BaguaDistributedDataParallel") -> None:
         for n in b.tensor_names:
             slot = ddp.slots[n]
             off = (slot.data_ptr() - base) // slot.element_size()
-            ddp._shared_state.append((ddp._by_name[n], state[off:off + slot.numel()].view(slot.shape)))
+            ddp._shared_state.append((ddp._by_name[n], state[off : off + slot.numel()].view(slot.shape)))
     share_optimizer_state(ddp)
 
 
@@ -76,10 +78,13 @@ def check_overlap_optimizer(ddp: "BaguaDistributedDataParallel") -> None:
             f"overlap_optimizer=True applies to algorithms that exchange gradients during backward "
             f"(GradientAllReduce, ByteGrad, LowRank, QAdam); {name} communicates weights "
             f"({'in the background' if ddp.background_plan is not None else ddp.plan.phase.replace('_', ' ')}), "
-            "so there is no exchange for the optimizer to overlap with. Wrap without overlap_optimizer")
+            "so there is no exchange for the optimizer to overlap with. Wrap without overlap_optimizer"
+        )
     if not ddp.optimizers:
-        raise ValueError("overlap_optimizer=True needs the optimizers that update the model: pass them to "
-                         "with_bagua, since their step() is where the gradients are waited for")
+        raise ValueError(
+            "overlap_optimizer=True needs the optimizers that update the model: pass them to "
+            "with_bagua, since their step() is where the gradients are waited for"
+        )
     for opt in ddp.optimizers:
         _overlap.check_optimizer(opt)
     owned = {id(p) for opt in ddp.optimizers for g in opt.param_groups for p in g["params"]}
@@ -89,18 +94,23 @@ def check_overlap_optimizer(ddp: "BaguaDistributedDataParallel") -> None:
             f"overlap_optimizer=True: parameter(s) {', '.join(repr(n) for n in missing[:8])} are not updated by "
             "the optimizers passed to with_bagua; their gradients would be read before their exchange ends. "
             "Add them to an optimizer, list them in module._bagua_params_and_buffers_to_ignore, or wrap "
-            "without overlap_optimizer")
+            "without overlap_optimizer"
+        )
 
 
 def check_one_optimizer_updates_all(ddp: "BaguaDistributedDataParallel") -> None:
     """Algorithms that communicate after ``optimizer.step()`` run once per
     step of exactly one optimizer, which must update every parameter."""
     if len(ddp.optimizers) != 1:
-        raise ValueError(f"{type(ddp.algorithm).__name__} communicates after the optimizer step, so it needs "
-                         f"exactly one optimizer; got {len(ddp.optimizers)}")
+        raise ValueError(
+            f"{type(ddp.algorithm).__name__} communicates after the optimizer step, so it needs "
+            f"exactly one optimizer; got {len(ddp.optimizers)}"
+        )
     owned = {id(p) for g in ddp.optimizers[0].param_groups for p in g["params"]}
     missing = [n for n, p in ddp.params if id(p) not in owned]
     if missing:
-        raise ValueError(f"{type(ddp.algorithm).__name__}: parameter(s) {', '.join(repr(n) for n in missing[:8])} "
-                         "are not updated by the optimizer; add them to it or list them in "
-                         "module._bagua_params_and_buffers_to_ignore")
+        raise ValueError(
+            f"{type(ddp.algorithm).__name__}: parameter(s) {', '.join(repr(n) for n in missing[:8])} "
+            "are not updated by the optimizer; add them to it or list them in "
+            "module._bagua_params_and_buffers_to_ignore"
+        )

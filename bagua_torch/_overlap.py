@@ -30,8 +30,20 @@ from bagua_core.engine import monotonic_ns
 def _per_parameter_optimizers() -> Tuple[type, ...]:
     from bagua_torch.algorithms.q_adam import QAdamOptimizer
 
-    names = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD",
-             "Adafactor")
+    names = (
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "Adagrad",
+        "Adadelta",
+        "RMSprop",
+        "Rprop",
+        "ASGD",
+        "Adafactor",
+    )
     return tuple(getattr(torch.optim, n) for n in names if hasattr(torch.optim, n)) + (QAdamOptimizer,)
 
 
@@ -54,7 +66,8 @@ def check_optimizer(opt: torch.optim.Optimizer) -> None:
             f"overlap_optimizer=True steps the optimizer bucket by bucket, which gives the unfused result only for "
             f"optimizers that update each parameter from its own gradient and state; {type(opt).__name__} is not "
             f"one of them (supported: {', '.join(k.__name__ for k in known)}, and subclasses that keep their step). "
-            "Wrap without overlap_optimizer")
+            "Wrap without overlap_optimizer"
+        )
 
 
 class _BucketGroups(list):

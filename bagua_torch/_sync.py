@@ -41,7 +41,7 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int, group: ProcessG
             offset = 0
             for w in group_tensors:
                 n = w.numel()
-                w.copy_(flat[offset:offset + n].view(w.shape))
+                w.copy_(flat[offset : offset + n].view(w.shape))
                 offset += n
     if others:
         values = core_comm.broadcast_object([w.cpu() for w in others] if group.rank == src else None, src, group)
@@ -58,8 +58,9 @@ def optimizer_signature(optimizer: torch.optim.Optimizer, names: dict) -> List[t
     return out
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, src: int, group: ProcessGroup,
-                              skip: Collection[int] = ()) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, src: int, group: ProcessGroup, skip: Collection[int] = ()
+) -> None:
     """Rank ``src``'s optimizer state and hyperparameters on every rank:
     tensors with the primitives, everything else (scalars, param-group
     settings) pickled in one broadcast_object. The state of parameters whose
@@ -75,9 +76,14 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, src: int, group:
     if group.rank == src:
         meta = {
             "param_groups": sd["param_groups"],
-            "state": {pid: {k: ("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else ("value", v)
-                            for k, v in entries.items()}
-                      for pid, entries in sd["state"].items() if pid not in kept},
+            "state": {
+                pid: {
+                    k: ("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else ("value", v)
+                    for k, v in entries.items()
+                }
+                for pid, entries in sd["state"].items()
+                if pid not in kept
+            },
         }
     meta = core_comm.broadcast_object(meta, src, group)
     state, tensors = {}, []

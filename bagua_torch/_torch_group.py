@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -30,14 +29,22 @@ def apply_layout(store, rank: int, world_size: int, local_world_size: int) -> No
     if any(given):
         if not all(given):
             raise ValueError("pass rank, world_size and local_world_size together (or none of them)")
-        for name, value, minimum in (("rank", rank, 0), ("world_size", world_size, 1),
-                                     ("local_world_size", local_world_size, 1)):
+        for name, value, minimum in (
+            ("rank", rank, 0),
+            ("world_size", world_size, 1),
+            ("local_world_size", local_world_size, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
         if rank >= world_size:
             raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
-                          LOCAL_WORLD_SIZE=str(local_world_size), NODE_RANK=str(rank // local_world_size))
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank % local_world_size),
+            LOCAL_WORLD_SIZE=str(local_world_size),
+            NODE_RANK=str(rank // local_world_size),
+        )
     if store is not None:
         if not isinstance(store, dist.Store):
             raise TypeError(f"store must be a torch.distributed.Store, got {type(store).__name__}")
@@ -75,7 +82,8 @@ def init_torch_default_group(store, group: ProcessGroup) -> None:
         if (dist.get_rank(), dist.get_world_size()) != (group.rank, group.size):
             raise RuntimeError(
                 f"torch.distributed was initialised as rank {dist.get_rank()} of {dist.get_world_size()} "
-                f"but Bagua's environment says rank {group.rank} of {group.size}")
+                f"but Bagua's environment says rank {group.rank} of {group.size}"
+            )
         return
     s = config.load()
     timeout = datetime.timedelta(seconds=s.timeout_s)
@@ -87,8 +95,7 @@ def init_torch_default_group(store, group: ProcessGroup) -> None:
     # env:// (not tcp://): under torchrun it reuses the agent's store on MASTER_PORT
     os.environ.setdefault("MASTER_ADDR", s.master_addr)
     os.environ.setdefault("MASTER_PORT", str(s.master_port))
-    dist.init_process_group(_backend(), init_method="env://", rank=s.rank, world_size=s.world_size,
-                            timeout=timeout)
+    dist.init_process_group(_backend(), init_method="env://", rank=s.rank, world_size=s.world_size, timeout=timeout)
 
 
 def from_torch_group(group, stream=None) -> ProcessGroup:

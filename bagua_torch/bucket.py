@@ -22,7 +22,7 @@ __all__ = ["BaguaBucket"]
 _KEEPS = {
     "decentralized": "the peer-averaged weights (_peer_weight)",
     "low_precision_decentralized": "replicas of its own and its ring neighbours' weights (_weight, "
-                                   "_left_peer_weight, _right_peer_weight)",
+    "_left_peer_weight, _right_peer_weight)",
     "qadam": "the momentum, which is the optimizer's exp_avg",
     "low_rank": "its error memory and Q matrices (the wrapper's state_dict() holds them)",
 }
@@ -96,5 +96,7 @@ class BaguaBucket(Bucket):
         return self._replica("_right_peer_weight")
 
     def __repr__(self) -> str:
-        return (f"<BaguaBucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} "
-                f"tensors={len(self.tensors)}>")
+        return (
+            f"<BaguaBucket #{self.index} '{self.name}' {self.dtype.name} numel={self.numel} "
+            f"tensors={len(self.tensors)}>"
+        )

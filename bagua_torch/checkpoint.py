@@ -12,7 +12,6 @@ Not built: the per-expert files of Bagua 0.9's MoE models.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 
@@ -34,8 +33,9 @@ def _rank() -> int:
     return bagua_core.get_rank() if bagua_core.is_initialized() else 0
 
 
-def save_checkpoint(iteration: int, checkpoints_path: str, model: torch.nn.Module, optimizer=None,
-                    lr_scheduler=None) -> None:
+def save_checkpoint(
+    iteration: int, checkpoints_path: str, model: torch.nn.Module, optimizer=None, lr_scheduler=None
+) -> None:
     """Saves the states at ``iteration`` (rank 0 writes; every rank calls it)."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
@@ -56,8 +56,9 @@ def save_checkpoint(iteration: int, checkpoints_path: str, model: torch.nn.Modul
     _barrier()
 
 
-def load_checkpoint(checkpoints_path: str, model: torch.nn.Module, optimizer=None, lr_scheduler=None,
-                    strict: bool = True) -> int:
+def load_checkpoint(
+    checkpoints_path: str, model: torch.nn.Module, optimizer=None, lr_scheduler=None, strict: bool = True
+) -> int:
     """Loads the latest checkpoint into the given objects and returns its
     iteration; 0 when there is none yet."""
     tracker = os.path.join(checkpoints_path, TRACKER)

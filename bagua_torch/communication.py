@@ -18,23 +18,52 @@ from typing import Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_torch import _torch_group
 from bagua_core import comm as _core
 from bagua_core.comm import ReduceOp
 from bagua_core.process_group import ProcessGroup
+from bagua_torch import _torch_group
 
 __all__ = [
-    "ReduceOp", "init_process_group", "is_initialized", "new_group", "from_torch_group", "get_default_group",
-    "get_rank", "get_world_size", "get_local_rank", "get_local_size", "get_node_rank",
-    "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
-    "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
-    "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall", "alltoall_inplace",
-    "alltoall_v", "alltoall_v_inplace", "barrier", "broadcast_coalesced", "allreduce_coalesced_inplace",
+    "ReduceOp",
+    "init_process_group",
+    "is_initialized",
+    "new_group",
+    "from_torch_group",
+    "get_default_group",
+    "get_rank",
+    "get_world_size",
+    "get_local_rank",
+    "get_local_size",
+    "get_node_rank",
+    "send",
+    "recv",
+    "broadcast",
+    "broadcast_object",
+    "reduce",
+    "reduce_inplace",
+    "allreduce",
+    "allreduce_inplace",
+    "allgather",
+    "allgather_inplace",
+    "gather",
+    "gather_inplace",
+    "scatter",
+    "scatter_inplace",
+    "reduce_scatter",
+    "reduce_scatter_inplace",
+    "alltoall",
+    "alltoall_inplace",
+    "alltoall_v",
+    "alltoall_v_inplace",
+    "barrier",
+    "broadcast_coalesced",
+    "allreduce_coalesced_inplace",
 ]
 
 
-def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1, *,
-                       torch_distributed: bool = False) -> ProcessGroup:
+def init_process_group(
+    store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1, *, torch_distributed: bool = False
+) -> ProcessGroup:
     """Joins the job described by the environment (torchrun's contract, as set
     by ``bagua-run``) and returns the world group. Safe to call twice.
 
@@ -219,14 +248,24 @@ def alltoall_inplace(tensor, comm=None, *, group=None) -> None:
     _core.alltoall_inplace(_t(tensor), _g(comm, group))
 
 
-def alltoall_v(send_tensor, send_counts: Sequence[int], send_displs: Sequence[int], recv_tensor,
-               recv_counts: Sequence[int], recv_displs: Sequence[int], comm=None, *, group=None):
+def alltoall_v(
+    send_tensor,
+    send_counts: Sequence[int],
+    send_displs: Sequence[int],
+    recv_tensor,
+    recv_counts: Sequence[int],
+    recv_displs: Sequence[int],
+    comm=None,
+    *,
+    group=None,
+):
     """As :func:`alltoall` with chunks of different sizes: rank ``j`` receives
     ``send_counts[j]`` elements from ``send_displs[j]`` of ``send_tensor``,
     written at ``recv_displs[i]`` of its ``recv_tensor``.
     """
-    out = _core.alltoall_v(_t(send_tensor), send_counts, send_displs, _t(recv_tensor), recv_counts,
-                           recv_displs, _g(comm, group))
+    out = _core.alltoall_v(
+        _t(send_tensor), send_counts, send_displs, _t(recv_tensor), recv_counts, recv_displs, _g(comm, group)
+    )
     return _out(out, recv_tensor)
 
 
@@ -256,7 +295,7 @@ def _coalesced(fn: str, tensors, call) -> None:
         offset = 0
         with torch.no_grad():
             for t in same:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
 
 
@@ -266,8 +305,7 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], src: int = 0, comm=None
     _coalesced("broadcast_coalesced", tensors, lambda flat: _core.broadcast(flat, src, g))
 
 
-def allreduce_coalesced_inplace(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, comm=None, *,
-                                group=None) -> None:
+def allreduce_coalesced_inplace(tensors: Sequence[torch.Tensor], op=ReduceOp.SUM, comm=None, *, group=None) -> None:
     """:func:`allreduce_inplace` of every tensor, in one allreduce per dtype."""
     g = _g(comm, group)
     _coalesced("allreduce_coalesced_inplace", tensors, lambda flat: _core.allreduce_inplace(flat, op, g))

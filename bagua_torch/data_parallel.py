@@ -69,19 +69,32 @@ class DistributedDataParallel(torch.nn.Module):
 
     STATE_PREFIX = "bagua."
 
-    def __init__(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = (),
-                 algorithm=None, process_group: Optional[ProcessGroup] = None,
-                 find_unused_parameters: bool = False, broadcast_buffers: bool = True,
-                 gradient_as_bucket_view: bool = True, bucket_cap_mb: Optional[float] = None,
-                 overlap_optimizer: bool = False):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        algorithm=None,
+        process_group: Optional[ProcessGroup] = None,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        gradient_as_bucket_view: bool = True,
+        bucket_cap_mb: Optional[float] = None,
+        overlap_optimizer: bool = False,
+    ):
         super().__init__()
         self.module = module
         bucket_bytes = None if bucket_cap_mb is None else max(1, int(bucket_cap_mb * 1024 * 1024))
         self.inner = wrap(
-            module, optimizers, GradientAllReduceAlgorithm() if algorithm is None else algorithm, process_group,
-            module_name=f"DistributedDataParallel_{id(module)}", do_flatten=gradient_as_bucket_view,
-            find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
-            bucket_bytes=bucket_bytes, overlap_optimizer=overlap_optimizer,
+            module,
+            optimizers,
+            GradientAllReduceAlgorithm() if algorithm is None else algorithm,
+            process_group,
+            module_name=f"DistributedDataParallel_{id(module)}",
+            do_flatten=gradient_as_bucket_view,
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=broadcast_buffers,
+            bucket_bytes=bucket_bytes,
+            overlap_optimizer=overlap_optimizer,
         )
 
     def forward(self, *inputs, **kwargs):
@@ -124,25 +137,29 @@ class DistributedDataParallel(torch.nn.Module):
         for key, t in _state_to_tensors(self.inner.state_dict()).items():
             destination[prefix + self.STATE_PREFIX + key] = t
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         start = prefix + self.STATE_PREFIX
         # torch passes its own copy of the dict: the entries are taken out of it
-        entries = {k[len(start):]: state_dict.pop(k) for k in [k for k in state_dict if k.startswith(start)]}
+        entries = {k[len(start) :]: state_dict.pop(k) for k in [k for k in state_dict if k.startswith(start)]}
         legacy = state_dict.pop(prefix + "bagua", None)  # the nested dict earlier versions saved
         if entries or legacy is not None:
             try:
                 self.inner.load_state_dict(legacy if not entries else _state_from_tensors(entries))
             except ValueError as e:  # torch raises them all at the end
-                error_msgs.append(f"{start + '*'!r}: {e} (remove the {start + '*'!r} entries to start the "
-                                  "algorithm's state afresh)")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+                error_msgs.append(
+                    f"{start + '*'!r}: {e} (remove the {start + '*'!r} entries to start the algorithm's state afresh)"
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
 
 # The one translation between BaguaDistributedDataParallel.state_dict()
 # ({"algorithm": name, "state": {key: int or list of tensors}}) and the
 # tensor entries of DistributedDataParallel's state dict (keys without prefix).
+
 
 def _state_to_tensors(state: dict) -> Dict[str, torch.Tensor]:
     out = {"algorithm": torch.tensor(list(state["algorithm"].encode("utf-8")), dtype=torch.uint8)}
@@ -160,8 +177,9 @@ def _state_from_tensors(entries: Dict[str, torch.Tensor]) -> dict:
     """Inverse of :func:`_state_to_tensors`; ValueError for entries it did not write."""
     name = entries.pop("algorithm", None)
     if not (isinstance(name, torch.Tensor) and name.dtype == torch.uint8 and name.dim() == 1):
-        raise ValueError("'algorithm' must be a 1-D uint8 tensor of the algorithm name's UTF-8 bytes, got "
-                         f"{name!r:.80}")
+        raise ValueError(
+            f"'algorithm' must be a 1-D uint8 tensor of the algorithm name's UTF-8 bytes, got {name!r:.80}"
+        )
     state: dict = {}
     lists: Dict[str, Dict[int, torch.Tensor]] = {}
     for key, t in entries.items():

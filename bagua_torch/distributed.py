@@ -53,10 +53,10 @@ import torch
 
 import bagua_core
 from bagua_core import agreement, algorithm_steps, config, devices
-from bagua_core.averager import AsyncAverager, weight_buckets
 from bagua_core.algorithms import check_tensors
-from bagua_core.dtypes import as_dtype
 from bagua_core.autotune import AutotuneSession
+from bagua_core.averager import AsyncAverager, weight_buckets
+from bagua_core.dtypes import as_dtype
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
@@ -67,7 +67,6 @@ from bagua_torch.algorithms.base import Algorithm, as_algorithm
 from bagua_torch.bucket import BaguaBucket
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
-
 
 
 _IGNORE_ATTRS = ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore")
@@ -106,10 +105,19 @@ class BaguaDistributedDataParallel:
     """The state of one wrapped model (``module.bagua_ddp``). Built by
     :func:`with_bagua` and :class:`bagua_torch.DistributedDataParallel`."""
 
-    def __init__(self, module: torch.nn.Module, optimizers, algorithm, process_group: Optional[ProcessGroup] = None,
-                 module_name: Optional[str] = None, do_flatten: bool = True, find_unused_parameters: bool = False,
-                 broadcast_buffers: bool = True, bucket_bytes: Optional[int] = None,
-                 overlap_optimizer: bool = False):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizers,
+        algorithm,
+        process_group: Optional[ProcessGroup] = None,
+        module_name: Optional[str] = None,
+        do_flatten: bool = True,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        bucket_bytes: Optional[int] = None,
+        overlap_optimizer: bool = False,
+    ):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if isinstance(optimizers, torch.optim.Optimizer):
@@ -162,8 +170,10 @@ class BaguaDistributedDataParallel:
         self.background_plan = getattr(self.impl, "background_plan", None)
         self.averager = None
         if self.background_plan is not None and not self.do_flatten:
-            raise ValueError(f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
-                             "averages the weights in place, in the buckets the parameters are views of")
+            raise ValueError(
+                f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
+                "averages the weights in place, in the buckets the parameters are views of"
+            )
         self.phase_driver = _phases.for_plan(self.plan, self.algorithm)  # what the hooks do, by phase
         self.phase_driver.check_optimizers(self)
         if self.plan.optimizer_state:
@@ -174,8 +184,12 @@ class BaguaDistributedDataParallel:
         agreement.check_same_everywhere(self._signature(), group, "the wrapped model")
         check_tensors(self.impl.description, [tuple(p.shape) for _, p in self.params])
         try:
-            self.engine = Engine.for_group(group, hierarchical=bool(self.plan.params.get("hierarchical", False)),
-                                           lanes=self._settings.engine_lanes, device=self._engine_device)
+            self.engine = Engine.for_group(
+                group,
+                hierarchical=bool(self.plan.params.get("hierarchical", False)),
+                lanes=self._settings.engine_lanes,
+                device=self._engine_device,
+            )
             self.step_info = self.engine.check_step(self.plan)
             if self.background_plan is not None:
                 algorithm_steps.check_plan(self.background_plan, group)
@@ -213,8 +227,10 @@ class BaguaDistributedDataParallel:
             found.setdefault(t.device, n)
         if len(found) > 1:
             seen = ", ".join(f"'{n}' on {d}" for d, n in found.items())
-            raise ValueError(f"the model's tensors are on {len(found)} devices ({seen}); Bagua trains one device "
-                             "per process: move the model with model.to(device) before with_bagua")
+            raise ValueError(
+                f"the model's tensors are on {len(found)} devices ({seen}); Bagua trains one device "
+                "per process: move the model with model.to(device) before with_bagua"
+            )
         device = next(iter(found))
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"the model is on {device}; Bagua trains on CPU and CUDA devices")
@@ -240,10 +256,17 @@ class BaguaDistributedDataParallel:
         return {t.untyped_storage().data_ptr() for t in slots}
 
     def _signature(self) -> List[tuple]:
-        sig = [("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
-               ("setting", "BAGUA_AUTOTUNE", self._settings.autotune_level > 0, "BAGUA_AUTOTUNE_INTERVAL_STEPS",
-                self._settings.autotune_interval_steps),
-               ("setting", "BAGUA_ENGINE_LANES", self._settings.engine_lanes)]
+        sig = [
+            ("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
+            (
+                "setting",
+                "BAGUA_AUTOTUNE",
+                self._settings.autotune_level > 0,
+                "BAGUA_AUTOTUNE_INTERVAL_STEPS",
+                self._settings.autotune_interval_steps,
+            ),
+            ("setting", "BAGUA_ENGINE_LANES", self._settings.engine_lanes),
+        ]
         for n, p in self.module.named_parameters():
             if n not in self.ignored:
                 sig.append(("parameter", n, tuple(p.shape), str(p.dtype), "requires_grad" if p.requires_grad else ""))
@@ -275,8 +298,10 @@ class BaguaDistributedDataParallel:
             by_dtype: Dict[object, list] = {}
             for n, shape, dt in decls:
                 by_dtype.setdefault(dt, []).append((n, shape))
-            buckets = [self.engine.add_bucket(str(i), tensors, dt, alignment)
-                       for i, (dt, tensors) in enumerate(by_dtype.items())]
+            buckets = [
+                self.engine.add_bucket(str(i), tensors, dt, alignment)
+                for i, (dt, tensors) in enumerate(by_dtype.items())
+            ]
         else:
             buckets = self.engine.create_buckets(decls, bucket_bytes, alignment)
         self.buckets = buckets
@@ -306,17 +331,24 @@ class BaguaDistributedDataParallel:
         """Asynchronous model average: one bucket per dtype holds the weights
         (the parameters become views of it), averaged in place by the
         background loop on its own clone of the group."""
-        self.weight_buckets = weight_buckets([(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)],
-                                             self._engine_device)
+        self.weight_buckets = weight_buckets(
+            [(n, tuple(p.shape), p.dtype) for n, p in reversed(self.params)], self._engine_device
+        )
         self.weight_slots: Dict[str, torch.Tensor] = {
-            n: t for b in self.weight_buckets for n, t in bucket_tensors(b, b.slot_names).items()}
+            n: t for b in self.weight_buckets for n, t in bucket_tensors(b, b.slot_names).items()
+        }
         with torch.no_grad():
             for n, p in self.params:
                 slot = self.weight_slots[n]
                 slot.copy_(p.detach())
                 p.data = slot
-        self.averager = AsyncAverager(self.process_group, self.weight_buckets, self.background_plan,
-                                      device=self._engine_device, producer_stream=self._stream)
+        self.averager = AsyncAverager(
+            self.process_group,
+            self.weight_buckets,
+            self.background_plan,
+            device=self._engine_device,
+            producer_stream=self._stream,
+        )
         self.impl.averager = self.averager
         self.impl.after_abort = self._broadcast_buffers_after_abort
 
@@ -355,8 +387,7 @@ class BaguaDistributedDataParallel:
                 if p is not None and id(p) in params:
                     owners.setdefault(id(m), [m, []])[1].append((leaf, p))
         for m, held in owners.values():
-            self._hooks.append(m.register_load_state_dict_post_hook(
-                functools.partial(self._keep_parameters, held)))
+            self._hooks.append(m.register_load_state_dict_post_hook(functools.partial(self._keep_parameters, held)))
         for n, p in self.params:
             self._hooks.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, n)))
             if self.overlap_optimizer:  # before the gradient is accumulated into its bucket slot
@@ -600,8 +631,12 @@ class BaguaDistributedDataParallel:
         (:class:`bagua_torch.bucket.BaguaBucket`)."""
         buckets = getattr(self, "buckets", []) if self.engine is not None else []
         ops = self.impl.ops if len(self.impl.ops) == len(buckets) else [None] * len(buckets)
-        return [BaguaBucket(b, op, [self._by_name[n] for n in b.tensor_names], type(self.algorithm).__name__,
-                            self.impl.plan.step) for b, op in zip(buckets, ops)]
+        return [
+            BaguaBucket(
+                b, op, [self._by_name[n] for n in b.tensor_names], type(self.algorithm).__name__, self.impl.plan.step
+            )
+            for b, op in zip(buckets, ops)
+        ]
 
     # ------------------------------------------------------------ checkpoints
 
@@ -628,8 +663,10 @@ class BaguaDistributedDataParallel:
         if state_dict["algorithm"] != self.algorithm.name:
             if not strict:
                 return
-            raise ValueError(f"the state was saved with algorithm {state_dict['algorithm']!r} but "
-                             f"{self.module_name} trains with {self.algorithm.name!r}")
+            raise ValueError(
+                f"the state was saved with algorithm {state_dict['algorithm']!r} but "
+                f"{self.module_name} trains with {self.algorithm.name!r}"
+            )
         self.finish_step()
         self.impl.load_state_dict(dict(state_dict["state"]))
 
@@ -672,8 +709,7 @@ class BaguaDistributedDataParallel:
         self.engine.close()
 
     def __repr__(self) -> str:
-        return (f"<BaguaDistributedDataParallel {self.module_name} {self.algorithm!r} "
-                f"buckets={len(self.bagua_buckets)}>")
+        return f"<BaguaDistributedDataParallel {self.module_name} {self.algorithm!r} buckets={len(self.bagua_buckets)}>"
 
 
 def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParallel:
@@ -687,9 +723,14 @@ def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParall
     return ddp
 
 
-def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], algorithm,
-               process_group: Optional[ProcessGroup] = None, do_flatten: bool = True,
-               overlap_optimizer: bool = False) -> torch.nn.Module:
+def with_bagua(
+    self: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    algorithm,
+    process_group: Optional[ProcessGroup] = None,
+    do_flatten: bool = True,
+    overlap_optimizer: bool = False,
+) -> torch.nn.Module:
     """Makes this module train data-parallel with ``algorithm`` (a
     :mod:`bagua_torch.algorithms` algorithm or a :mod:`bagua_core.algorithms`
     description) and returns it. Call it on every rank of ``process_group``
@@ -721,8 +762,15 @@ def with_bagua(self: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer
     step the model (each communicated parameter must be in one of them). A
     skipped ``optimizer.step()`` is fine: ``optimizer.zero_grad()``, the next
     forward or the next backward ends the open step."""
-    wrap(self, optimizers, algorithm, process_group, module_name=self.bagua_module_name, do_flatten=do_flatten,
-         overlap_optimizer=overlap_optimizer)
+    wrap(
+        self,
+        optimizers,
+        algorithm,
+        process_group,
+        module_name=self.bagua_module_name,
+        do_flatten=do_flatten,
+        overlap_optimizer=overlap_optimizer,
+    )
     return self
 
 

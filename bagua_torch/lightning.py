@@ -23,28 +23,48 @@ import os
 from typing import Any, Optional, Union
 
 import torch
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.fabric.utilities.seed import reset_seed
 
 import bagua_torch
 from bagua_core.comm import ReduceOp
 from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 _REDUCE_OPS = {"mean": ReduceOp.AVG, "avg": ReduceOp.AVG, "sum": ReduceOp.SUM}
-_TORCH_REDUCE_OPS = {"SUM": ReduceOp.SUM, "PRODUCT": ReduceOp.PROD, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX,
-                     "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR, "BXOR": ReduceOp.BXOR, "AVG": ReduceOp.AVG}
+_TORCH_REDUCE_OPS = {
+    "SUM": ReduceOp.SUM,
+    "PRODUCT": ReduceOp.PROD,
+    "MIN": ReduceOp.MIN,
+    "MAX": ReduceOp.MAX,
+    "BAND": ReduceOp.BAND,
+    "BOR": ReduceOp.BOR,
+    "BXOR": ReduceOp.BXOR,
+    "AVG": ReduceOp.AVG,
+}
 
 
 class BaguaStrategy(DDPStrategy):
     strategy_name = "bagua"
 
-    def __init__(self, algorithm: Union[str, Algorithm] = "gradient_allreduce", flatten: bool = True,
-                 accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
-                 precision_plugin=None, **bagua_kwargs: Any):
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin)
+    def __init__(
+        self,
+        algorithm: Union[str, Algorithm] = "gradient_allreduce",
+        flatten: bool = True,
+        accelerator=None,
+        parallel_devices=None,
+        cluster_environment=None,
+        checkpoint_io=None,
+        precision_plugin=None,
+        **bagua_kwargs: Any,
+    ):
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
         self._qadam_kwargs = None  # "qadam" by name: made once the optimizer exists
         if algorithm == "qadam" and "q_adam_optimizer" not in bagua_kwargs:
             unknown = set(bagua_kwargs) - set(inspect.signature(QAdamAlgorithm).parameters)
@@ -69,9 +89,15 @@ class BaguaStrategy(DDPStrategy):
         reset_seed()
         self.set_world_ranks()
         env = self.cluster_environment
-        os.environ.update(MASTER_ADDR=env.main_address, MASTER_PORT=str(env.main_port), RANK=str(self.global_rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
-                          LOCAL_WORLD_SIZE=str(self.num_processes), NODE_RANK=str(self.node_rank))
+        os.environ.update(
+            MASTER_ADDR=env.main_address,
+            MASTER_PORT=str(env.main_port),
+            RANK=str(self.global_rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+            LOCAL_WORLD_SIZE=str(self.num_processes),
+            NODE_RANK=str(self.node_rank),
+        )
         bagua_torch.init_process_group(torch_distributed=True)
 
     def setup(self, trainer) -> None:
@@ -90,11 +116,17 @@ class BaguaStrategy(DDPStrategy):
     def _setup_model(self, model: torch.nn.Module) -> bagua_torch.DistributedDataParallel:
         if self._qadam_kwargs is not None:
             if len(self.optimizers) != 1 or not isinstance(self.optimizers[0], QAdamOptimizer):
-                raise ValueError("BaguaStrategy(algorithm='qadam') needs configure_optimizers to return exactly one "
-                                 f"QAdamOptimizer, got {[type(o).__name__ for o in self.optimizers]}")
+                raise ValueError(
+                    "BaguaStrategy(algorithm='qadam') needs configure_optimizers to return exactly one "
+                    f"QAdamOptimizer, got {[type(o).__name__ for o in self.optimizers]}"
+                )
             self._bagua_algorithm = QAdamAlgorithm(self.optimizers[0], **self._qadam_kwargs)
-        return bagua_torch.DistributedDataParallel(model, optimizers=self.optimizers, algorithm=self._bagua_algorithm,
-                                                   gradient_as_bucket_view=self._bagua_flatten)
+        return bagua_torch.DistributedDataParallel(
+            model,
+            optimizers=self.optimizers,
+            algorithm=self._bagua_algorithm,
+            gradient_as_bucket_view=self._bagua_flatten,
+        )
 
     def teardown(self) -> None:
         if isinstance(self.model, bagua_torch.DistributedDataParallel):

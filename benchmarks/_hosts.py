@@ -66,8 +66,10 @@ def prepare(args, script: str, loopback: str):
         if removed:
             print(f"removed namespaces left by killed runs: {removed}", flush=True)
     elif not (args.no_shaping or args.smoke):
-        print(f"{script}: cannot shape the network: {reason}.\n(--no-shaping runs over loopback instead.)",
-              file=sys.stderr)
+        print(
+            f"{script}: cannot shape the network: {reason}.\n(--no-shaping runs over loopback instead.)",
+            file=sys.stderr,
+        )
         return 2, reason
     else:
         print(f"{script}: shaping skipped: {reason}; {loopback}.", flush=True)
@@ -174,13 +176,25 @@ class EmulatedHosts:
     def _add_veth_links(self) -> None:
         # Created inside the namespaces at once: nothing is ever left in the root namespace.
         if self.switch is None:
-            _run("ip", "link", "add", self.ifaces[0], "netns", self.netns[0], "type", "veth",
-                 "peer", "name", self.ifaces[1], "netns", self.netns[1])
+            _run(
+                "ip",
+                "link",
+                "add",
+                self.ifaces[0],
+                "netns",
+                self.netns[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.ifaces[1],
+                "netns",
+                self.netns[1],
+            )
         else:
             _run("ip", "-n", self.switch, "link", "add", self.bridge, "type", "bridge")
             for ns, dev, port in zip(self.netns, self.ifaces, self.ports):
-                _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns",
-                     self.switch)
+                _run("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.switch)
                 _run("ip", "-n", self.switch, "link", "set", port, "master", self.bridge)
                 _run("ip", "-n", self.switch, "link", "set", port, "up")
             _run("ip", "-n", self.switch, "link", "set", self.bridge, "up")
@@ -208,9 +222,13 @@ class EmulatedHosts:
         else:
             self._stop_delay_line()
         ports = [f"{ns}:{dev}:{addr}" for ns, dev, addr in zip(self.netns, self.ifaces, ADDRESSES)]
-        proc = subprocess.Popen([sys.executable, _DELAY_LINE, "--delay-ms", str(delay_ms), "--rate", rate, *ports],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                preexec_fn=_launch.die_with_parent)
+        proc = subprocess.Popen(
+            [sys.executable, _DELAY_LINE, "--delay-ms", str(delay_ms), "--rate", rate, *ports],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=_launch.die_with_parent,
+        )
         self._delay_line = proc
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the delay line did not start (exit code {proc.wait(timeout=30)})")
@@ -258,23 +276,59 @@ class EmulatedHosts:
         for ns, dev, own in self._egress():
             # Deleted first: a replaced tbf would keep the netem of an earlier shape() under it.
             subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30)
-            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
-                 "burst", str(burst), "latency", "50ms")
+            _run(
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "handle",
+                "1:",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                str(burst),
+                "latency",
+                "50ms",
+            )
             if netem and own:
-                _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
-                     "delay", f"{delay_ms}ms")
+                _run(
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:1",
+                    "handle",
+                    "10:",
+                    "netem",
+                    "delay",
+                    f"{delay_ms}ms",
+                )
 
     def netem_unavailable_reason(self) -> Optional[str]:
         """Why the kernel cannot delay packets (it has no netem qdisc), or None. Tried once, on host
         0's link, whose shaping it removes (:meth:`shape` sets it again)."""
         if self._netem_reason is False:
             ns, dev = self.netns[0], self.ifaces[0]
-            p = subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "9:", "netem",
-                                "delay", "1ms"], capture_output=True, text=True, timeout=30)
+            p = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "9:", "netem", "delay", "1ms"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             self._netem_reason = None
             if p.returncode != 0:
-                self._netem_reason = f"tc netem fails here ({p.stderr.strip() or p.returncode}; the kernel " \
-                                     "lacks CONFIG_NET_SCH_NETEM?)"
+                self._netem_reason = (
+                    f"tc netem fails here ({p.stderr.strip() or p.returncode}; the kernel lacks CONFIG_NET_SCH_NETEM?)"
+                )
             else:
                 _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root")
         return self._netem_reason

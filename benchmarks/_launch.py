@@ -40,8 +40,15 @@ def worker_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def launcher_cmd(script: str, argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
-                 master_addr: Optional[str] = None, master_port: Optional[int] = None) -> List[str]:
+def launcher_cmd(
+    script: str,
+    argv: Sequence[str],
+    nproc: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+) -> List[str]:
     """The command that starts ``script argv`` on ``nproc`` processes of node ``node_rank``."""
     cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(nproc), "--no-prefix"]
     if nnodes > 1:

@@ -22,22 +22,31 @@ POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm sta
 # and with more threads the nested allreduces of different buckets are issued in a different order
 # on each rank ("collective mismatch"). So DDP+PowerSGD runs with one bucket holding all gradients.
 
-BAGUA_ALGORITHMS = {"Bagua GradientAllReduce": "GradientAllReduceAlgorithm", "Bagua ByteGrad": "ByteGradAlgorithm",
-                    "Bagua Decentralized": "DecentralizedAlgorithm",
-                    "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
-                    "Bagua Async": "AsyncModelAverageAlgorithm", "Bagua LocalSteps": "LocalStepsAlgorithm",
-                    "Bagua ByteGrad+EF": "ByteGradAlgorithm", "Bagua LowRank": "LowRankAlgorithm",
-                    "Bagua LocalSteps+8bit": "LocalStepsAlgorithm"}
+BAGUA_ALGORITHMS = {
+    "Bagua GradientAllReduce": "GradientAllReduceAlgorithm",
+    "Bagua ByteGrad": "ByteGradAlgorithm",
+    "Bagua Decentralized": "DecentralizedAlgorithm",
+    "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
+    "Bagua Async": "AsyncModelAverageAlgorithm",
+    "Bagua LocalSteps": "LocalStepsAlgorithm",
+    "Bagua ByteGrad+EF": "ByteGradAlgorithm",
+    "Bagua LowRank": "LowRankAlgorithm",
+    "Bagua LocalSteps+8bit": "LocalStepsAlgorithm",
+}
 # Constructor arguments a configuration passes unless wrap()'s options give others. Bagua LowRank
 # starts as DDP+PowerSGD does (rank 1 from step POWERSGD_START_ITER), not at its own defaults
 # (rank 4 after 1000 steps: a throughput run of a few steps would never compress).
-FIXED_OPTIONS = {"Bagua ByteGrad+EF": {"error_feedback": True},
-                 "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True},
-                 "Bagua LowRank": {"rank": 1, "start_iter": POWERSGD_START_ITER}}
+FIXED_OPTIONS = {
+    "Bagua ByteGrad+EF": {"error_feedback": True},
+    "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True},
+    "Bagua LowRank": {"rank": 1, "start_iter": POWERSGD_START_ITER},
+}
 # A low-rank algorithm's settings under the names of wrap()'s options, and the names its
 # constructor may use for them (the first one in its signature is taken).
-LOW_RANK_PARAMETERS = {"rank": ("rank", "matrix_approximation_rank"),
-                       "start_iter": ("start_iter", "start_powerSGD_iter", "warmup_steps")}
+LOW_RANK_PARAMETERS = {
+    "rank": ("rank", "matrix_approximation_rank"),
+    "start_iter": ("start_iter", "start_powerSGD_iter", "warmup_steps"),
+}
 
 
 def _algorithm_kwargs(name, options):
@@ -46,6 +55,7 @@ def _algorithm_kwargs(name, options):
     import inspect
 
     from bagua_torch import algorithms as A
+
     cls = getattr(A, BAGUA_ALGORITHMS[name], None)
     if cls is None:
         raise LookupError(f"bagua_torch.algorithms has no {BAGUA_ALGORITHMS[name]}")
@@ -70,9 +80,10 @@ def unavailable_reason(name, options=None):
         import inspect
 
         import bagua_torch
+
         if "overlap_optimizer" not in inspect.signature(bagua_torch.distributed.with_bagua).parameters:
             return "with_bagua takes no overlap_optimizer"
-        name = name[:-len(OVERLAP)]
+        name = name[: -len(OVERLAP)]
     if name not in BAGUA_ALGORITHMS:
         return None
     try:
@@ -102,7 +113,7 @@ def wrap(name, model, opt, options=None):
         saved = os.environ.get("BAGUA_ENGINE_LANES")
         os.environ["BAGUA_ENGINE_LANES"] = "1"  # read once, when the model is wrapped
         try:
-            return wrap(name[:-len(ONE_LANE)], model, opt, options)
+            return wrap(name[: -len(ONE_LANE)], model, opt, options)
         finally:
             if saved is None:
                 del os.environ["BAGUA_ENGINE_LANES"]
@@ -110,11 +121,12 @@ def wrap(name, model, opt, options=None):
                 os.environ["BAGUA_ENGINE_LANES"] = saved
     overlap = name.startswith("Bagua") and name.endswith(OVERLAP)
     if overlap:
-        name = name[:-len(OVERLAP)]
+        name = name[: -len(OVERLAP)]
     if name == "no communication":
         return model, lambda: None
     if name.startswith("DDP"):
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         if name == "DDP+PowerSGD":
             grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
             ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1)  # one bucket (an explicit cap also sizes the first)
@@ -122,20 +134,31 @@ def wrap(name, model, opt, options=None):
             ddp = DDP(model)  # defaults: a 1 MiB first bucket, then 25 MiB
         if name == "DDP+fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
             ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         elif name == "DDP+PowerSGD":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
             options = options or {}
-            state = powerSGD_hook.PowerSGDState(process_group=None,
-                                                matrix_approximation_rank=options.get("rank", 1),
-                                                start_powerSGD_iter=options.get("start_iter", POWERSGD_START_ITER))
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=options.get("rank", 1),
+                start_powerSGD_iter=options.get("start_iter", POWERSGD_START_ITER),
+            )
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, lambda: None
     from bagua_torch import algorithms as A
+
     if name == "Bagua GradientAllReduce 25MiB":
         import bagua_torch
-        ddp = bagua_torch.DistributedDataParallel(model, optimizers=[opt], algorithm=A.GradientAllReduceAlgorithm(),
-                                                  bucket_cap_mb=25, **({"overlap_optimizer": True} if overlap else {}))
+
+        ddp = bagua_torch.DistributedDataParallel(
+            model,
+            optimizers=[opt],
+            algorithm=A.GradientAllReduceAlgorithm(),
+            bucket_cap_mb=25,
+            **({"overlap_optimizer": True} if overlap else {}),
+        )
         return ddp, ddp.close
     if name == "Bagua QAdam":
         algorithm = A.QAdamAlgorithm(opt)
@@ -147,9 +170,11 @@ def wrap(name, model, opt, options=None):
         algorithm = cls(**kwargs)
     model = model.with_bagua([opt], algorithm, **({"overlap_optimizer": True} if overlap else {}))
     if name == "Bagua Async":
+
         def close():
             algorithm.abort(model)  # every rank: the loop's last round, then it stops
             model.bagua_ddp.close()
+
         return model, close
     return model, model.bagua_ddp.close
 
@@ -168,6 +193,7 @@ def start_worker(timeout_s, bagua=True):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     if bagua:
         import bagua_torch
+
         bagua_torch.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
@@ -183,11 +209,13 @@ class Trainer:
 
     def __init__(self, name, make_model, batches, warmup, momentum=0.9, options=None):
         import torch
+
         self.name, self.batches, self.i = name, batches, 0
         torch.manual_seed(0)  # the same initial weights for every configuration (Bagua broadcasts rank 0's anyway)
         model = make_model()
         if name.removesuffix(ONE_LANE).removesuffix(OVERLAP) == "Bagua QAdam":
             from bagua_torch.algorithms import QAdamOptimizer
+
             # eps bounds m / sqrt(v) where the (short) warm-up left a tiny second moment
             self.opt = QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=1e-3)
         else:
@@ -197,6 +225,7 @@ class Trainer:
 
     def steps(self, n):
         import torch.nn.functional as F
+
         for _ in range(n):
             x, y = self.batches[self.i % len(self.batches)]
             self.i += 1
@@ -210,6 +239,7 @@ class Trainer:
 
 # ---------------------------------------------------------------- the MLP ---
 
+
 def mlp_initial_weights(features, hidden, classes):
     """[w0, b0, w1, b1, w2, b2] of the MLP features -> hidden -> hidden -> classes, torch's
     (out, in) layout, numpy float32: the same in every configuration and framework."""
@@ -219,8 +249,10 @@ def mlp_initial_weights(features, hidden, classes):
     out = []
     for fan_in, fan_out in ((features, hidden), (hidden, hidden), (hidden, classes)):
         bound = 1.0 / np.sqrt(fan_in)
-        out += [rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
-                rng.uniform(-bound, bound, (fan_out,)).astype(np.float32)]
+        out += [
+            rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
+            rng.uniform(-bound, bound, (fan_out,)).astype(np.float32),
+        ]
     return out
 
 
@@ -233,8 +265,13 @@ def mlp_batches(rank, batch_size, features, classes, n=8):
     import numpy as np
 
     rng = np.random.default_rng(100 + rank)
-    return [(rng.standard_normal((batch_size, features)).astype(np.float32),
-             rng.integers(0, classes, batch_size).astype(np.int32)) for _ in range(n)]
+    return [
+        (
+            rng.standard_normal((batch_size, features)).astype(np.float32),
+            rng.integers(0, classes, batch_size).astype(np.int32),
+        )
+        for _ in range(n)
+    ]
 
 
 def torch_batches(batches):
@@ -248,8 +285,13 @@ def torch_mlp(features, hidden, classes):
     """The MLP as a torch ``nn.Sequential`` with :func:`mlp_initial_weights`."""
     import torch
 
-    layers = [torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-              torch.nn.Linear(hidden, classes)]
+    layers = [
+        torch.nn.Linear(features, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, classes),
+    ]
     model = torch.nn.Sequential(*layers)
     with torch.no_grad():
         for p, w in zip(model.parameters(), mlp_initial_weights(features, hidden, classes)):
@@ -277,8 +319,11 @@ class JaxTrainer:
         self.name, self.i, self.loss = name, 0, float("nan")
         model = MLP()
         w = mlp_initial_weights(features, hidden, classes)
-        params = {"params": {f"Dense_{k}": {"kernel": jnp.asarray(w[2 * k].T), "bias": jnp.asarray(w[2 * k + 1])}
-                             for k in range(3)}}
+        params = {
+            "params": {
+                f"Dense_{k}": {"kernel": jnp.asarray(w[2 * k].T), "bias": jnp.asarray(w[2 * k + 1])} for k in range(3)
+            }
+        }
 
         def loss_fn(p, x, y):
             return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
@@ -293,8 +338,10 @@ class JaxTrainer:
 
             replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("dp"))
             params = jax.device_put(params, replicated)
-            self.batches = [(jax.make_array_from_process_local_data(sharded, x),
-                             jax.make_array_from_process_local_data(sharded, y)) for x, y in batches]
+            self.batches = [
+                (jax.make_array_from_process_local_data(sharded, x), jax.make_array_from_process_local_data(sharded, y))
+                for x, y in batches
+            ]
             self.step = jax.jit(step, out_shardings=(replicated, replicated, replicated))
         else:
             self.batches = batches
@@ -314,6 +361,7 @@ class JaxTrainer:
 
 
 # ---------------------------------------------------------------- timing ---
+
 
 def timed_steps(trainer, n, barrier):
     """Seconds for ``n`` steps of ``trainer``, all ranks starting and ending together (``barrier()``)."""
@@ -379,9 +427,9 @@ def parse_configs(parser, text, known, baseline):
     configs = tuple(c.strip() for c in text.split(",") if c.strip())
 
     def is_known(c):
-        base = c[:-len(ONE_LANE)] if c.endswith(ONE_LANE) else c
+        base = c[: -len(ONE_LANE)] if c.endswith(ONE_LANE) else c
         if base not in known and base.endswith(OVERLAP):
-            base = base[:-len(OVERLAP)]
+            base = base[: -len(OVERLAP)]
         return base in known and (base == c or base.startswith("Bagua") and base != "Bagua Async")
 
     unknown = [c for c in configs if not is_known(c)]

@@ -17,12 +17,16 @@ WORKLOADS = ("mlp", "cnn", "lm")
 DATA_SEED = 1234
 
 SIZES = {
-    "full": {"mlp": dict(features=128, hidden=1024, classes=10, teacher=16, train=32768, val=2048, batch=64),
-             "cnn": dict(image=16, channels=(32, 64), fc=128, classes=10, train=8192, val=1024, batch=64),
-             "lm": dict(vocab=32, seq=32, d=128, heads=4, layers=2, ff=256, train=4096, val=256, batch=32)},
-    "tiny": {"mlp": dict(features=16, hidden=32, classes=4, teacher=8, train=512, val=128, batch=16),
-             "cnn": dict(image=8, channels=(4, 8), fc=16, classes=4, train=256, val=64, batch=16),
-             "lm": dict(vocab=8, seq=8, d=16, heads=2, layers=1, ff=32, train=256, val=32, batch=16)},
+    "full": {
+        "mlp": dict(features=128, hidden=1024, classes=10, teacher=16, train=32768, val=2048, batch=64),
+        "cnn": dict(image=16, channels=(32, 64), fc=128, classes=10, train=8192, val=1024, batch=64),
+        "lm": dict(vocab=32, seq=32, d=128, heads=4, layers=2, ff=256, train=4096, val=256, batch=32),
+    },
+    "tiny": {
+        "mlp": dict(features=16, hidden=32, classes=4, teacher=8, train=512, val=128, batch=16),
+        "cnn": dict(image=8, channels=(4, 8), fc=16, classes=4, train=256, val=64, batch=16),
+        "lm": dict(vocab=8, seq=8, d=16, heads=2, layers=1, ff=32, train=256, val=32, batch=16),
+    },
 }
 
 
@@ -52,7 +56,7 @@ class Workload:
         if key not in self._perms:
             self._perms = {key: np.random.default_rng([seed, epoch]).permutation(n)}
         b = self.batch_size // world
-        idx = self._perms[key][k * self.batch_size + rank * b: k * self.batch_size + (rank + 1) * b]
+        idx = self._perms[key][k * self.batch_size + rank * b : k * self.batch_size + (rank + 1) * b]
         return self.train[0][idx], self.train[1][idx]
 
     def loss(self, out, y):
@@ -102,8 +106,13 @@ class TeacherMLP(Workload):
         import torch.nn as nn
 
         s = self.size
-        return nn.Sequential(nn.Linear(s["features"], s["hidden"]), nn.ReLU(), nn.Linear(s["hidden"], s["hidden"]),
-                             nn.ReLU(), nn.Linear(s["hidden"], s["classes"]))
+        return nn.Sequential(
+            nn.Linear(s["features"], s["hidden"]),
+            nn.ReLU(),
+            nn.Linear(s["hidden"], s["hidden"]),
+            nn.ReLU(),
+            nn.Linear(s["hidden"], s["classes"]),
+        )
 
 
 class Templates(Workload):
@@ -136,9 +145,18 @@ class Templates(Workload):
 
         s = self.size
         c1, c2 = s["channels"]
-        return nn.Sequential(nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(c2 * (s["image"] // 4) ** 2, s["fc"]), nn.ReLU(), nn.Linear(s["fc"], s["classes"]))
+        return nn.Sequential(
+            nn.Conv2d(3, c1, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(c2 * (s["image"] // 4) ** 2, s["fc"]),
+            nn.ReLU(),
+            nn.Linear(s["fc"], s["classes"]),
+        )
 
 
 class MarkovLM(Workload):

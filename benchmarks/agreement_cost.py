@@ -86,8 +86,10 @@ def work(argv) -> int:
     slowest = np.zeros(1, np.float64)
     modes = (("agreement", agreement), ("gloo", gloo), ("gloo+control", gloo_control), ("promised", promised))
     # promised: whole promises only, so that every round starts with one
-    iters = {name: max(args.calls, args.iters - args.iters % args.calls) if name == "promised" else args.iters
-             for name, _ in modes}
+    iters = {
+        name: max(args.calls, args.iters - args.iters % args.calls) if name == "promised" else args.iters
+        for name, _ in modes
+    }
     for name, fn in modes:  # warm up
         for _ in range(args.calls if name == "promised" else 20):
             fn()
@@ -106,8 +108,10 @@ def work(argv) -> int:
         print(f"| procs | count | agreement us | gloo us | gloo+control us | promised us/call ({args.calls} calls) |")
         print("|---|---|---|---|---|---|")
         r = results
-        print(f"| {world.size} | {args.count} | {r['agreement']:.1f} | {r['gloo']:.1f} | {r['gloo+control']:.1f} | "
-              f"{r['promised']:.1f} |")
+        print(
+            f"| {world.size} | {args.count} | {r['agreement']:.1f} | {r['gloo']:.1f} | {r['gloo+control']:.1f} | "
+            f"{r['promised']:.1f} |"
+        )
         sys.stdout.flush()
     plain.close()
     controlled.close()

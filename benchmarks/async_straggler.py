@@ -68,7 +68,6 @@ def run(name, args, batches, rank, slow_ms):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-
     from train_throughput import build_model
 
     torch.manual_seed(0)
@@ -77,9 +76,11 @@ def run(name, args, batches, rank, slow_ms):
     net, algo = model, None
     if name == "DDP":
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         net = DDP(model)
     elif name == "Bagua Async":
         from bagua_torch.algorithms import AsyncModelAverageAlgorithm
+
         algo = AsyncModelAverageAlgorithm(sync_interval_ms=args.interval_ms)
         net = model.with_bagua([opt], algo)
     sleep_s = slow_ms / 1000.0 if rank == args.slow_rank else 0.0
@@ -109,9 +110,8 @@ def run(name, args, batches, rank, slow_ms):
 
 def work(argv) -> int:
     args = parse_args(argv)
-    from train_throughput import make_batches
-
     import torch.distributed as dist
+    from train_throughput import make_batches
 
     rank, world, _ = start_worker(120)
     if not 0 <= args.slow_rank < world:
@@ -125,14 +125,19 @@ def work(argv) -> int:
             dist.all_gather_object(every, (speed, rounds))
             results[(name, slow_ms)] = every
             if rank == 0:
-                print(f"{name:<18} slow rank {args.slow_rank} +{slow_ms:.0f} ms/step: samples/s per rank "
-                      + ", ".join(f"{s:.1f}" for s, _ in every)
-                      + ("" if rounds is None else f" (background rounds per rank: {[r for _, r in every]})"),
-                      flush=True)
+                print(
+                    f"{name:<18} slow rank {args.slow_rank} +{slow_ms:.0f} ms/step: samples/s per rank "
+                    + ", ".join(f"{s:.1f}" for s, _ in every)
+                    + ("" if rounds is None else f" (background rounds per rank: {[r for _, r in every]})"),
+                    flush=True,
+                )
     if rank == 0:
         print()
-        print("| configuration | straggler | " + " | ".join(f"rank {r} samples/s" for r in range(world))
-              + " | fast ranks vs no straggler | fast ranks / slow rank |")
+        print(
+            "| configuration | straggler | "
+            + " | ".join(f"rank {r} samples/s" for r in range(world))
+            + " | fast ranks vs no straggler | fast ranks / slow rank |"
+        )
         print("|---|---|" + "---:|" * world + "---:|---:|")
         for name in CONFIGS:
             base = results[(name, 0.0)]
@@ -142,14 +147,28 @@ def work(argv) -> int:
                 ratio = sum(every[r][0] / base[r][0] for r in fast) / len(fast)
                 vs_slow = sum(every[r][0] for r in fast) / len(fast) / every[args.slow_rank][0]
                 label = "none" if slow_ms == 0 else f"rank {args.slow_rank} +{slow_ms:.0f} ms/step"
-                print(f"| {name} | {label} | " + " | ".join(f"{s:.1f}" for s, _ in every)
-                      + f" | {ratio:.2f}x | {vs_slow:.2f}x |")
-        print(f"\n(each rank's own samples/s over {args.steps} steps of batch {args.batch_size}; "
-              f"Bagua Async sync_interval_ms={args.interval_ms})", flush=True)
-    doc = {"results": [{"config": n, "slow_ms": s, "per_rank": [{"samples_per_s": v, "rounds": r} for v, r in every]}
-                       for (n, s), every in results.items()],
-           "slow_rank": args.slow_rank, "steps": args.steps, "batch_size": args.batch_size,
-           "interval_ms": args.interval_ms, "channels": list(args.channels), "hidden": args.hidden}
+                print(
+                    f"| {name} | {label} | "
+                    + " | ".join(f"{s:.1f}" for s, _ in every)
+                    + f" | {ratio:.2f}x | {vs_slow:.2f}x |"
+                )
+        print(
+            f"\n(each rank's own samples/s over {args.steps} steps of batch {args.batch_size}; "
+            f"Bagua Async sync_interval_ms={args.interval_ms})",
+            flush=True,
+        )
+    doc = {
+        "results": [
+            {"config": n, "slow_ms": s, "per_rank": [{"samples_per_s": v, "rounds": r} for v, r in every]}
+            for (n, s), every in results.items()
+        ],
+        "slow_rank": args.slow_rank,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "interval_ms": args.interval_ms,
+        "channels": list(args.channels),
+        "hidden": args.hidden,
+    }
     return finish(rank, args.json, doc)
 
 

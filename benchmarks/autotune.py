@@ -63,8 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per model per round (default 3)")
     p.add_argument("--max-samples", type=int, default=8, help="BAGUA_AUTOTUNE_MAX_SAMPLES (default 8)")
-    p.add_argument("--confidence", type=float, default=1.0,
-                   help="BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S (default 1.0)")
+    p.add_argument(
+        "--confidence", type=float, default=1.0, help="BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S (default 1.0)"
+    )
     p.add_argument("--warmup", type=float, default=1.0, help="BAGUA_AUTOTUNE_WARMUP_TIME_S (default 1.0)")
     p.add_argument("--interval", type=int, default=10, help="BAGUA_AUTOTUNE_INTERVAL_STEPS (default 10)")
     p.add_argument("--confirm-pairs", type=int, default=5, help="BAGUA_AUTOTUNE_CONFIRM_PAIRS (default 5)")
@@ -78,13 +79,15 @@ def parse_args(argv=None):
 
 def work(argv) -> int:
     args = parse_args(argv)
-    os.environ.update({
-        "BAGUA_AUTOTUNE_MAX_SAMPLES": str(args.max_samples),
-        "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": str(args.confidence),
-        "BAGUA_AUTOTUNE_WARMUP_TIME_S": str(args.warmup),
-        "BAGUA_AUTOTUNE_INTERVAL_STEPS": str(args.interval),
-        "BAGUA_AUTOTUNE_CONFIRM_PAIRS": str(args.confirm_pairs),
-    })
+    os.environ.update(
+        {
+            "BAGUA_AUTOTUNE_MAX_SAMPLES": str(args.max_samples),
+            "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": str(args.confidence),
+            "BAGUA_AUTOTUNE_WARMUP_TIME_S": str(args.warmup),
+            "BAGUA_AUTOTUNE_INTERVAL_STEPS": str(args.interval),
+            "BAGUA_AUTOTUNE_CONFIRM_PAIRS": str(args.confirm_pairs),
+        }
+    )
     import torch
 
     torch.set_num_threads(1)
@@ -115,8 +118,10 @@ def work(argv) -> int:
         return torch.nn.Sequential(*stack(args.layers), torch.nn.Linear(args.width, 10))
 
     g = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(args.batch_size, args.width, generator=g),
-                torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(8)]
+    batches = [
+        (torch.randn(args.batch_size, args.width, generator=g), torch.randint(0, 10, (args.batch_size,), generator=g))
+        for _ in range(8)
+    ]
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def wrap(autotune: bool, trace: str = ""):
@@ -146,9 +151,11 @@ def work(argv) -> int:
         return [list(b.tensor_names) for b in model.bagua_ddp.buckets]
 
     n_params = sum(p.numel() for p in build().parameters())
-    say(f"workload {args.workload}: {args.layers}x{args.width}, {n_params / 1e6:.2f} M parameters "
+    say(
+        f"workload {args.workload}: {args.layers}x{args.width}, {n_params / 1e6:.2f} M parameters "
         f"({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, batch {args.batch_size} per rank; "
-        f"load average {os.getloadavg()[0]:.2f}")
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     default, default_opt = wrap(False)
     tuned, tuned_opt = wrap(True)
     session = tuned.bagua_ddp.autotune
@@ -158,30 +165,40 @@ def work(argv) -> int:
         train(tuned, tuned_opt, args.interval, steps)
         steps += args.interval
     tune_s = time.perf_counter() - t0
-    say(f"tuning: {steps} steps, {tune_s:.1f} s, {'completed' if session.completed else 'NOT completed'}; "
-        f"{len(session.switches)} plan switch(es) at steps {[s for s, _ in session.switches]}")
+    say(
+        f"tuning: {steps} steps, {tune_s:.1f} s, {'completed' if session.completed else 'NOT completed'}; "
+        f"{len(session.switches)} plan switch(es) at steps {[s for s, _ in session.switches]}"
+    )
     verdict = None
     if rank == 0 and session.tuner is not None:
         for s in session.tuner.samples:
             if s.plan_id >= 0:
-                say(f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
-                    f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms")
+                say(
+                    f"  sample at step {s.train_iter}: buckets of {s.bucket_bytes} B ({s.num_buckets} bucket(s)): "
+                    f"{s.score_gbps:.3f} GB/s, median step {s.median_step_s * 1e3:.1f} ms"
+                )
         repeats = sum(1 for s in session.tuner.samples if s.plan_id < 0)
         if repeats:
             say(f"  ({repeats} more size(s) asked made the buckets of a measured sample: scored without measuring)")
         for label, s in session.tuner.confirmations:
-            say(f"  confirmation, {label:9s}: buckets of {s.bucket_bytes} B: median step {s.median_step_s * 1e3:.1f} ms")
+            say(
+                f"  confirmation, {label:9s}: buckets of {s.bucket_bytes} B: median step {s.median_step_s * 1e3:.1f} ms"
+            )
         verdict = session.tuner.verdict
         if verdict is not None and verdict.pairs == 0:
             say(f"  verdict: keep the default: {verdict.reason}")
         elif verdict is not None:
-            say(f"  verdict: {'switch to' if verdict.switched else 'keep the default, not'} the candidate "
-                f"({verdict.candidate_bytes} B buckets): {verdict.reason}")
+            say(
+                f"  verdict: {'switch to' if verdict.switched else 'keep the default, not'} the candidate "
+                f"({verdict.candidate_bytes} B buckets): {verdict.reason}"
+            )
     same_plan = bucket_names(default) == bucket_names(tuned)
     say(f"default plan:   {plan_text(default)} (registration order)")
-    say(f"autotuned plan: {plan_text(tuned)} (bucket size {session.plan.bucket_bytes} B, "
+    say(
+        f"autotuned plan: {plan_text(tuned)} (bucket size {session.plan.bucket_bytes} B, "
         f"{'readiness' if session.plan.order is not None else 'registration'} order)"
-        + (" = the default plan" if same_plan else ""))
+        + (" = the default plan" if same_plan else "")
+    )
 
     train(default, default_opt, 5)
     order = [("default", default, default_opt)]
@@ -196,7 +213,7 @@ def work(argv) -> int:
     load_before = os.getloadavg()[0]
     if len(order) > 1:
         for r in range(args.rounds):
-            for name, model, opt in (order if r % 2 == 0 else order[::-1]):
+            for name, model, opt in order if r % 2 == 0 else order[::-1]:
                 barrier()
                 t = time.perf_counter()
                 train(model, opt, args.steps)
@@ -209,13 +226,17 @@ def work(argv) -> int:
         spread[k] = (quartiles(per)[0], quartiles(per)[2]) if per else (1.0, 1.0)
     result = {k: statistics.median(v) for k, v in per_round.items() if v}
     if same_plan:
-        say("\nautotune kept the default plan: autotuned / default = 1 by construction (the same buckets in the "
-            "same order; not timed against each other)")
+        say(
+            "\nautotune kept the default plan: autotuned / default = 1 by construction (the same buckets in the "
+            "same order; not timed against each other)"
+        )
         ratios["autotuned"], spread["autotuned"] = 1.0, (1.0, 1.0)
     if len(order) > 1:
-        say(f"\nsamples/s (all ranks, median of {args.rounds} interleaved rounds of {args.steps} steps; ratio to "
+        say(
+            f"\nsamples/s (all ranks, median of {args.rounds} interleaved rounds of {args.steps} steps; ratio to "
             f"default: median [quartiles] of the per-round ratios; load average {load_before:.2f} before, "
-            f"{os.getloadavg()[0]:.2f} after):")
+            f"{os.getloadavg()[0]:.2f} after):"
+        )
         for k in per_round:
             say(f"  {k:15s} {result[k]:8.0f}   {ratios[k]:.3f} [{spread[k][0]:.3f}, {spread[k][1]:.3f}]")
     if args.trace:
@@ -226,18 +247,31 @@ def work(argv) -> int:
         if rank == 0:
             events = [e for r in range(world) for e in trace.load(trace.rank_path(args.trace, r))]
             for (r, _model), s in sorted(trace.summary(events).items()):
-                say(f"trace, rank {r}: {s['buckets']} buckets, per step (median) communication {s['comm_ms']:.1f} ms, "
+                say(
+                    f"trace, rank {r}: {s['buckets']} buckets, per step (median) communication {s['comm_ms']:.1f} ms, "
                     f"{100 * s['overlap']:.0f}% of it before backward ended; forward start -> backward end "
-                    f"{s['forward_backward_ms']:.1f} ms")
+                    f"{s['forward_backward_ms']:.1f} ms"
+                )
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
-            json.dump({"samples_per_s": result, "ratio": ratios["autotuned"], "ratio_quartiles": spread["autotuned"],
-                       "same_plan": same_plan, "rounds": per_round, "tune_steps": steps, "tune_s": tune_s,
-                       "plan_bucket_bytes": session.plan.bucket_bytes,
-                       "verdict": None if verdict is None else verdict._asdict(),
-                       "default_buckets": [b.nbytes for b in default.bagua_ddp.buckets],
-                       "autotuned_buckets": [b.nbytes for b in tuned.bagua_ddp.buckets], "args": vars(args)},
-                      f, indent=2)
+            json.dump(
+                {
+                    "samples_per_s": result,
+                    "ratio": ratios["autotuned"],
+                    "ratio_quartiles": spread["autotuned"],
+                    "same_plan": same_plan,
+                    "rounds": per_round,
+                    "tune_steps": steps,
+                    "tune_s": tune_s,
+                    "plan_bucket_bytes": session.plan.bucket_bytes,
+                    "verdict": None if verdict is None else verdict._asdict(),
+                    "default_buckets": [b.nbytes for b in default.bagua_ddp.buckets],
+                    "autotuned_buckets": [b.nbytes for b in tuned.bagua_ddp.buckets],
+                    "args": vars(args),
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

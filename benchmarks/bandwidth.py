@@ -69,9 +69,22 @@ import _launch  # benchmarks/_launch.py: launchers, signals, timeouts
 import _report  # benchmarks/_report.py: load, JSON, table, plots
 import _training  # benchmarks/_training.py: models, trainers, timing
 
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad overlap",
-           "Bagua ByteGrad+EF", "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua QAdam",
-           "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit", "JAX Bagua GradientAllReduce")
+CONFIGS = (
+    "DDP",
+    "DDP+fp16",
+    "DDP+PowerSGD",
+    "Bagua GradientAllReduce",
+    "Bagua ByteGrad",
+    "Bagua ByteGrad overlap",
+    "Bagua ByteGrad+EF",
+    "Bagua Decentralized",
+    "Bagua LowPrecisionDecentralized",
+    "Bagua QAdam",
+    "Bagua LowRank",
+    "Bagua LocalSteps",
+    "Bagua LocalSteps+8bit",
+    "JAX Bagua GradientAllReduce",
+)
 # Not run by default: the same steps without communication (the compute a step cannot go below).
 EXTRA_CONFIGS = ("no communication",)
 BASELINE = "DDP"
@@ -86,8 +99,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default=DEFAULT_RATES, help=f"comma-separated tc rates (default {DEFAULT_RATES})")
     p.add_argument("--nproc-per-host", type=int, default=1, choices=(1, 2), help="workers per host (default 1)")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help="comma-separated subset of: " + ", ".join(CONFIGS + EXTRA_CONFIGS))
+    p.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS + EXTRA_CONFIGS)
+    )
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
     p.add_argument("--features", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=2048)
@@ -100,8 +114,11 @@ def parse_args(argv=None):
     p.add_argument("--max-seconds", type=float, default=300.0, help="time-to-loss: seconds at most per configuration")
     p.add_argument("--out-dir", default="bandwidth_results", help="where the JSON, PNG and table go")
     p.add_argument("--no-shaping", action="store_true", help="skip namespaces and tc: one run over loopback")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny model, 1 warm-up and 2 timed steps; runs unshaped when shaping is not possible")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny model, 1 warm-up and 2 timed steps; runs unshaped when shaping is not possible",
+    )
     p.add_argument("--cleanup", action="store_true", help="only remove namespaces left by killed runs, then exit")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per rate before the run is stopped")
     p.add_argument("--result", help=argparse.SUPPRESS)  # worker: where rank 0 writes its results
@@ -119,13 +136,17 @@ def parse_args(argv=None):
             _hosts.rate_bits(r)
     except ValueError as e:
         p.error(str(e))
-    if min(args.batch_size, args.features, args.hidden, args.classes, args.steps, args.max_steps) < 1 \
-            or args.warmup < 0 or args.max_seconds <= 0:
+    if (
+        min(args.batch_size, args.features, args.hidden, args.classes, args.steps, args.max_steps) < 1
+        or args.warmup < 0
+        or args.max_seconds <= 0
+    ):
         p.error("sizes and counts must be positive (warm-up >= 0)")
     return args
 
 
 # ---------------------------------------------------------------- driver ---
+
 
 def drive(args, argv) -> int:
     rc, reason = _hosts.prepare(args, "bandwidth.py", "one run over loopback")
@@ -140,15 +161,31 @@ def drive(args, argv) -> int:
         rc = _run_unshaped(args, argv, tmp, runs) if reason is not None else _run_shaped(args, argv, tmp, runs)
     if rc != 0:
         return rc
-    doc = {"mode": "time_to_loss" if args.time_to_loss else "throughput", "links": list(runs),
-           "configs": list(args.configs), "runs": runs, "nproc_per_host": args.nproc_per_host,
-           "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
-           "model": {"features": args.features, "hidden": args.hidden, "classes": args.classes,
-                     "parameters": _training.mlp_parameters(args.features, args.hidden, args.classes)},
-           "shaping": reason is None, "shaping_skipped_because": reason,
-           "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "uptime_before": uptime_before, "uptime_after": _report.uptime(), "cpus": os.cpu_count(),
-           "seconds": time.perf_counter() - t0, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    doc = {
+        "mode": "time_to_loss" if args.time_to_loss else "throughput",
+        "links": list(runs),
+        "configs": list(args.configs),
+        "runs": runs,
+        "nproc_per_host": args.nproc_per_host,
+        "batch_size": args.batch_size,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "model": {
+            "features": args.features,
+            "hidden": args.hidden,
+            "classes": args.classes,
+            "parameters": _training.mlp_parameters(args.features, args.hidden, args.classes),
+        },
+        "shaping": reason is None,
+        "shaping_skipped_because": reason,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "uptime_before": uptime_before,
+        "uptime_after": _report.uptime(),
+        "cpus": os.cpu_count(),
+        "seconds": time.perf_counter() - t0,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    }
     if args.time_to_loss:
         doc["target_loss"] = args.target_loss
         write_outputs(doc, args.out_dir, "time_to_loss", format_time_to_loss_table(doc), plot_time_to_loss)
@@ -180,8 +217,11 @@ def _run_unshaped(args, argv, tmp, runs) -> int:
 def _run_shaped(args, argv, tmp, runs) -> int:
     secret = secrets.token_hex(32)  # the same on both hosts: the store admits only this job's workers
     with _hosts.EmulatedHosts() as hosts:
-        print(f"emulated hosts: namespaces {hosts.netns[0]} ({_hosts.ADDRESSES[0]}) and {hosts.netns[1]} "
-              f"({_hosts.ADDRESSES[1]}), veth {hosts.ifaces[0]} <-> {hosts.ifaces[1]}", flush=True)
+        print(
+            f"emulated hosts: namespaces {hosts.netns[0]} ({_hosts.ADDRESSES[0]}) and {hosts.netns[1]} "
+            f"({_hosts.ADDRESSES[1]}), veth {hosts.ifaces[0]} <-> {hosts.ifaces[1]}",
+            flush=True,
+        )
         for link in args.rates:
             hosts.shape(link)
             print(f"--- {link} each way, {args.nproc_per_host} process(es) per host", flush=True)
@@ -190,8 +230,14 @@ def _run_shaped(args, argv, tmp, runs) -> int:
             for host in (0, 1):
                 env = _launch.worker_env({"GLOO_SOCKET_IFNAME": hosts.ifaces[host], "BAGUA_STORE_SECRET": secret})
                 cmd = hosts.exec_prefix(host) + _launch.launcher_cmd(
-                    __file__, _worker_argv(argv, link, result), args.nproc_per_host, nnodes=2, node_rank=host,
-                    master_addr=_hosts.ADDRESSES[0], master_port=MASTER_PORT)
+                    __file__,
+                    _worker_argv(argv, link, result),
+                    args.nproc_per_host,
+                    nnodes=2,
+                    node_rank=host,
+                    master_addr=_hosts.ADDRESSES[0],
+                    master_port=MASTER_PORT,
+                )
                 procs.append(_launch.start(cmd, env))
             rc = _collect(link, result, _launch.wait_all(procs, args.timeout, "bandwidth.py"), runs)
             if rc != 0:
@@ -201,6 +247,7 @@ def _run_shaped(args, argv, tmp, runs) -> int:
 
 # ---------------------------------------------------------------- worker ---
 
+
 def work(argv) -> int:
     args = parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
@@ -208,9 +255,11 @@ def work(argv) -> int:
 
     rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
     n_params = _training.mlp_parameters(args.features, args.hidden, args.classes)
-    say(f"[{args.link}] MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}: {n_params / 1e6:.2f} M "
+    say(
+        f"[{args.link}] MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}: {n_params / 1e6:.2f} M "
         f"parameters ({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, "
-        f"batch {args.batch_size} per rank")
+        f"batch {args.batch_size} per rank"
+    )
     batches = _training.mlp_batches(rank, args.batch_size, args.features, args.classes)
     load_before = os.getloadavg()
     if args.time_to_loss:
@@ -219,8 +268,17 @@ def work(argv) -> int:
         results = throughput(args, batches, world, say)
     if rank == 0:
         with open(args.result, "w") as f:
-            json.dump({"link": args.link, "world_size": world, "results": results, "load_average_before": load_before,
-                       "load_average_after": os.getloadavg()}, f, indent=2)
+            json.dump(
+                {
+                    "link": args.link,
+                    "world_size": world,
+                    "results": results,
+                    "load_average_before": load_before,
+                    "load_average_after": os.getloadavg(),
+                },
+                f,
+                indent=2,
+            )
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -234,8 +292,12 @@ def make_trainer(name, args, batches):
 
         tx = optax.chain(bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()), optax.sgd(0.01, momentum=0.9))
         return _training.JaxTrainer(name, args.features, args.hidden, args.classes, batches, tx)
-    return _training.Trainer(name, lambda: _training.torch_mlp(args.features, args.hidden, args.classes),
-                             _training.torch_batches(batches), args.warmup)
+    return _training.Trainer(
+        name,
+        lambda: _training.torch_mlp(args.features, args.hidden, args.classes),
+        _training.torch_batches(batches),
+        args.warmup,
+    )
 
 
 def throughput(args, batches, world, say):
@@ -251,28 +313,39 @@ def throughput(args, batches, world, say):
         seconds = {name: [] for name in args.configs}
         packing = {name: {} for name in args.configs}  # BAGUA_WIRE_PACKING: this rank's packed-path messages
         for r in range(args.steps):
-            for t in (trainers if r % 2 == 0 else trainers[::-1]):
+            for t in trainers if r % 2 == 0 else trainers[::-1]:
                 before = _C.wire_packing_totals()
                 seconds[t.name].append(_training.timed_steps(t, 1, dist.barrier))
                 for k, v in _C.wire_packing_totals().items():
                     packing[t.name][k] = packing[t.name].get(k, 0) + v - before[k]
-            say(f"[{args.link}] round {r + 1}/{args.steps}: ms/step "
-                + ", ".join(f"{n} {1e3 * s[-1]:.0f}" for n, s in seconds.items()) + f" (load {os.getloadavg()[0]:.2f})")
+            say(
+                f"[{args.link}] round {r + 1}/{args.steps}: ms/step "
+                + ", ".join(f"{n} {1e3 * s[-1]:.0f}" for n, s in seconds.items())
+                + f" (load {os.getloadavg()[0]:.2f})"
+            )
         for name, p in packing.items():
             if p.get("packed_messages") or p.get("raw_messages"):
-                say(f"[{args.link}] wire packing, {name}: {p['packed_messages']} messages packed, "
+                say(
+                    f"[{args.link}] wire packing, {name}: {p['packed_messages']} messages packed, "
                     f"{p['raw_messages']} raw; sent {p['wire_bytes'] / 2**20:.1f} MiB for "
-                    f"{p['raw_bytes'] / 2**20:.1f} MiB of float32 (rank 0, timed steps)")
+                    f"{p['raw_bytes'] / 2**20:.1f} MiB of float32 (rank 0, timed steps)"
+                )
     finally:
         for t in trainers:
             t.close()
     samples = args.batch_size * world
     base = seconds[BASELINE]
-    return {t.name: {"ms_per_step": 1e3 * statistics.median(seconds[t.name]),
-                     "samples_per_s": samples / statistics.median(seconds[t.name]),
-                     "ratio_to_ddp": statistics.median(b / s for s, b in zip(seconds[t.name], base)),
-                     "step_seconds": seconds[t.name], "loss": t.loss, "wire_packing": packing[t.name]}
-            for t in trainers}
+    return {
+        t.name: {
+            "ms_per_step": 1e3 * statistics.median(seconds[t.name]),
+            "samples_per_s": samples / statistics.median(seconds[t.name]),
+            "ratio_to_ddp": statistics.median(b / s for s, b in zip(seconds[t.name], base)),
+            "step_seconds": seconds[t.name],
+            "loss": t.loss,
+            "wire_packing": packing[t.name],
+        }
+        for t in trainers
+    }
 
 
 def time_to_loss(args, batches, say):
@@ -302,16 +375,25 @@ def time_to_loss(args, batches, say):
                     break
         finally:
             t.close()
-        results[name] = {"curve": curve, "seconds_to_target": reached, "steps": len(curve),
-                         "final_loss": curve[-1][1] if curve else float("nan")}
-        say(f"[{args.link}] {name}: " + (f"loss {args.target_loss} after {reached:.1f} s, {len(curve)} steps"
-                                         if reached is not None else
-                                         f"not reached in {len(curve)} steps ({curve[-1][0]:.1f} s), "
-                                         f"loss {curve[-1][1]:.3f}"))
+        results[name] = {
+            "curve": curve,
+            "seconds_to_target": reached,
+            "steps": len(curve),
+            "final_loss": curve[-1][1] if curve else float("nan"),
+        }
+        say(
+            f"[{args.link}] {name}: "
+            + (
+                f"loss {args.target_loss} after {reached:.1f} s, {len(curve)} steps"
+                if reached is not None
+                else f"not reached in {len(curve)} steps ({curve[-1][0]:.1f} s), loss {curve[-1][1]:.3f}"
+            )
+        )
     return results
 
 
 # ---------------------------------------------------------------- output ---
+
 
 def _links_by_bandwidth(links):
     """Fastest first (as the seed's figure reads: bandwidth shrinking to the right)."""
@@ -330,21 +412,29 @@ def format_throughput_table(doc):
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     world = next(iter(doc["runs"].values()))["world_size"]
     rows.append("")
-    where = (f"2 hosts x {doc['nproc_per_host']} process(es)" if doc["shaping"] else
-             f"one host, {world} processes over loopback")
-    rows.append(f"({where}, world size {world}, batch {doc['batch_size']} per "
-                f"rank, {doc['model']['parameters'] / 1e6:.2f} M parameters; median of {doc['steps']} timed steps "
-                f"after {doc['warmup']} warm-up steps; x DDP: median of per-round ratios; "
-                f"{'shaped with tc tbf' if doc['shaping'] else 'unshaped: ' + str(doc['shaping_skipped_because'])}; "
-                f"{doc['seconds']:.0f} s in all; before: {doc['uptime_before']}; after: {doc['uptime_after']})")
+    where = (
+        f"2 hosts x {doc['nproc_per_host']} process(es)"
+        if doc["shaping"]
+        else f"one host, {world} processes over loopback"
+    )
+    rows.append(
+        f"({where}, world size {world}, batch {doc['batch_size']} per "
+        f"rank, {doc['model']['parameters'] / 1e6:.2f} M parameters; median of {doc['steps']} timed steps "
+        f"after {doc['warmup']} warm-up steps; x DDP: median of per-round ratios; "
+        f"{'shaped with tc tbf' if doc['shaping'] else 'unshaped: ' + str(doc['shaping_skipped_because'])}; "
+        f"{doc['seconds']:.0f} s in all; before: {doc['uptime_before']}; after: {doc['uptime_after']})"
+    )
     return "\n".join(rows)
 
 
 def format_time_to_loss_table(doc):
     links = _links_by_bandwidth(doc["links"])
-    rows = ["| configuration | " + " | ".join(f"{link}: s to loss {doc['target_loss']} | steps | final loss"
-                                              for link in links) + " |",
-            "|---|" + "---:|---:|---:|" * len(links)]
+    rows = [
+        "| configuration | "
+        + " | ".join(f"{link}: s to loss {doc['target_loss']} | steps | final loss" for link in links)
+        + " |",
+        "|---|" + "---:|---:|---:|" * len(links),
+    ]
     for name in doc["configs"]:
         cells = []
         for link in links:
@@ -372,8 +462,10 @@ def plot_throughput(doc, path):
     ax.set_xlabel("link bandwidth (each direction)")
     ax.set_ylabel("samples/s (all ranks)")
     ax.set_yscale("log")
-    ax.set_title(f"MLP {doc['model']['parameters'] / 1e6:.1f} M params, 2 hosts x {doc['nproc_per_host']}, "
-                 f"batch {doc['batch_size']}/rank")
+    ax.set_title(
+        f"MLP {doc['model']['parameters'] / 1e6:.1f} M params, 2 hosts x {doc['nproc_per_host']}, "
+        f"batch {doc['batch_size']}/rank"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -392,8 +484,12 @@ def plot_time_to_loss(doc, path):
     for ax, link in zip(axes[0], links):
         for name in doc["configs"]:
             curve = doc["runs"][link]["results"][name]["curve"]
-            ax.plot([c[0] for c in curve], [c[1] for c in curve], label=name,
-                    linestyle="--" if name.startswith("DDP") else "-")
+            ax.plot(
+                [c[0] for c in curve],
+                [c[1] for c in curve],
+                label=name,
+                linestyle="--" if name.startswith("DDP") else "-",
+            )
         ax.axhline(doc["target_loss"], color="grey", linewidth=0.8)
         ax.set_xlabel("wall-clock seconds")
         ax.set_ylabel("training loss (mean over ranks)")

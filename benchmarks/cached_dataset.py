@@ -70,8 +70,10 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(1)
     base = Decoded(a.samples, a.work_ms)
-    print(f"{a.samples} samples of 3x64x64 float32, ~{a.work_ms:g} ms of work each, batch {a.batch_size}, "
-          f"{a.workers} DataLoader worker(s)")
+    print(
+        f"{a.samples} samples of 3x64x64 float32, ~{a.work_ms:g} ms of work each, batch {a.batch_size}, "
+        f"{a.workers} DataLoader worker(s)"
+    )
     print(f"{'backend':<8} {'epoch 1 s':>10} {'epoch 2 s':>10} {'e2 vs none':>11} {'e2 hit rate':>12}")
     tmp = tempfile.mkdtemp(prefix="bagua-bench-cache-")
     none_time = None

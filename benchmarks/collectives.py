@@ -61,8 +61,19 @@ BASE_BYTES_PER_PROCESS = 1 << 30
 
 # --- sizes and formatting ----------------------------------------------------
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -139,9 +150,11 @@ class BaguaCase:
 
     def run(self, reps):
         bc, send, recv = self.bc, self.send, self.recv
-        fn = {"allreduce": lambda: bc.allreduce_inplace(send),
-              "allgather": lambda: bc.allgather(send, recv),
-              "alltoall": lambda: bc.alltoall(send, recv)}[self.op]
+        fn = {
+            "allreduce": lambda: bc.allreduce_inplace(send),
+            "allgather": lambda: bc.allgather(send, recv),
+            "alltoall": lambda: bc.alltoall(send, recv),
+        }[self.op]
         for _ in range(reps):
             fn()
 
@@ -165,9 +178,11 @@ class TorchCase:
         dist, send, recv = self.dist, self.send, self.recv
         # all_gather_single is all_gather_into_tensor's new name (torch >= 2.13)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        fn = {"allreduce": lambda: dist.all_reduce(send),
-              "allgather": lambda: gather(recv, send),
-              "alltoall": lambda: dist.all_to_all_single(recv, send)}[self.op]
+        fn = {
+            "allreduce": lambda: dist.all_reduce(send),
+            "allgather": lambda: gather(recv, send),
+            "alltoall": lambda: dist.all_to_all_single(recv, send),
+        }[self.op]
         for _ in range(reps):
             fn()
 
@@ -183,11 +198,14 @@ class JaxSystem:
 
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=world,
-                                   process_id=rank, initialization_timeout=timeout)
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=world,
+            process_id=rank,
+            initialization_timeout=timeout,
+        )
         import numpy as np
-        from jax.sharding import Mesh, NamedSharding
-        from jax.sharding import PartitionSpec as P
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
         try:
             from jax import shard_map
@@ -268,8 +286,9 @@ def worker(args) -> None:
     if "torch" in args.systems:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=args.op_timeout))
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.op_timeout)
+        )
     jax_system = None
     if "jax" in args.systems:
         try:
@@ -329,11 +348,17 @@ def worker(args) -> None:
     if "torch" in args.systems:
         dist.destroy_process_group()
     if rank == 0:
-        versions = {m: sys.modules[m].__version__ for m in ("numpy", "torch", "jax", "bagua_core")
-                    if m in sys.modules}
+        versions = {m: sys.modules[m].__version__ for m in ("numpy", "torch", "jax", "bagua_core") if m in sys.modules}
         with open(args.result_file, "w") as f:
-            json.dump({"results": results, "unavailable": unavailable, "versions": versions,
-                       "peak_rss_bytes": [int(p) for p in peaks]}, f)
+            json.dump(
+                {
+                    "results": results,
+                    "unavailable": unavailable,
+                    "versions": versions,
+                    "peak_rss_bytes": [int(p) for p in peaks],
+                },
+                f,
+            )
     bc.destroy_process_group()
 
 
@@ -378,20 +403,50 @@ def run_world(args, world: int) -> dict:
     jax_port = _free_port({master_port, master_port + 1})
     with tempfile.TemporaryDirectory(prefix="bagua-bench-") as tmp:
         result_file = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(world),
-               "--master-addr", "127.0.0.1", "--master-port", str(master_port),
-               os.path.abspath(__file__), "--worker", "--result-file", result_file,
-               "--jax-port", str(jax_port), "--iters", str(args.iters), "--warmup", str(args.warmup),
-               "--op-timeout", str(args.op_timeout), "--ops", *args.ops,
-               "--systems", *args.systems, "--sizes", *map(str, args.sizes)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bagua_core.run",
+            "--nproc-per-node",
+            str(world),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(master_port),
+            os.path.abspath(__file__),
+            "--worker",
+            "--result-file",
+            result_file,
+            "--jax-port",
+            str(jax_port),
+            "--iters",
+            str(args.iters),
+            "--warmup",
+            str(args.warmup),
+            "--op-timeout",
+            str(args.op_timeout),
+            "--ops",
+            *args.ops,
+            "--systems",
+            *args.systems,
+            "--sizes",
+            *map(str, args.sizes),
+        ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
         env["BAGUA_TIMEOUT"] = str(args.op_timeout)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's start-up chatter
         env.pop("BAGUA_STORE_PORT", None)  # the store goes on MASTER_PORT + 1
         tail: deque = deque(maxlen=200)
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         reader = threading.Thread(target=_pump, args=(proc.stdout, tail, not args.quiet), daemon=True)
         reader.start()
         try:
@@ -409,8 +464,7 @@ def run_world(args, world: int) -> dict:
             reader.join(timeout=5)
         if rc != 0 or not os.path.exists(result_file):
             why = f"timed out after {args.timeout} s" if rc is None else f"exit code {rc}"
-            raise RuntimeError(f"benchmark at world size {world} failed ({why}); last output:\n"
-                               + "".join(tail))
+            raise RuntimeError(f"benchmark at world size {world} failed ({why}); last output:\n" + "".join(tail))
         with open(result_file) as f:
             return json.load(f)
 
@@ -424,22 +478,40 @@ def markdown_table(rows: List[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i > 1 else "---" for i in range(len(head))) + "|"]
     for r in rows:
         b, t, j = (r.get(f"{s}_gbps") for s in SYSTEMS)
-        cells = [str(r["world_size"]), r["op"], format_size(r["size_bytes"]),
-                 _cell(b, ".3g"), _cell(t, ".3g"), _cell(j, ".3g"),
-                 _cell(b / t if b and t else None, ".2f"), _cell(b / j if b and j else None, ".2f")]
+        cells = [
+            str(r["world_size"]),
+            r["op"],
+            format_size(r["size_bytes"]),
+            _cell(b, ".3g"),
+            _cell(t, ".3g"),
+            _cell(j, ".3g"),
+            _cell(b / t if b and t else None, ".2f"),
+            _cell(b / j if b and j else None, ".2f"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--world-size", type=int, nargs="+", default=[2], help="process counts (default: 2)")
-    p.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in DEFAULT_SIZES],
-                   help=f"buffer sizes, binary units (default: {' '.join(DEFAULT_SIZES)})")
+    p.add_argument(
+        "--sizes",
+        type=parse_size,
+        nargs="+",
+        default=[parse_size(s) for s in DEFAULT_SIZES],
+        help=f"buffer sizes, binary units (default: {' '.join(DEFAULT_SIZES)})",
+    )
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
-                   help="bagua always runs (its store carries the barriers)")
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SYSTEMS,
+        default=list(SYSTEMS),
+        help="bagua always runs (its store carries the barriers)",
+    )
     p.add_argument("--iters", type=int, default=10, help="timed samples per system, op and size (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls before timing (default 2)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -468,8 +540,11 @@ def main(argv=None) -> int:
     need = max(args.world_size) * (BUFFERS_PER_PROCESS * max(args.sizes) + BASE_BYTES_PER_PROCESS)
     avail = _mem_available()
     if avail is not None and need > avail:
-        print(f"error: up to {need / 2**30:.1f} GiB may be needed but only {avail / 2**30:.1f} GiB "
-              "are available: use smaller --sizes or --world-size", file=sys.stderr)
+        print(
+            f"error: up to {need / 2**30:.1f} GiB may be needed but only {avail / 2**30:.1f} GiB "
+            "are available: use smaller --sizes or --world-size",
+            file=sys.stderr,
+        )
         return 2
     started = time.time()
     load_before = os.getloadavg()
@@ -491,21 +566,34 @@ def main(argv=None) -> int:
             unavailable.setdefault(s, "not selected (--systems)")
     print(markdown_table(rows))
     print()
-    print(f"float32, median of {args.iters} samples after {args.warmup} warm-up calls; "
-          f"GB/s = size / time (10^9 bytes/s); {os.cpu_count()} CPUs, 1-minute load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (with this run's own processes); "
-          f"{elapsed:.0f} s; peak RSS per process "
-          + ", ".join(f"{peak_rss[w] / 2**20:.0f} MiB at {w} procs" for w in args.world_size) + ".")
+    print(
+        f"float32, median of {args.iters} samples after {args.warmup} warm-up calls; "
+        f"GB/s = size / time (10^9 bytes/s); {os.cpu_count()} CPUs, 1-minute load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (with this run's own processes); "
+        f"{elapsed:.0f} s; peak RSS per process "
+        + ", ".join(f"{peak_rss[w] / 2**20:.0f} MiB at {w} procs" for w in args.world_size)
+        + "."
+    )
     for s, why in unavailable.items():
         print(f"{s}: n/a: {why}")
     if args.json:
         import platform
 
-        doc = {"command": [os.path.basename(sys.executable)] + sys.argv, "rows": rows,
-               "unavailable": unavailable, "iters": args.iters, "warmup": args.warmup,
-               "dtype": "float32", "cpus": os.cpu_count(), "platform": platform.platform(),
-               "load_average_before": load_before, "load_average_after": load_after,
-               "elapsed_s": elapsed, "versions": versions, "peak_rss_bytes": {str(w): b for w, b in peak_rss.items()}}
+        doc = {
+            "command": [os.path.basename(sys.executable)] + sys.argv,
+            "rows": rows,
+            "unavailable": unavailable,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "dtype": "float32",
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "elapsed_s": elapsed,
+            "versions": versions,
+            "peak_rss_bytes": {str(w): b for w, b in peak_rss.items()},
+        }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0

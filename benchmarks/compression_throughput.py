@@ -45,8 +45,11 @@ def main():
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
-    p.add_argument("--isa", default=",".join(compression.supported_cpu_isas()),
-                   help="comma-separated kernel instruction sets to measure (default: every one this CPU runs)")
+    p.add_argument(
+        "--isa",
+        default=",".join(compression.supported_cpu_isas()),
+        help="comma-separated kernel instruction sets to measure (default: every one this CPU runs)",
+    )
     args = p.parse_args()
     dtype = numpy_dtype(args.dtype)
     n = args.mib * 2**20 // dtype.itemsize

@@ -20,8 +20,10 @@ OPS = {"SUM": 0, "MAX": 3}
 
 def main():
     if not _C._test_bindings:
-        raise SystemExit(f"{__file__}: needs bagua_core._C built with -DBAGUA_TEST_BINDINGS=ON "
-                         "(the default): it times a test-only entry point")
+        raise SystemExit(
+            f"{__file__}: needs bagua_core._C built with -DBAGUA_TEST_BINDINGS=ON "
+            "(the default): it times a test-only entry point"
+        )
     p = argparse.ArgumentParser()
     p.add_argument("--mib", type=int, default=16)
     p.add_argument("--repeat", type=int, default=5)

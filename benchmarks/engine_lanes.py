@@ -58,8 +58,10 @@ def drive(argv) -> int:
     reason = "--no-shaping given" if args.no_shaping else _hosts.unavailable_reason()
     if reason is not None:
         if not args.no_shaping:
-            print(f"engine_lanes.py: cannot shape the network: {reason}.\n"
-                  "(--no-shaping runs over loopback instead.)", file=sys.stderr)
+            print(
+                f"engine_lanes.py: cannot shape the network: {reason}.\n(--no-shaping runs over loopback instead.)",
+                file=sys.stderr,
+            )
             return 2
         cmd = _launch.launcher_cmd(__file__, [*argv, "--no-shaping"], 2)
         return _launch.wait_all([_launch.start(cmd, _launch.worker_env())], args.timeout, "engine_lanes.py")
@@ -70,7 +72,8 @@ def drive(argv) -> int:
         for host in (0, 1):
             env = _launch.worker_env({"GLOO_SOCKET_IFNAME": hosts.ifaces[host], "BAGUA_STORE_SECRET": secret})
             cmd = hosts.exec_prefix(host) + _launch.launcher_cmd(
-                __file__, argv, 1, nnodes=2, node_rank=host, master_addr=_hosts.ADDRESSES[0], master_port=MASTER_PORT)
+                __file__, argv, 1, nnodes=2, node_rank=host, master_addr=_hosts.ADDRESSES[0], master_port=MASTER_PORT
+            )
             procs.append(_launch.start(cmd, env))
         return _launch.wait_all(procs, args.timeout, "engine_lanes.py")
 
@@ -112,15 +115,17 @@ def work(argv) -> int:
         for _ in range(5):
             step(e)
     for r in range(args.rounds):
-        for lanes in ((1, 2) if r % 2 == 0 else (2, 1)):
+        for lanes in (1, 2) if r % 2 == 0 else (2, 1):
             times[lanes].append(step(engines[lanes]))
         for i in range(args.buckets):
             one, two = (np.asarray(engines[n].buckets[i].view(f"t{i}")) for n in (1, 2))
             assert np.array_equal(one.view(np.uint32), two.view(np.uint32)), f"bucket {i} differs between engines"
     if rank == 0:
         ms = {lanes: 1e3 * statistics.median(t) for lanes, t in times.items()}
-        print(f"{args.step}, {args.buckets} buckets of {numel * 4 / 2**20:.1f} MiB, {world} ranks, link "
-              f"{args.rate}, median of {args.rounds} steps (slower rank), load {os.getloadavg()[0]:.2f}:")
+        print(
+            f"{args.step}, {args.buckets} buckets of {numel * 4 / 2**20:.1f} MiB, {world} ranks, link "
+            f"{args.rate}, median of {args.rounds} steps (slower rank), load {os.getloadavg()[0]:.2f}:"
+        )
         print(f"  1 lane : {ms[1]:8.1f} ms/step")
         print(f"  2 lanes: {ms[2]:8.1f} ms/step  ({ms[1] / ms[2]:.2f}x the one-lane speed)", flush=True)
     for e in engines.values():

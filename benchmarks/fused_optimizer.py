@@ -22,9 +22,16 @@ import torch
 
 from bagua_torch.contrib import fuse_optimizer
 
-DEFAULT_KW = {"SGD": dict(lr=0.01, momentum=0.9), "Adam": dict(lr=1e-3), "AdamW": dict(lr=1e-3),
-              "RMSprop": dict(lr=1e-3), "Adadelta": dict(lr=1.0), "Adamax": dict(lr=1e-3),
-              "Rprop": dict(lr=1e-3), "ASGD": dict(lr=1e-3)}
+DEFAULT_KW = {
+    "SGD": dict(lr=0.01, momentum=0.9),
+    "Adam": dict(lr=1e-3),
+    "AdamW": dict(lr=1e-3),
+    "RMSprop": dict(lr=1e-3),
+    "Adadelta": dict(lr=1.0),
+    "Adamax": dict(lr=1e-3),
+    "Rprop": dict(lr=1e-3),
+    "ASGD": dict(lr=1e-3),
+}
 
 
 def model(layers, width):
@@ -56,7 +63,7 @@ def bench(name, layers, width, iters, device):
         opt.fuse_step()
     for i in range(iters):
         order = (("unfused", ref_opt.step), ("fused", opt.fuse_step))
-        for kind, step in (order if i % 2 == 0 else order[::-1]):
+        for kind, step in order if i % 2 == 0 else order[::-1]:
             sync()
             t = time.perf_counter()
             step()
@@ -69,16 +76,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=200)
     ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--optimizers", nargs="+", default=["SGD", "Adam", "AdamW", "RMSprop", "Adadelta"],
-                    choices=sorted(DEFAULT_KW))
+    ap.add_argument(
+        "--optimizers", nargs="+", default=["SGD", "Adam", "AdamW", "RMSprop", "Adadelta"], choices=sorted(DEFAULT_KW)
+    )
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     n = a.layers * 2
-    print(f"torch {torch.__version__}, {a.device}, {n} parameter tensors "
-          f"({a.layers} x Linear({a.width}, {a.width})), {a.threads} thread(s), median of {a.iters}")
+    print(
+        f"torch {torch.__version__}, {a.device}, {n} parameter tensors "
+        f"({a.layers} x Linear({a.width}, {a.width})), {a.threads} thread(s), median of {a.iters}"
+    )
     print(f"{'optimizer':<10} {'unfused ms':>11} {'fused ms':>9} {'ratio':>7}")
     for name in a.optimizers:
         t, count = bench(name, a.layers, a.width, a.iters, a.device)

@@ -29,18 +29,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tcp(lanes, segment_mib):
     thr = 1 << 62 if lanes == 1 else 0
-    return (f"TCP {lanes} lane(s), {segment_mib:g} MiB segments",
-            dict(shm=False, lanes=lanes, lane_threshold_bytes=thr, segment_bytes=int(segment_mib * (1 << 20))))
+    return (
+        f"TCP {lanes} lane(s), {segment_mib:g} MiB segments",
+        dict(shm=False, lanes=lanes, lane_threshold_bytes=thr, segment_bytes=int(segment_mib * (1 << 20))),
+    )
 
 
 def shm(window_kib):
-    return f"shm, {window_kib:g} KiB window", dict(shm=True, shm_threshold_bytes=0,
-                                                    shm_window_bytes=int(window_kib * 1024))
+    return f"shm, {window_kib:g} KiB window", dict(
+        shm=True, shm_threshold_bytes=0, shm_window_bytes=int(window_kib * 1024)
+    )
 
 
 # name, options of _create_gloo_communicator_tuned (None: create_gloo_communicator's defaults)
-CONFIGS_DEFAULT = [tcp(1, 1), tcp(1, 4), tcp(2, 1), tcp(2, 4), ("TCP default", dict(shm=False)),
-                   shm(256), shm(1024), shm(4096), ("default", None)]
+CONFIGS_DEFAULT = [
+    tcp(1, 1),
+    tcp(1, 4),
+    tcp(2, 1),
+    tcp(2, 4),
+    ("TCP default", dict(shm=False)),
+    shm(256),
+    shm(1024),
+    shm(4096),
+    ("default", None),
+]
 
 
 def configs():
@@ -118,8 +130,20 @@ def main() -> int:
         return 0
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (REPO, env.get("PYTHONPATH")) if x)
-    cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(args.nproc), "--no-prefix",
-           os.path.abspath(__file__), "--worker", "--mib", str(args.mib), "--iters", str(args.iters)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bagua_core.run",
+        "--nproc-per-node",
+        str(args.nproc),
+        "--no-prefix",
+        os.path.abspath(__file__),
+        "--worker",
+        "--mib",
+        str(args.mib),
+        "--iters",
+        str(args.iters),
+    ]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=args.timeout)

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or not _C.built_with_cuda:
         print("needs a CUDA device, torch with CUDA and a CUDA build of bagua_core")
         return 2
-    n = args.mib * 2 ** 20 // 4
+    n = args.mib * 2**20 // 4
     x = torch.randn(n, device="cuda")
     y = torch.empty_like(x)
     c = torch.empty(compression.compressed_nbytes(n, args.chunks), dtype=torch.uint8, device="cuda")
@@ -80,10 +80,12 @@ def main(argv=None) -> int:
         decompress()
 
     nbytes = n * 4
-    seconds = {"copy": timed(torch, lambda: y.copy_(x), args.reps),
-               "compress": timed(torch, compress, args.reps),
-               "decompress": timed(torch, decompress, args.reps),
-               "compress+decompress": timed(torch, both, args.reps)}
+    seconds = {
+        "copy": timed(torch, lambda: y.copy_(x), args.reps),
+        "compress": timed(torch, compress, args.reps),
+        "decompress": timed(torch, decompress, args.reps),
+        "compress+decompress": timed(torch, both, args.reps),
+    }
     # bytes of float32 each one reads or writes: the copy moves them twice (read + write)
     moved = {"copy": 2 * nbytes, "compress": nbytes, "decompress": nbytes, "compress+decompress": 2 * nbytes}
     gbps = {k: moved[k] / s / 1e9 for k, s in seconds.items()}

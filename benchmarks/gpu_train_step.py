@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._training import mlp_batches, mlp_initial_weights, mlp_parameters, torch_mlp  # noqa: E402
+from benchmarks._training import mlp_batches, mlp_initial_weights, mlp_parameters, torch_mlp
 
 
 def parse_args(argv=None):
@@ -124,10 +124,11 @@ def torch_configs(args, batches):
     def ddp(model, _opt):
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
 
-    return [TorchStep("torch no communication", args, batches, lambda m, _o: m),
-            TorchStep("torch DDP (NCCL)", args, batches, ddp),
-            TorchStep("torch with_bagua", args, batches,
-                      lambda m, o: m.with_bagua([o], GradientAllReduceAlgorithm()))]
+    return [
+        TorchStep("torch no communication", args, batches, lambda m, _o: m),
+        TorchStep("torch DDP (NCCL)", args, batches, ddp),
+        TorchStep("torch with_bagua", args, batches, lambda m, o: m.with_bagua([o], GradientAllReduceAlgorithm())),
+    ]
 
 
 def jax_configs(args, batches):
@@ -141,9 +142,15 @@ def jax_configs(args, batches):
         return []
     import bagua_jax
 
-    return [JaxStep("JAX no communication", args, batches, optax.sgd(0.01)),
-            JaxStep("JAX bagua_jax.transform", args, batches,
-                    optax.chain(bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()), optax.sgd(0.01)))]
+    return [
+        JaxStep("JAX no communication", args, batches, optax.sgd(0.01)),
+        JaxStep(
+            "JAX bagua_jax.transform",
+            args,
+            batches,
+            optax.chain(bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()), optax.sgd(0.01)),
+        ),
+    ]
 
 
 def main(argv=None) -> int:
@@ -169,8 +176,10 @@ def main(argv=None) -> int:
             times[c.name].append((time.perf_counter() - t0) / args.steps)
     median = {n: statistics.median(ts) for n, ts in times.items()}
     device = torch.cuda.get_device_name(0)
-    print(f"{device}: MLP {mlp_parameters(args.features, args.hidden, args.classes) / 1e6:.1f} M parameters, "
-          f"batch {args.batch}, median of {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"{device}: MLP {mlp_parameters(args.features, args.hidden, args.classes) / 1e6:.1f} M parameters, "
+        f"batch {args.batch}, median of {args.rounds} rounds x {args.steps} steps"
+    )
     for n, t in median.items():
         print(f"  {n:26s} {t * 1e3:8.3f} ms/step")
     ratios = {}
@@ -182,8 +191,16 @@ def main(argv=None) -> int:
         print(f"  {n:34s} {r:.3f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "ms_per_step": {n: t * 1e3 for n, t in median.items()},
-                       "ratios": ratios, "args": vars(args)}, f, indent=2)
+            json.dump(
+                {
+                    "device": device,
+                    "ms_per_step": {n: t * 1e3 for n, t in median.items()},
+                    "ratios": ratios,
+                    "args": vars(args),
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

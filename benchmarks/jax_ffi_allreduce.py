@@ -16,10 +16,9 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import bagua_core
 import bagua_jax

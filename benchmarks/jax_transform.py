@@ -42,8 +42,13 @@ import _launch  # benchmarks/_launch.py: the script is its own driver
 import _training  # benchmarks/_training.py
 from _training import mlp_batches, mlp_initial_weights, torch_batches, torch_mlp
 
-CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
-           "torch no communication")
+CONFIGS = (
+    "JAX bagua_jax.transform",
+    "JAX jax.distributed (gloo)",
+    "torch with_bagua",
+    "JAX no communication",
+    "torch no communication",
+)
 
 
 def parse_args(argv=None):
@@ -81,9 +86,13 @@ def JaxTrainer(name, args, batches, tx, mesh=None):
 
 def TorchTrainer(name, args, batches, communicate=True):
     """The torch model with plain SGD, wrapped with GradientAllReduce unless ``communicate`` is False."""
-    t = _training.Trainer("Bagua GradientAllReduce" if communicate else "no communication",
-                          lambda: torch_mlp(args.features, args.hidden, args.classes), torch_batches(batches),
-                          warmup=args.warmup, momentum=0.0)
+    t = _training.Trainer(
+        "Bagua GradientAllReduce" if communicate else "no communication",
+        lambda: torch_mlp(args.features, args.hidden, args.classes),
+        torch_batches(batches),
+        warmup=args.warmup,
+        momentum=0.0,
+    )
     t.name = name
     return t
 
@@ -147,15 +156,18 @@ def work(argv) -> int:
     bagua_jax.init_process_group()
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     n_params = sum(w.size for w in initial_weights(args))
-    say(f"model: MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}, {n_params / 1e6:.2f} M parameters "
+    say(
+        f"model: MLP {args.features}-{args.hidden}-{args.hidden}-{args.classes}, {n_params / 1e6:.2f} M parameters "
         f"({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, batch {args.batch_size} per rank; "
-        f"{args.warmup} warm-up steps, then {args.rounds} rounds of {args.steps} timed steps per configuration")
+        f"{args.warmup} warm-up steps, then {args.rounds} rounds of {args.steps} timed steps per configuration"
+    )
     batches = mlp_batches(rank, args.batch_size, args.features, args.classes)
     mesh = jax.make_mesh((world,), ("dp",), devices=jax.devices())
     sgd = optax.sgd(0.01)
     trainers = [
-        JaxTrainer(CONFIGS[0], args, batches,
-                   optax.chain(bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()), sgd)),
+        JaxTrainer(
+            CONFIGS[0], args, batches, optax.chain(bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()), sgd)
+        ),
         JaxTrainer(CONFIGS[1], args, batches, sgd, mesh=mesh),
         TorchTrainer(CONFIGS[2], args, batches),
         JaxTrainer(CONFIGS[3], args, batches, sgd),
@@ -167,7 +179,7 @@ def work(argv) -> int:
         for t in trainers:
             t.steps(args.warmup)
         for r in range(args.rounds):
-            for t in (trainers if r % 2 == 0 else trainers[::-1]):
+            for t in trainers if r % 2 == 0 else trainers[::-1]:
                 barrier()
                 t0 = time.perf_counter()
                 t.steps(args.steps)
@@ -179,11 +191,18 @@ def work(argv) -> int:
             t.close()
 
     base = per_round[CONFIGS[1]]
-    results = {t.name: {"samples_per_s": statistics.median(per_round[t.name]), "rounds": per_round[t.name],
-                        "ratio_to_jax_distributed": statistics.median(a / b for a, b in zip(per_round[t.name], base)),
-                        "loss": t.loss} for t in trainers}
+    results = {
+        t.name: {
+            "samples_per_s": statistics.median(per_round[t.name]),
+            "rounds": per_round[t.name],
+            "ratio_to_jax_distributed": statistics.median(a / b for a, b in zip(per_round[t.name], base)),
+            "loss": t.loss,
+        }
+        for t in trainers
+    }
     transform_vs_torch = statistics.median(
-        a / b for a, b in zip(per_round[CONFIGS[2]], per_round[CONFIGS[0]]))  # torch samples/s over JAX's
+        a / b for a, b in zip(per_round[CONFIGS[2]], per_round[CONFIGS[0]])
+    )  # torch samples/s over JAX's
     overhead = {"update_ms": t_update * 1e3, "raw_allreduce_ms": t_raw * 1e3, "overhead_ms": (t_update - t_raw) * 1e3}
     if rank == 0:
         print()
@@ -192,15 +211,29 @@ def work(argv) -> int:
         for name in CONFIGS:
             r = results[name]
             print(f"| {name} | {r['samples_per_s']:.1f} | {r['ratio_to_jax_distributed']:.2f}x | {r['loss']:.3f} |")
-        print(f"\nJAX transform step time / torch with_bagua step time: {transform_vs_torch:.2f} "
-              "(median of per-round ratios)")
-        print(f"transform overhead: tx.update of the gradient pytree {overhead['update_ms']:.2f} ms, one allreduce of "
-              f"the same bytes {overhead['raw_allreduce_ms']:.2f} ms: {overhead['overhead_ms']:+.2f} ms per step")
+        print(
+            f"\nJAX transform step time / torch with_bagua step time: {transform_vs_torch:.2f} "
+            "(median of per-round ratios)"
+        )
+        print(
+            f"transform overhead: tx.update of the gradient pytree {overhead['update_ms']:.2f} ms, one allreduce of "
+            f"the same bytes {overhead['raw_allreduce_ms']:.2f} ms: {overhead['overhead_ms']:+.2f} ms per step"
+        )
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"results": results, "configs": list(CONFIGS), "world_size": world,
-                           "jax_step_time_over_torch": transform_vs_torch, "transform_overhead": overhead,
-                           "parameters": int(n_params), "batch_size": args.batch_size}, f, indent=2)
+                json.dump(
+                    {
+                        "results": results,
+                        "configs": list(CONFIGS),
+                        "world_size": world,
+                        "jax_step_time_over_torch": transform_vs_torch,
+                        "transform_overhead": overhead,
+                        "parameters": int(n_params),
+                        "batch_size": args.batch_size,
+                    },
+                    f,
+                    indent=2,
+                )
     barrier()
     jax.distributed.shutdown()
     return 0

@@ -78,6 +78,7 @@ def names(rank):
 
 def build_model(widths):
     import torch.nn as nn
+
     layers = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i + 2 < len(widths) else [])
@@ -86,21 +87,28 @@ def build_model(widths):
 
 def make_batches(rank, batch_size, features, classes, n=8):
     import torch
+
     g = torch.Generator().manual_seed(1000 + rank)
-    return [(torch.randn(batch_size, features, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(batch_size, features, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def format_table(results, ranks):
-    rows = ["| rank | DDP+powerSGD_hook ms/step | Bagua LowRank ms/step | Bagua / hook (time) "
-            "| middle half of rounds | hook above no comm. | Bagua above no comm. |",
-            "|---:|---:|---:|---:|---|---:|---:|"]
+    rows = [
+        "| rank | DDP+powerSGD_hook ms/step | Bagua LowRank ms/step | Bagua / hook (time) "
+        "| middle half of rounds | hook above no comm. | Bagua above no comm. |",
+        "|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for r in ranks:
         torch_name, bagua_name = names(r)
         t, b = results[torch_name], results[bagua_name]
         q1, _, q3 = quartiles(b["ratio_rounds"])
-        rows.append(f"| {r} | {t['ms_per_step']:.2f} | {b['ms_per_step']:.2f} | {b['ratio_to_hook']:.2f} "
-                    f"| {q1:.2f}-{q3:.2f} | {t['above_no_comm_ms']:.2f} | {b['above_no_comm_ms']:.2f} |")
+        rows.append(
+            f"| {r} | {t['ms_per_step']:.2f} | {b['ms_per_step']:.2f} | {b['ratio_to_hook']:.2f} "
+            f"| {q1:.2f}-{q3:.2f} | {t['above_no_comm_ms']:.2f} | {b['above_no_comm_ms']:.2f} |"
+        )
     return "\n".join(rows)
 
 
@@ -112,10 +120,12 @@ def work(argv) -> int:
     rank, world, say = start_worker(COLLECTIVE_TIMEOUT_S)
     widths = args.widths
     n_params = sum(p.numel() for p in build_model(widths).parameters())
-    say(f"MLP {' -> '.join(map(str, widths))}: {n_params / 1e6:.2f} M parameters; world size {world}, batch "
+    say(
+        f"MLP {' -> '.join(map(str, widths))}: {n_params / 1e6:.2f} M parameters; world size {world}, batch "
         f"{args.batch_size} per rank; ranks {list(args.ranks)}, compressed from step {args.start_iter}; "
         f"{args.warmup} warm-up steps, then {args.rounds} rounds of {args.steps} timed steps; 1 torch thread per "
-        f"process; load average {os.getloadavg()[0]:.2f}")
+        f"process; load average {os.getloadavg()[0]:.2f}"
+    )
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     batches = make_batches(rank, args.batch_size, widths[0], widths[-1])
@@ -132,12 +142,14 @@ def work(argv) -> int:
             trainers.append(t)
         per_round = {t.label: [] for t in trainers}
         for i in range(args.rounds):
-            for t in (trainers if i % 2 == 0 else trainers[::-1]):
+            for t in trainers if i % 2 == 0 else trainers[::-1]:
                 per_round[t.label].append(1e3 * timed_steps(t, args.steps, dist.barrier) / args.steps)
             if (i + 1) % max(1, args.rounds // 5) == 0 or i + 1 == args.rounds:
-                say(f"round {i + 1}/{args.rounds}, median ms/step so far: "
+                say(
+                    f"round {i + 1}/{args.rounds}, median ms/step so far: "
                     + ", ".join(f"{n} {statistics.median(v):.2f}" for n, v in per_round.items())
-                    + f" (load {os.getloadavg()[0]:.2f})")
+                    + f" (load {os.getloadavg()[0]:.2f})"
+                )
     finally:
         for t in trainers:
             t.close()
@@ -157,15 +169,30 @@ def work(argv) -> int:
     if rank == 0:
         print()
         print(format_table(results, args.ranks))
-        print(f"\n(ms per step: median over {args.rounds} rounds of {args.steps} steps; Bagua / hook: median of the "
-              f"per-round ratios of step times, < 1 means Bagua is faster; no communication: "
-              f"{results[NO_COMM]['ms_per_step']:.2f} ms/step; {total_s:.0f} s in all; "
-              f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})", flush=True)
-    doc = {"results": results, "ranks": list(args.ranks), "widths": list(widths), "parameters": n_params,
-           "world_size": world, "batch_size": args.batch_size, "start_iter": args.start_iter,
-           "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
-           "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-           "load_average_before": load_before, "load_average_after": load_after, "seconds": total_s}
+        print(
+            f"\n(ms per step: median over {args.rounds} rounds of {args.steps} steps; Bagua / hook: median of the "
+            f"per-round ratios of step times, < 1 means Bagua is faster; no communication: "
+            f"{results[NO_COMM]['ms_per_step']:.2f} ms/step; {total_s:.0f} s in all; "
+            f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})",
+            flush=True,
+        )
+    doc = {
+        "results": results,
+        "ranks": list(args.ranks),
+        "widths": list(widths),
+        "parameters": n_params,
+        "world_size": world,
+        "batch_size": args.batch_size,
+        "start_iter": args.start_iter,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "seconds": total_s,
+    }
     return finish(rank, args.json, doc)
 
 

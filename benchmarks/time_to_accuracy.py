@@ -109,9 +109,19 @@ import _training  # benchmarks/_training.py: wrap() and the configurations
 import _workloads  # benchmarks/_workloads.py: the tasks
 
 TRACKS = {
-    "sgd": ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua ByteGrad", "Bagua ByteGrad+EF",
-            "Bagua Decentralized", "Bagua LowPrecisionDecentralized", "Bagua LowRank", "Bagua LocalSteps",
-            "Bagua LocalSteps+8bit"),
+    "sgd": (
+        "DDP",
+        "DDP+fp16",
+        "DDP+PowerSGD",
+        "Bagua GradientAllReduce",
+        "Bagua ByteGrad",
+        "Bagua ByteGrad+EF",
+        "Bagua Decentralized",
+        "Bagua LowPrecisionDecentralized",
+        "Bagua LowRank",
+        "Bagua LocalSteps",
+        "Bagua LocalSteps+8bit",
+    ),
     "adamw": ("DDP", "DDP+PowerSGD", "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit"),
 }
 METHODS = tuple(dict.fromkeys(m for ms in TRACKS.values() for m in ms))
@@ -127,19 +137,60 @@ COLLECTIVE_TIMEOUT_S = 300
 OVERHEAD = 1.35  # evaluations, wrapping and process starts on top of the budgets, for the estimate
 
 PRESETS = {
-    "quick": dict(workloads="mlp", hosts="2", links="100mbit", tune_trials=5, tune_seconds=4.0, time_budget=20.0,
-                  lr_grid_sgd="0.1,0.03,0.01", lr_grid_adamw="3e-3,1e-3,3e-4", eval_every=10),
-    "smoke": dict(workloads="mlp", hosts="2", links="100mbit", seeds=3, tune_trials=3, tune_seconds=10.0,
-                  tune_max_steps=4, time_budget=20.0, max_steps=8, eval_every=2, lr_warmup_steps=2,
-                  lr_grid_sgd="0.1,0.03", lr_grid_adamw="3e-3,1e-3", powersgd_starts="2", qadam_warmups="2,4",
-                  local_steps_h="2,4"),
+    "quick": dict(
+        workloads="mlp",
+        hosts="2",
+        links="100mbit",
+        tune_trials=5,
+        tune_seconds=4.0,
+        time_budget=20.0,
+        lr_grid_sgd="0.1,0.03,0.01",
+        lr_grid_adamw="3e-3,1e-3,3e-4",
+        eval_every=10,
+    ),
+    "smoke": dict(
+        workloads="mlp",
+        hosts="2",
+        links="100mbit",
+        seeds=3,
+        tune_trials=3,
+        tune_seconds=10.0,
+        tune_max_steps=4,
+        time_budget=20.0,
+        max_steps=8,
+        eval_every=2,
+        lr_warmup_steps=2,
+        lr_grid_sgd="0.1,0.03",
+        lr_grid_adamw="3e-3,1e-3",
+        powersgd_starts="2",
+        qadam_warmups="2,4",
+        local_steps_h="2,4",
+    ),
 }
-DEFAULTS = dict(workloads=",".join(_workloads.WORKLOADS), tracks="sgd,adamw", hosts="2,4", links=DEFAULT_LINKS,
-                methods=",".join(METHODS), seeds=3, tune_trials=12, tune_seconds=10.0, tune_max_steps=100000,
-                time_budget=60.0, max_steps=100000, eval_every=20, target_fraction=0.99, lr_warmup_steps=20,
-                weight_decay=0.01, lr_grid_sgd="0.3,0.1,0.03,0.01", lr_grid_adamw="3e-3,1e-3,3e-4,1e-4",
-                powersgd_ranks="1,2,4,8", powersgd_starts="10,100", lowrank_ranks="1,2,4,8",
-                local_steps_h="4,8,16,32", qadam_warmups="20,100,400")
+DEFAULTS = dict(
+    workloads=",".join(_workloads.WORKLOADS),
+    tracks="sgd,adamw",
+    hosts="2,4",
+    links=DEFAULT_LINKS,
+    methods=",".join(METHODS),
+    seeds=3,
+    tune_trials=12,
+    tune_seconds=10.0,
+    tune_max_steps=100000,
+    time_budget=60.0,
+    max_steps=100000,
+    eval_every=20,
+    target_fraction=0.99,
+    lr_warmup_steps=20,
+    weight_decay=0.01,
+    lr_grid_sgd="0.3,0.1,0.03,0.01",
+    lr_grid_adamw="3e-3,1e-3,3e-4,1e-4",
+    powersgd_ranks="1,2,4,8",
+    powersgd_starts="10,100",
+    lowrank_ranks="1,2,4,8",
+    local_steps_h="4,8,16,32",
+    qadam_warmups="20,100,400",
+)
 
 
 def _floats(text):
@@ -169,17 +220,25 @@ def parse_args(argv=None):
     p.add_argument("--target-fraction", type=float, help="target: this fraction of tuned DDP's best (default 0.99)")
     p.add_argument("--lr-warmup-steps", type=int, help="linear learning-rate warm-up, every method (default 20)")
     p.add_argument("--weight-decay", type=float, help="AdamW's decoupled weight decay (default 0.01)")
-    for flag, what in (("lr-grid-sgd", "learning rates, sgd track"), ("lr-grid-adamw", "learning rates, adamw track"),
-                       ("powersgd-ranks", "DDP+PowerSGD ranks"),
-                       ("powersgd-starts", "DDP+PowerSGD / Bagua LowRank start iterations"),
-                       ("lowrank-ranks", "Bagua LowRank ranks"), ("local-steps-h", "Bagua LocalSteps H"),
-                       ("qadam-warmups", "Bagua QAdam warm-up steps")):
+    for flag, what in (
+        ("lr-grid-sgd", "learning rates, sgd track"),
+        ("lr-grid-adamw", "learning rates, adamw track"),
+        ("powersgd-ranks", "DDP+PowerSGD ranks"),
+        ("powersgd-starts", "DDP+PowerSGD / Bagua LowRank start iterations"),
+        ("lowrank-ranks", "Bagua LowRank ranks"),
+        ("local-steps-h", "Bagua LocalSteps H"),
+        ("qadam-warmups", "Bagua QAdam warm-up steps"),
+    ):
         p.add_argument("--" + flag, help=f"comma-separated {what} to tune over")
     p.add_argument("--out-dir", default="tta_results", help="where the JSON, PNGs and table go")
     p.add_argument("--no-shaping", action="store_true", help="skip namespaces and tc: runs over loopback")
     p.add_argument("--cleanup", action="store_true", help="only remove namespaces left by killed runs, then exit")
-    p.add_argument("--timeout", type=float, help="seconds per host count and link before the run is stopped "
-                                                 "(default: three times the estimate, plus 5 minutes)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds per host count and link before the run is stopped "
+        "(default: three times the estimate, plus 5 minutes)",
+    )
     p.add_argument("--result", help=argparse.SUPPRESS)  # worker: where rank 0 writes its results
     p.add_argument("--link", default=UNSHAPED, help=argparse.SUPPRESS)  # worker: the link it runs under
     args = p.parse_args(argv)
@@ -201,8 +260,11 @@ def _check(args):
     args.tracks = tuple(t.strip() for t in args.tracks.split(",") if t.strip())
     args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     args.links = tuple(link.strip().lower() for link in args.links.split(",") if link.strip())
-    for name, got, known in (("workload", args.workloads, _workloads.WORKLOADS), ("track", args.tracks, TRACKS),
-                             ("method", args.methods, METHODS)):
+    for name, got, known in (
+        ("workload", args.workloads, _workloads.WORKLOADS),
+        ("track", args.tracks, TRACKS),
+        ("method", args.methods, METHODS),
+    ):
         unknown = [g for g in got if g not in known]
         if unknown or not got:
             raise ValueError(f"unknown or no {name}(s) {unknown}; choose from {list(known)}")
@@ -229,17 +291,23 @@ def _check(args):
     for name in ("seeds", "tune_trials", "tune_max_steps", "max_steps", "eval_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if min(args.tune_seconds, args.time_budget) <= 0 or not 0 < args.target_fraction <= 1 \
-            or args.lr_warmup_steps < 0 or args.weight_decay < 0:
+    if (
+        min(args.tune_seconds, args.time_budget) <= 0
+        or not 0 < args.target_fraction <= 1
+        or args.lr_warmup_steps < 0
+        or args.weight_decay < 0
+    ):
         raise ValueError("budgets must be positive, --target-fraction in (0, 1], warm-up and weight decay >= 0")
     for n in args.hosts:
         for w in args.workloads:
             if _workloads.SIZES[args.size][w]["batch"] % n:
-                raise ValueError(f"{w}'s global batch {_workloads.SIZES[args.size][w]['batch']} "
-                                 f"is not divisible by {n} hosts")
+                raise ValueError(
+                    f"{w}'s global batch {_workloads.SIZES[args.size][w]['batch']} is not divisible by {n} hosts"
+                )
 
 
 # ---------------------------------------------------------------- tuning ---
+
 
 def knob_grid(method, args):
     """The settings a method tunes beside its learning rate (dicts of wrap() / optimizer options)."""
@@ -277,7 +345,7 @@ def lr_refinements(grid, best, tried):
     step = (hi - lo) / (len(grid) - 1) if len(grid) > 1 else math.log(3.0)
     out, seen = [], {round(math.log(x), 9) for x in tried}
     for level in range(1, 8):
-        den = 2 ** level
+        den = 2**level
         for num in range(1, den, 2):
             for sign in (-1, 1):
                 x = math.log(best) + sign * step * num / den
@@ -316,7 +384,7 @@ class Tuner:
             best = self.best()
             knobs = {k: v for k, v in best.items() if k != "lr"}
             tried = [hp["lr"] for hp, _ in self.trials if {k: v for k, v in hp.items() if k != "lr"} == knobs]
-            lrs = lr_refinements(self.lr_grid, best["lr"], tried)[:self.budget - len(self.trials)]
+            lrs = lr_refinements(self.lr_grid, best["lr"], tried)[: self.budget - len(self.trials)]
             self.queue = [{"lr": lr, **knobs} for lr in lrs]
         return self.queue.pop(0) if self.queue else None
 
@@ -325,6 +393,7 @@ class Tuner:
 
 
 # ------------------------------------------------------------ summaries ---
+
 
 def time_to_target(curve, target):
     """Seconds of the first evaluation whose metric is at least ``target`` (None: never)."""
@@ -362,20 +431,27 @@ def summarize(cases, methods, fraction, budget):
         case = cases.get(m)
         if case is None or "runs" not in case:
             case = case or {}
-            out[m] = {"skipped": case["skipped"]} if "skipped" in case else \
-                {"error": case.get("error") or "; ".join(case.get("errors", [])) or "not run"}
+            out[m] = (
+                {"skipped": case["skipped"]}
+                if "skipped" in case
+                else {"error": case.get("error") or "; ".join(case.get("errors", [])) or "not run"}
+            )
             continue
         runs = case["runs"]
         times = [time_to_target(r["curve"], target) for r in runs]
         bytes_counted = all(r["bytes"] is not None for r in runs)
-        out[m] = {"tuned": case["tuned"], "seconds_to_target": times, "median_seconds_to_target": median_time(times),
-                  "reached": sum(t is not None for t in times), "seeds": len(runs),
-                  "metric_at_budget": _median([metric_at(r["curve"], budget) for r in runs]),
-                  "best_metric": _median([max((c[2] for c in r["curve"]), default=None) for r in runs]),
-                  "steps_in_budget": _median([max((c[1] for c in r["curve"] if c[0] <= budget), default=0)
-                                              for r in runs]),
-                  "bytes_per_step": _median([r["bytes_per_step"] for r in runs]) if bytes_counted else None,
-                  "bytes_counted": bytes_counted}
+        out[m] = {
+            "tuned": case["tuned"],
+            "seconds_to_target": times,
+            "median_seconds_to_target": median_time(times),
+            "reached": sum(t is not None for t in times),
+            "seeds": len(runs),
+            "metric_at_budget": _median([metric_at(r["curve"], budget) for r in runs]),
+            "best_metric": _median([max((c[2] for c in r["curve"]), default=None) for r in runs]),
+            "steps_in_budget": _median([max((c[1] for c in r["curve"] if c[0] <= budget), default=0) for r in runs]),
+            "bytes_per_step": _median([r["bytes_per_step"] for r in runs]) if bytes_counted else None,
+            "bytes_counted": bytes_counted,
+        }
     for s in out.values():
         for ref, key in ((POWERSGD, "speedup_vs_powersgd"), (BASELINE, "speedup_vs_ddp")):
             mine, theirs = s.get("median_seconds_to_target"), out.get(ref, {}).get("median_seconds_to_target")
@@ -385,6 +461,7 @@ def summarize(cases, methods, fraction, budget):
 
 
 # ---------------------------------------------------------------- driver ---
+
 
 def plan(args):
     """(host count, link) launches, and the estimated seconds of each."""
@@ -402,14 +479,25 @@ def drive(args, argv) -> int:
     links = (UNSHAPED,) if reason is not None else args.links
     estimate = plan(args)
     timeout = args.timeout or 3 * estimate + 300
-    print(f"plan: {len(args.hosts)} host count(s) x {len(links)} link(s), each about {estimate / 60:.0f} min "
-          f"(budgets x {OVERHEAD}); about {len(args.hosts) * len(links) * estimate / 3600:.1f} h in all", flush=True)
+    print(
+        f"plan: {len(args.hosts)} host count(s) x {len(links)} link(s), each about {estimate / 60:.0f} min "
+        f"(budgets x {OVERHEAD}); about {len(args.hosts) * len(links) * estimate / 3600:.1f} h in all",
+        flush=True,
+    )
     os.makedirs(args.out_dir, exist_ok=True)
     _launch.raise_on_stop_signals()
-    doc = {"args": {k: v for k, v in vars(args).items() if k not in ("result", "link")},
-           "shaping": reason is None, "shaping_skipped_because": reason, "notices": [], "runs": {},
-           "load_average_before": os.getloadavg(), "uptime_before": _report.uptime(), "cpus": os.cpu_count(),
-           "estimated_seconds_per_launch": estimate, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    doc = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("result", "link")},
+        "shaping": reason is None,
+        "shaping_skipped_because": reason,
+        "notices": [],
+        "runs": {},
+        "load_average_before": os.getloadavg(),
+        "uptime_before": _report.uptime(),
+        "cpus": os.cpu_count(),
+        "estimated_seconds_per_launch": estimate,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    }
     t0 = time.perf_counter()
     rc = 0
     # Each launch's results go straight to the output folder, rewritten after every method: a run
@@ -420,10 +508,21 @@ def drive(args, argv) -> int:
         if rc in (124, 130):
             break
     doc.update(seconds=time.perf_counter() - t0, load_average_after=os.getloadavg(), uptime_after=_report.uptime())
-    doc["summary"] = {key: {w: {t: summarize(run["cases"][w][t], [m for m in TRACKS[t] if m in args.methods],
-                                             args.target_fraction, args.time_budget)
-                                for t in run["cases"][w]} for w in run["cases"]}
-                      for key, run in doc["runs"].items()}
+    doc["summary"] = {
+        key: {
+            w: {
+                t: summarize(
+                    run["cases"][w][t],
+                    [m for m in TRACKS[t] if m in args.methods],
+                    args.target_fraction,
+                    args.time_budget,
+                )
+                for t in run["cases"][w]
+            }
+            for w in run["cases"]
+        }
+        for key, run in doc["runs"].items()
+    }
     plots = {f"time_to_accuracy_{t}.png": (lambda d, path, t=t: plot_track(d, path, t)) for t in args.tracks}
     _report.write_outputs(doc, args.out_dir, "time_to_accuracy", format_table(doc), plots)
     for partial in glob.glob(os.path.join(args.out_dir, PARTIAL_PREFIX + "*.json")):
@@ -442,8 +541,11 @@ def _collect(doc, key, result, rc):
             doc["runs"][key] = json.load(f)
         doc["runs"][key]["complete"] = rc == 0
     if rc != 0:
-        print(f"time_to_accuracy.py: the run {key} failed (exit code {rc}); its results so far are kept",
-              file=sys.stderr, flush=True)
+        print(
+            f"time_to_accuracy.py: the run {key} failed (exit code {rc}); its results so far are kept",
+            file=sys.stderr,
+            flush=True,
+        )
     return rc
 
 
@@ -461,16 +563,23 @@ def _launch_unshaped(args, argv, out_dir, n, timeout, doc):
     print(f"--- {key}: {n} processes on this host", flush=True)
     result = _partial_result(out_dir, n, UNSHAPED)
     cmd = _launch.launcher_cmd(__file__, _worker_argv(argv, UNSHAPED, result), n)
-    return _collect(doc, key, result, _launch.wait_all([_launch.start(cmd, _launch.worker_env())], timeout,
-                                                       "time_to_accuracy.py"))
+    return _collect(
+        doc, key, result, _launch.wait_all([_launch.start(cmd, _launch.worker_env())], timeout, "time_to_accuracy.py")
+    )
 
 
 def _launch_shaped(args, argv, out_dir, n, timeout, doc):
     secret = secrets.token_hex(32)  # the same on every host: the store admits only this job's workers
     with _hosts.EmulatedHosts(n) as hosts:
-        print(f"emulated hosts: namespaces {', '.join(hosts.netns)} ({', '.join(_hosts.ADDRESSES[:n])})"
-              + (f", bridge {hosts.bridge} in {hosts.switch}" if hosts.switch else
-                 f", veth {hosts.ifaces[0]} <-> {hosts.ifaces[1]}"), flush=True)
+        print(
+            f"emulated hosts: namespaces {', '.join(hosts.netns)} ({', '.join(_hosts.ADDRESSES[:n])})"
+            + (
+                f", bridge {hosts.bridge} in {hosts.switch}"
+                if hosts.switch
+                else f", veth {hosts.ifaces[0]} <-> {hosts.ifaces[1]}"
+            ),
+            flush=True,
+        )
         doc["netem_unavailable_because"] = hosts.netem_unavailable_reason()
         for link in args.links:
             key = _run_key(n, link)
@@ -478,16 +587,28 @@ def _launch_shaped(args, argv, out_dir, n, timeout, doc):
             hosts.shape(rate, delay)
             if delay is not None:
                 doc.setdefault("delay_method", {})[key] = hosts.delay_method()
-            print(f"--- {key} each way" + (f", {delay} ms one way ({hosts.delay_method()})" if delay else ""),
-                  flush=True)
+            print(
+                f"--- {key} each way" + (f", {delay} ms one way ({hosts.delay_method()})" if delay else ""), flush=True
+            )
             result = _partial_result(out_dir, n, link)
             procs = []
             for host in range(n):
-                env = _launch.worker_env({"GLOO_SOCKET_IFNAME": hosts.ifaces[host], "BAGUA_STORE_SECRET": secret,
-                                          "TTA_TX_BYTES": hosts.tx_bytes_path(host)})
+                env = _launch.worker_env(
+                    {
+                        "GLOO_SOCKET_IFNAME": hosts.ifaces[host],
+                        "BAGUA_STORE_SECRET": secret,
+                        "TTA_TX_BYTES": hosts.tx_bytes_path(host),
+                    }
+                )
                 cmd = hosts.exec_prefix(host) + _launch.launcher_cmd(
-                    __file__, _worker_argv(argv, link, result), 1, nnodes=n, node_rank=host,
-                    master_addr=_hosts.ADDRESSES[0], master_port=MASTER_PORT)
+                    __file__,
+                    _worker_argv(argv, link, result),
+                    1,
+                    nnodes=n,
+                    node_rank=host,
+                    master_addr=_hosts.ADDRESSES[0],
+                    master_port=MASTER_PORT,
+                )
                 procs.append(_launch.start(cmd, env))
             rc = _collect(doc, key, result, _launch.wait_all(procs, timeout, "time_to_accuracy.py"))
             if rc != 0:
@@ -496,6 +617,7 @@ def _launch_shaped(args, argv, out_dir, n, timeout, doc):
 
 
 # ---------------------------------------------------------------- worker ---
+
 
 class Clock:
     """Training time and bytes sent, counted only between ``start()`` and ``stop()``; both meet the
@@ -530,6 +652,7 @@ def make_optimizer(track, method, params, hp, weight_decay):
 
     if method == "Bagua QAdam":
         from bagua_torch.algorithms import QAdamOptimizer
+
         return QAdamOptimizer(params, lr=hp["lr"], warmup_steps=hp["warmup_steps"])
     if track == "adamw":
         return torch.optim.AdamW(params, lr=hp["lr"], weight_decay=weight_decay)
@@ -584,9 +707,15 @@ def train(args, workload, track, method, hp, seed, max_seconds, max_steps, tx_by
     finally:
         close()
     counted = tx_bytes_path is not None
-    return {"curve": curve, "steps": step, "seconds": curve[-1][0], "diverged": diverged,
-            "bytes": sent if counted else None, "bytes_per_step": sent / step if counted else None,
-            **({} if counted else {"bytes_note": NOT_COUNTED})}
+    return {
+        "curve": curve,
+        "steps": step,
+        "seconds": curve[-1][0],
+        "diverged": diverged,
+        "bytes": sent if counted else None,
+        "bytes_per_step": sent / step if counted else None,
+        **({} if counted else {"bytes_note": NOT_COUNTED}),
+    }
 
 
 def work(argv) -> int:
@@ -595,9 +724,15 @@ def work(argv) -> int:
 
     rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
     tx = os.environ.get("TTA_TX_BYTES")
-    doc = {"link": args.link, "world_size": world, "bytes_counted": tx is not None,
-           "bytes_note": None if tx else NOT_COUNTED, "workloads": {}, "cases": {},
-           "load_average_before": os.getloadavg()}
+    doc = {
+        "link": args.link,
+        "world_size": world,
+        "bytes_counted": tx is not None,
+        "bytes_note": None if tx else NOT_COUNTED,
+        "workloads": {},
+        "cases": {},
+        "load_average_before": os.getloadavg(),
+    }
 
     def save():
         if rank == 0:
@@ -607,10 +742,16 @@ def work(argv) -> int:
 
     for wname in args.workloads:
         workload = _workloads.make(wname, args.size)
-        doc["workloads"][wname] = {"metric": workload.metric, "parameters": workload.parameters,
-                                   "global_batch": workload.batch_size, "size": workload.size}
-        say(f"[{args.link}] {wname}: {workload.parameters / 1e6:.2f} M parameters, global batch "
-            f"{workload.batch_size}, world size {world}; metric: {workload.metric}")
+        doc["workloads"][wname] = {
+            "metric": workload.metric,
+            "parameters": workload.parameters,
+            "global_batch": workload.batch_size,
+            "size": workload.size,
+        }
+        say(
+            f"[{args.link}] {wname}: {workload.parameters / 1e6:.2f} M parameters, global batch "
+            f"{workload.batch_size}, world size {world}; metric: {workload.metric}"
+        )
         for track in args.tracks:
             cases = doc["cases"].setdefault(wname, {}).setdefault(track, {})
             methods = [m for m in TRACKS[track] if m in args.methods]
@@ -621,22 +762,34 @@ def work(argv) -> int:
                     cases[m] = {"skipped": why}
                     say(f"[{args.link}] {wname}/{track}: {m} skipped: {why}")
                     continue
-                cases[m] = _guarded(lambda: tune(args, workload, track, m, grid, tx, say), say,
-                                    f"{wname}/{track}/{m} tuning")
+                cases[m] = _guarded(
+                    lambda: tune(args, workload, track, m, grid, tx, say), say, f"{wname}/{track}/{m} tuning"
+                )
                 save()
             ready = [m for m in methods if "tuned" in cases[m]]
             for seed in range(1, args.seeds + 1):
-                for m in (ready if seed % 2 else ready[::-1]):
-                    run = _guarded(lambda: train(args, workload, track, m, cases[m]["tuned"], seed, args.time_budget,
-                                                 args.max_steps, tx), say, f"{wname}/{track}/{m} seed {seed}")
+                for m in ready if seed % 2 else ready[::-1]:
+                    run = _guarded(
+                        lambda: train(
+                            args, workload, track, m, cases[m]["tuned"], seed, args.time_budget, args.max_steps, tx
+                        ),
+                        say,
+                        f"{wname}/{track}/{m} seed {seed}",
+                    )
                     if "error" in run:
                         cases[m].setdefault("errors", []).append(run["error"])
                         continue
                     cases[m].setdefault("runs", []).append({"seed": seed, **run})
                     last = run["curve"][-1]
-                    say(f"[{args.link}] {wname}/{track} seed {seed} {m}: {run['steps']} steps in {last[0]:.1f} s, "
-                        f"{workload.metric} {last[2]:.4f}" + (f", {run['bytes_per_step'] / 2**20:.3f} MiB/step "
-                                                              "on the wire" if run["bytes"] is not None else ""))
+                    say(
+                        f"[{args.link}] {wname}/{track} seed {seed} {m}: {run['steps']} steps in {last[0]:.1f} s, "
+                        f"{workload.metric} {last[2]:.4f}"
+                        + (
+                            f", {run['bytes_per_step'] / 2**20:.3f} MiB/step on the wire"
+                            if run["bytes"] is not None
+                            else ""
+                        )
+                    )
                     save()
     save()
     dist.barrier()
@@ -665,12 +818,15 @@ def tune(args, workload, track, method, grid, tx, say):
         tuner.record(hp, score)
         trials.append({"hp": hp, "score": score, "steps": run["steps"], "seconds": run["seconds"]})
     best = tuner.best()
-    say(f"[{args.link}] {workload.name}/{track} {method}: tuned {best} ({len(trials)} trials, best score "
-        f"{max(t['score'] for t in trials):.4f}, {time.perf_counter() - t0:.0f} s)")
+    say(
+        f"[{args.link}] {workload.name}/{track} {method}: tuned {best} ({len(trials)} trials, best score "
+        f"{max(t['score'] for t in trials):.4f}, {time.perf_counter() - t0:.0f} s)"
+    )
     return {"tuned": best, "tuning": trials}
 
 
 # ---------------------------------------------------------------- output ---
+
 
 def _fmt_hp(hp):
     return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in hp.items())
@@ -684,11 +840,14 @@ def format_table(doc):
     a = doc["args"]
     out = []
     for track in a["tracks"]:
-        out += [f"### {track} track: time to {a['target_fraction']:.0%} of tuned DDP's best validation metric "
-                f"(median of {a['seeds']} seeds), metric at {a['time_budget']:.0f} s",
-                "", "| workload | hosts, link | method | tuned | s to target (reached) | x DDP+PowerSGD | x DDP "
-                f"| metric at {a['time_budget']:.0f} s | MiB/step on the wire | steps in {a['time_budget']:.0f} s |",
-                "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            f"### {track} track: time to {a['target_fraction']:.0%} of tuned DDP's best validation metric "
+            f"(median of {a['seeds']} seeds), metric at {a['time_budget']:.0f} s",
+            "",
+            "| workload | hosts, link | method | tuned | s to target (reached) | x DDP+PowerSGD | x DDP "
+            f"| metric at {a['time_budget']:.0f} s | MiB/step on the wire | steps in {a['time_budget']:.0f} s |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for key, run in doc["runs"].items():
             for w in run["cases"]:
                 s = doc["summary"][key][w].get(track)
@@ -697,24 +856,35 @@ def format_table(doc):
                 for m, r in s["methods"].items():
                     lead = f"| {w} | {key} | {m} |"
                     if "tuned" not in r:
-                        out.append(lead + (f" skipped: {r['skipped']}" if "skipped" in r else f" error: {r['error']}")
-                                   + " | | | | | | |")
+                        out.append(
+                            lead
+                            + (f" skipped: {r['skipped']}" if "skipped" in r else f" error: {r['error']}")
+                            + " | | | | | | |"
+                        )
                         continue
                     t = r["median_seconds_to_target"]
-                    wire = (_fmt(r["bytes_per_step"] / 2**20, ".3f") if r["bytes_counted"] else "not counted")
-                    out.append(f"{lead} {_fmt_hp(r['tuned'])} | {_fmt(t, '.1f', 'not reached')} "
-                               f"({r['reached']}/{r['seeds']}) | {_fmt(r.get('speedup_vs_powersgd'), '.2f')} "
-                               f"| {_fmt(r.get('speedup_vs_ddp'), '.2f')} | {_fmt(r['metric_at_budget'], '.4f')} "
-                               f"| {wire} | {_fmt(r['steps_in_budget'], '.0f')} |")
+                    wire = _fmt(r["bytes_per_step"] / 2**20, ".3f") if r["bytes_counted"] else "not counted"
+                    out.append(
+                        f"{lead} {_fmt_hp(r['tuned'])} | {_fmt(t, '.1f', 'not reached')} "
+                        f"({r['reached']}/{r['seeds']}) | {_fmt(r.get('speedup_vs_powersgd'), '.2f')} "
+                        f"| {_fmt(r.get('speedup_vs_ddp'), '.2f')} | {_fmt(r['metric_at_budget'], '.4f')} "
+                        f"| {wire} | {_fmt(r['steps_in_budget'], '.0f')} |"
+                    )
         out.append("")
-    targets = [f"{key} {w}/{t}: {_fmt(s.get('target'), '.4f')}" for key, ws in doc["summary"].items()
-               for w, ts in ws.items() for t, s in ts.items()]
+    targets = [
+        f"{key} {w}/{t}: {_fmt(s.get('target'), '.4f')}"
+        for key, ws in doc["summary"].items()
+        for w, ts in ws.items()
+        for t, s in ts.items()
+    ]
     out.append("targets: " + "; ".join(targets))
     out += [f"notice: {n}" for n in doc["notices"]]
     if not doc["shaping"]:
         out.append(f"bytes on the wire {NOT_COUNTED}; shaping skipped: {doc['shaping_skipped_because']}")
-    out.append(f"x DDP+PowerSGD, x DDP: their median time to target over this one's (> 1: faster). "
-               f"{doc['seconds']:.0f} s in all; before: {doc['uptime_before']}; after: {doc['uptime_after']}")
+    out.append(
+        f"x DDP+PowerSGD, x DDP: their median time to target over this one's (> 1: faster). "
+        f"{doc['seconds']:.0f} s in all; before: {doc['uptime_before']}; after: {doc['uptime_after']}"
+    )
     return "\n".join(out)
 
 
@@ -733,9 +903,14 @@ def plot_track(doc, path, track):
         cases = doc["runs"][key]["cases"][w][track]
         for i, m in enumerate(TRACKS[track]):
             for j, r in enumerate(cases.get(m, {}).get("runs", [])):
-                ax.plot([c[0] for c in r["curve"]], [c[2] for c in r["curve"]], color=colors[i % len(colors)],
-                        linestyle="--" if m.startswith("DDP") else "-", alpha=1.0 if j == 0 else 0.45,
-                        label=m if j == 0 else None)
+                ax.plot(
+                    [c[0] for c in r["curve"]],
+                    [c[2] for c in r["curve"]],
+                    color=colors[i % len(colors)],
+                    linestyle="--" if m.startswith("DDP") else "-",
+                    alpha=1.0 if j == 0 else 0.45,
+                    label=m if j == 0 else None,
+                )
         target = doc["summary"][key][w][track].get("target")
         if target is not None:
             ax.axhline(target, color="grey", linewidth=0.8)
@@ -744,7 +919,7 @@ def plot_track(doc, path, track):
         ax.set_ylabel(doc["runs"][key]["workloads"][w]["metric"])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(f"{track} track")
     fig.tight_layout()

@@ -78,13 +78,33 @@ import sys
 import time
 
 import _launch  # benchmarks/_launch.py: the script is its own driver
-from _training import (Trainer, finish, parse_configs, quartiles, start_worker, timed_async_window,  # benchmarks/_training.py
-                       timed_steps)
+from _training import (  # benchmarks/_training.py
+    Trainer,
+    finish,
+    parse_configs,
+    quartiles,
+    start_worker,
+    timed_async_window,
+    timed_steps,
+)
 
-CONFIGS = ("DDP", "DDP+fp16", "DDP+PowerSGD", "Bagua GradientAllReduce", "Bagua GradientAllReduce 25MiB",
-           "Bagua ByteGrad", "Bagua ByteGrad+EF", "Bagua Decentralized", "Bagua LowPrecisionDecentralized",
-           "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit", "Bagua Async",
-           "no communication")
+CONFIGS = (
+    "DDP",
+    "DDP+fp16",
+    "DDP+PowerSGD",
+    "Bagua GradientAllReduce",
+    "Bagua GradientAllReduce 25MiB",
+    "Bagua ByteGrad",
+    "Bagua ByteGrad+EF",
+    "Bagua Decentralized",
+    "Bagua LowPrecisionDecentralized",
+    "Bagua QAdam",
+    "Bagua LowRank",
+    "Bagua LocalSteps",
+    "Bagua LocalSteps+8bit",
+    "Bagua Async",
+    "no communication",
+)
 BASELINE = "DDP"
 COLLECTIVE_TIMEOUT_S = 120
 
@@ -117,35 +137,53 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------- worker ---
 
+
 def build_model(channels, hidden, classes=10):
     import torch.nn as nn
+
     layers, c_in = [], 3
     for c in channels:
-        layers += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True),
-                   nn.MaxPool2d(2)]
+        layers += [
+            nn.Conv2d(c_in, c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        ]
         c_in = c
     side = 32 >> len(channels)
-    layers += [nn.Flatten(), nn.Linear(c_in * side * side, hidden), nn.ReLU(inplace=True),
-               nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, classes)]
+    layers += [
+        nn.Flatten(),
+        nn.Linear(c_in * side * side, hidden),
+        nn.ReLU(inplace=True),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(inplace=True),
+        nn.Linear(hidden, classes),
+    ]
     return nn.Sequential(*layers)
 
 
 def make_batches(rank, batch_size, n=16, classes=10):
     """A few fixed synthetic batches per rank (cycled): the same data for every configuration."""
     import torch
+
     g = torch.Generator().manual_seed(1000 + rank)
-    return [(torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def format_table(results, configs):
-    rows = ["| configuration | samples/s | ratio to DDP | middle half of rounds (samples/s) | last loss |",
-            "|---|---:|---:|---|---:|"]
+    rows = [
+        "| configuration | samples/s | ratio to DDP | middle half of rounds (samples/s) | last loss |",
+        "|---|---:|---:|---|---:|",
+    ]
     for name in configs:
         r = results[name]
         q1, _, q3 = quartiles(r["rounds"])
-        rows.append(f"| {name} | {r['samples_per_s']:.1f} | {r['ratio_to_ddp']:.2f}x "
-                    f"| {q1:.0f}-{q3:.0f} | {r['loss']:.3f} |")
+        rows.append(
+            f"| {name} | {r['samples_per_s']:.1f} | {r['ratio_to_ddp']:.2f}x | {q1:.0f}-{q3:.0f} | {r['loss']:.3f} |"
+        )
     return "\n".join(rows)
 
 
@@ -158,10 +196,12 @@ def work(argv) -> int:
     samples = args.steps * args.batch_size * world
 
     n_params = sum(p.numel() for p in build_model(args.channels, args.hidden).parameters())
-    say(f"model: VGG-like, channels {list(args.channels)}, hidden {args.hidden}: {n_params / 1e6:.2f} M parameters "
+    say(
+        f"model: VGG-like, channels {list(args.channels)}, hidden {args.hidden}: {n_params / 1e6:.2f} M parameters "
         f"({n_params * 4 / 2**20:.1f} MiB of float32 gradients); world size {world}, batch {args.batch_size} per rank; "
         f"{args.warmup} warm-up steps, then {args.rounds} round(s) of {args.steps} timed steps per configuration; "
-        f"1 torch thread per process")
+        f"1 torch thread per process"
+    )
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     batches = make_batches(rank, args.batch_size)
@@ -190,25 +230,33 @@ def work(argv) -> int:
                 else:
                     per_round[t.name].append(samples / timed_steps(t, args.steps, dist.barrier))
             if (r + 1) % max(1, args.rounds // 10) == 0 or r + 1 == args.rounds:
-                say(f"round {r + 1}/{args.rounds}, median samples/s so far: "
+                say(
+                    f"round {r + 1}/{args.rounds}, median samples/s so far: "
                     + ", ".join(f"{n} {statistics.median(v):.0f}" for n, v in per_round.items())
-                    + f" (load {os.getloadavg()[0]:.2f})")
+                    + f" (load {os.getloadavg()[0]:.2f})"
+                )
         if async_window_steps:
-            say(f"Bagua Async: {statistics.mean(async_window_steps):.1f} steps per timed window, each holding one "
-                f"averaging round or more")
+            say(
+                f"Bagua Async: {statistics.mean(async_window_steps):.1f} steps per timed window, each holding one "
+                f"averaging round or more"
+            )
         from bagua_core import _C
 
         packing = _C.wire_packing_totals()  # BAGUA_WIRE_PACKING: allreduces that left Gloo's ring
-        say(f"wire packing (rank 0, whole run): {packing['packed_messages']} messages packed, "
-            f"{packing['raw_messages']} raw")
+        say(
+            f"wire packing (rank 0, whole run): {packing['packed_messages']} messages packed, "
+            f"{packing['raw_messages']} raw"
+        )
     finally:
         for t in trainers:
             t.close()
     total_s = time.perf_counter() - t_start
     load_after = os.getloadavg()
 
-    results = {t.name: {"samples_per_s": statistics.median(per_round[t.name]), "rounds": per_round[t.name],
-                        "loss": t.loss} for t in trainers}
+    results = {
+        t.name: {"samples_per_s": statistics.median(per_round[t.name]), "rounds": per_round[t.name], "loss": t.loss}
+        for t in trainers
+    }
     if async_window_steps:
         results["Bagua Async"]["steps_per_window"] = async_window_steps
     base = results[BASELINE]
@@ -219,14 +267,29 @@ def work(argv) -> int:
     if rank == 0:
         print()
         print(format_table(results, args.configs))
-        print(f"\n(samples/s of both ranks, median over {args.rounds} rounds of {args.steps} step(s); ratio: median of "
-              f"the per-round ratios; {total_s:.0f} s in all; "
-              f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})", flush=True)
-    doc = {"results": results, "configs": list(args.configs), "world_size": world,
-           "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-           "channels": list(args.channels), "hidden": args.hidden, "parameters": n_params,
-           "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-           "load_average_before": load_before, "load_average_after": load_after, "seconds": total_s}
+        print(
+            f"\n(samples/s of both ranks, median over {args.rounds} rounds of {args.steps} step(s); ratio: median of "
+            f"the per-round ratios; {total_s:.0f} s in all; "
+            f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f})",
+            flush=True,
+        )
+    doc = {
+        "results": results,
+        "configs": list(args.configs),
+        "world_size": world,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "channels": list(args.channels),
+        "hidden": args.hidden,
+        "parameters": n_params,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "seconds": total_s,
+    }
     return finish(rank, args.json, doc)
 
 

@@ -10,9 +10,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import bagua_core as bc  # noqa: E402
+import bagua_core as bc
 
 
 def values(x):

@@ -18,9 +18,17 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_torch.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,
-                                    LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
-                                    QAdamAlgorithm, QAdamOptimizer)
+from bagua_torch.algorithms import (
+    AsyncModelAverageAlgorithm,
+    ByteGradAlgorithm,
+    DecentralizedAlgorithm,
+    GradientAllReduceAlgorithm,
+    LocalStepsAlgorithm,
+    LowPrecisionDecentralizedAlgorithm,
+    LowRankAlgorithm,
+    QAdamAlgorithm,
+    QAdamOptimizer,
+)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
@@ -61,8 +69,10 @@ def make_data(n, features, classes, seed):
 def make_model(features, classes):
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(features, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 256), torch.nn.ReLU(),
+        torch.nn.Linear(features, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
         torch.nn.Linear(256, classes),
     )
 
@@ -79,8 +89,7 @@ class ProgressBar:
     def _line(self, done, loss):
         filled = int(self.width * done / self.total)
         bar = "#" * filled + "." * (self.width - filled)
-        return (f"{self.label} [{bar}] {done:>4}/{self.total} loss {loss:.4f} "
-                f"{time.perf_counter() - self.start:5.1f}s")
+        return f"{self.label} [{bar}] {done:>4}/{self.total} loss {loss:.4f} {time.perf_counter() - self.start:5.1f}s"
 
     def update(self, done, loss):
         if self.live and (done == self.total or done % max(1, self.total // 50) == 0):
@@ -117,7 +126,7 @@ def train(name, args, data, test, rank, world):
         perm = torch.randperm(x.shape[0], generator=order)
         running = torch.zeros(2)  # loss sum, batches
         for i in range(steps):
-            idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+            idx = perm[i * args.batch_size : (i + 1) * args.batch_size]
             opt.zero_grad()
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
@@ -153,8 +162,10 @@ def main():
     test = make_data(2048, args.features, args.classes, seed=0)
     names = list(ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
     if rank == 0:
-        print(f"{world} processes, {per_rank} samples each, batch {args.batch_size} per rank, "
-              f"{args.epochs} epochs", flush=True)
+        print(
+            f"{world} processes, {per_rank} samples each, batch {args.batch_size} per rank, {args.epochs} epochs",
+            flush=True,
+        )
 
     results = {name: train(name, args, data, test, rank, world) for name in names}
 

@@ -23,17 +23,24 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")  # one core per rank
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import linen as nn  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
 
-import bagua_jax  # noqa: E402
-from bagua_core.algorithms import WEIGHTS  # noqa: E402
-from bagua_jax.algorithms import (AsyncModelAverageAlgorithm, ByteGradAlgorithm, DecentralizedAlgorithm, GradientAllReduceAlgorithm,  # noqa: E402
-                                  LocalStepsAlgorithm, LowPrecisionDecentralizedAlgorithm, LowRankAlgorithm,
-                                  QAdamAlgorithm)
+import bagua_jax
+from bagua_core.algorithms import WEIGHTS
+from bagua_jax.algorithms import (
+    AsyncModelAverageAlgorithm,
+    ByteGradAlgorithm,
+    DecentralizedAlgorithm,
+    GradientAllReduceAlgorithm,
+    LocalStepsAlgorithm,
+    LowPrecisionDecentralizedAlgorithm,
+    LowRankAlgorithm,
+    QAdamAlgorithm,
+)
 
 ALGORITHMS = {
     "gradient_allreduce": GradientAllReduceAlgorithm,
@@ -88,7 +95,9 @@ def optimizer(name, lr):
         # eps bounds m / sqrt(v) where the frozen second moment is tiny (8-bit momentum noise)
         algorithm = QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3))
         return bagua_jax.transform(algorithm), algorithm
-    algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20) if name == "async" else ALGORITHMS[name]()
+    algorithm = (
+        AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20) if name == "async" else ALGORITHMS[name]()
+    )
     sgd = optax.sgd(lr, momentum=0.9)
     if algorithm.to_core().plan().communicates == WEIGHTS:
         return optax.chain(sgd, bagua_jax.transform(algorithm)), algorithm
@@ -128,14 +137,16 @@ def train(name, args, data, test, rank, world):
         perm = order.permutation(x.shape[0])
         losses = []
         for i in range(steps):
-            idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+            idx = perm[i * args.batch_size : (i + 1) * args.batch_size]
             params, state, loss = step(params, state, x[idx], y[idx])
             losses.append(loss)
             samples += idx.size
         mean_loss = float(bagua_jax.allreduce(jnp.mean(jnp.stack(losses)), op="avg"))
         if rank == 0:
-            print(f"{name:<18} epoch {epoch + 1}/{args.epochs} loss {mean_loss:.4f} "
-                  f"{time.perf_counter() - start:5.1f}s", flush=True)
+            print(
+                f"{name:<18} epoch {epoch + 1}/{args.epochs} loss {mean_loss:.4f} {time.perf_counter() - start:5.1f}s",
+                flush=True,
+            )
     if name == "async":
         params = algorithm.abort(params)  # the same weights on every rank before evaluating
     bagua_jax.allreduce(jnp.zeros(1)).block_until_ready()
@@ -155,8 +166,11 @@ def main():
     test = make_data(2048, args.features, args.classes, seed=0)
     names = list(ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
     if rank == 0:
-        print(f"JAX + Flax: {world} processes, {per_rank} samples each, batch {args.batch_size} per rank, "
-              f"{args.epochs} epochs", flush=True)
+        print(
+            f"JAX + Flax: {world} processes, {per_rank} samples each, batch {args.batch_size} per rank, "
+            f"{args.epochs} epochs",
+            flush=True,
+        )
 
     results = {name: train(name, args, data, test, rank, world) for name in names}
 

@@ -25,7 +25,7 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tests.harness import benchmark_scripts, mp  # noqa: E402  (after the JAX setting)
+from tests.harness import benchmark_scripts, mp
 
 # Multi-process tests fast enough for `make test-fast`, a few per layer: node ids relative to
 # tests/, where * matches anything (a session's tests share its processes: keep them together).
@@ -48,10 +48,16 @@ SLOW = ()
 
 # What starts processes: these modules, and these functions wherever they are imported.
 _STARTER_MODULES = {"subprocess", "multiprocessing"}
-_STARTER_IMPORTS = {"tests.harness.mp": {"launch"},
-                    "tests.harness.benchmark_scripts": {"run_script", "start_script"}}
-_STARTER_FUNCTIONS = {mp.launch, benchmark_scripts.run_script, benchmark_scripts.start_script,
-                      subprocess.run, subprocess.Popen, subprocess.check_output, subprocess.check_call}
+_STARTER_IMPORTS = {"tests.harness.mp": {"launch"}, "tests.harness.benchmark_scripts": {"run_script", "start_script"}}
+_STARTER_FUNCTIONS = {
+    mp.launch,
+    benchmark_scripts.run_script,
+    benchmark_scripts.start_script,
+    subprocess.run,
+    subprocess.Popen,
+    subprocess.check_output,
+    subprocess.check_call,
+}
 
 
 def _names(code: types.CodeType):
@@ -72,8 +78,9 @@ def _starts_processes(fn, namespace: dict, seen: set) -> bool:
     if names & _STARTER_MODULES:  # imported inside the function too
         return True
     for module, functions in _STARTER_IMPORTS.items():
-        if (module in names or namespace.get(module.rpartition(".")[2]) is sys.modules.get(module)) \
-                and names & functions:
+        if (
+            module in names or namespace.get(module.rpartition(".")[2]) is sys.modules.get(module)
+        ) and names & functions:
             return True  # mp.launch(...), or `from tests.harness.mp import launch` inside the function
     for name in names:
         obj = namespace.get(name)
@@ -82,8 +89,11 @@ def _starts_processes(fn, namespace: dict, seen: set) -> bool:
         elif _hashable(obj) and obj in _STARTER_FUNCTIONS:
             found = True
         else:  # a helper of the module (lru_cache'd ones too)
-            found = (callable(obj) and getattr(obj, "__module__", None) == namespace.get("__name__")
-                     and _starts_processes(obj, namespace, seen))
+            found = (
+                callable(obj)
+                and getattr(obj, "__module__", None) == namespace.get("__name__")
+                and _starts_processes(obj, namespace, seen)
+            )
         if found:
             return True
     return False
@@ -114,7 +124,7 @@ def _item_starts_processes(item) -> bool:
 def _node_id(item) -> str:
     """The node id relative to tests/, whatever directory pytest runs from."""
     path = os.path.relpath(str(item.path), os.path.dirname(os.path.abspath(__file__)))
-    return path + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else path
+    return path + item.nodeid[item.nodeid.index("::") :] if "::" in item.nodeid else path
 
 
 def _matcher(patterns):

@@ -19,21 +19,43 @@ NO_EFFECT = {
 
 
 def add_bagua_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bagua_service_port", type=int, default=None,
-                   help="the one extra port Bagua uses on the master: its store (default MASTER_PORT + 1); "
-                        "sets BAGUA_SERVICE_PORT")
-    p.add_argument("--default_bucket_size", type=int, default=None,
-                   help="bytes per bucket; sets BAGUA_DEFAULT_BUCKET_SIZE (default 10 MiB)")
+    p.add_argument(
+        "--bagua_service_port",
+        type=int,
+        default=None,
+        help="the one extra port Bagua uses on the master: its store (default MASTER_PORT + 1); "
+        "sets BAGUA_SERVICE_PORT",
+    )
+    p.add_argument(
+        "--default_bucket_size",
+        type=int,
+        default=None,
+        help="bytes per bucket; sets BAGUA_DEFAULT_BUCKET_SIZE (default 10 MiB)",
+    )
     p.add_argument("--autotune_level", type=int, default=None, help="sets BAGUA_AUTOTUNE (>= 1: tune buckets)")
-    p.add_argument("--is_output_autotune_log", action="store_const", const=True, default=None,
-                   help="sets BAGUA_IS_OUTPUT_AUTOTUNE_LOG=1")
+    p.add_argument(
+        "--is_output_autotune_log",
+        action="store_const",
+        const=True,
+        default=None,
+        help="sets BAGUA_IS_OUTPUT_AUTOTUNE_LOG=1",
+    )
     p.add_argument("--report_metrics", action="store_const", const=True, default=None, help="accepted, no effect")
     p.add_argument("--autotune_max_samples", type=int, default=None, help="sets BAGUA_AUTOTUNE_MAX_SAMPLES")
-    p.add_argument("--autotune_sampling_confidence_time", type=float, default=None,
-                   help="sets BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S")
+    p.add_argument(
+        "--autotune_sampling_confidence_time",
+        type=float,
+        default=None,
+        help="sets BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S",
+    )
     p.add_argument("--autotune_warmup_time", type=float, default=None, help="sets BAGUA_AUTOTUNE_WARMUP_TIME_S")
-    p.add_argument("--enable_bagua_net", action="store_const", const=True, default=None,
-                   help="accepted, no effect (Bagua-Net is not built)")
+    p.add_argument(
+        "--enable_bagua_net",
+        action="store_const",
+        const=True,
+        default=None,
+        help="accepted, no effect (Bagua-Net is not built)",
+    )
 
 
 def flag_args(args: argparse.Namespace) -> List[str]:
@@ -54,8 +76,11 @@ def flag_args(args: argparse.Namespace) -> List[str]:
 def notices(prog: str, args: argparse.Namespace, more: dict) -> List[str]:
     """One line per given flag that has no effect here (``more``: flag -> why)."""
     reasons = {**NO_EFFECT, **more}
-    return [f"{prog}: --{flag} has no effect here: {why}" for flag, why in reasons.items()
-            if getattr(args, flag, None) not in (None, False)]
+    return [
+        f"{prog}: --{flag} has no effect here: {why}"
+        for flag, why in reasons.items()
+        if getattr(args, flag, None) not in (None, False)
+    ]
 
 
 def bagua_env(args: argparse.Namespace) -> tuple:
@@ -65,9 +90,12 @@ def bagua_env(args: argparse.Namespace) -> tuple:
         env.append(("BAGUA_SERVICE_PORT", str(args.bagua_service_port)))
     if args.default_bucket_size is not None:
         env.append(("BAGUA_DEFAULT_BUCKET_SIZE", str(args.default_bucket_size)))
-    for flag, name in (("autotune_level", "BAGUA_AUTOTUNE"), ("autotune_max_samples", "BAGUA_AUTOTUNE_MAX_SAMPLES"),
-                       ("autotune_sampling_confidence_time", "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"),
-                       ("autotune_warmup_time", "BAGUA_AUTOTUNE_WARMUP_TIME_S")):
+    for flag, name in (
+        ("autotune_level", "BAGUA_AUTOTUNE"),
+        ("autotune_max_samples", "BAGUA_AUTOTUNE_MAX_SAMPLES"),
+        ("autotune_sampling_confidence_time", "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"),
+        ("autotune_warmup_time", "BAGUA_AUTOTUNE_WARMUP_TIME_S"),
+    ):
         if getattr(args, flag) is not None:
             env.append((name, str(getattr(args, flag))))
     if args.is_output_autotune_log:

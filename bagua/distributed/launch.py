@@ -25,16 +25,19 @@ from bagua.distributed import _flags
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bagua.distributed.launch", allow_abbrev=False,
-                                description="Bagua 0.9.2's launcher (runs the workers of one node through bagua-run).")
+    p = argparse.ArgumentParser(
+        prog="python -m bagua.distributed.launch",
+        allow_abbrev=False,
+        description="Bagua 0.9.2's launcher (runs the workers of one node through bagua-run).",
+    )
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node_rank", type=int, default=0)
     p.add_argument("--nproc_per_node", type=int, default=1)
     p.add_argument("--master_addr", default="127.0.0.1")
-    p.add_argument("--master_port", type=int, default=None,
-                   help="default: a free port on a single node, 29500 with several")
-    p.add_argument("--set_additional_flag", action="store_true",
-                   help="append --local_rank=N to the script's arguments")
+    p.add_argument(
+        "--master_port", type=int, default=None, help="default: a free port on a single node, 29500 with several"
+    )
+    p.add_argument("--set_additional_flag", action="store_true", help="append --local_rank=N to the script's arguments")
     p.add_argument("-m", "--module", action="store_true", help="run the script as a module, like python -m")
     p.add_argument("--no_python", action="store_true", help="run the script as a program, not through Python")
     p.add_argument("--logdir", default=None, help="write each worker's stdout and stderr to files here")
@@ -49,19 +52,35 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
-    for flag, value, minimum in (("--nnodes", a.nnodes, 1), ("--nproc_per_node", a.nproc_per_node, 1),
-                                 ("--node_rank", a.node_rank, 0)):
+    for flag, value, minimum in (
+        ("--nnodes", a.nnodes, 1),
+        ("--nproc_per_node", a.nproc_per_node, 1),
+        ("--node_rank", a.node_rank, 0),
+    ):
         if value < minimum:
             p.error(f"{flag} must be >= {minimum}, got {value}")
     if a.module and a.no_python:
         p.error("--no_python and --module are mutually exclusive")
-    more = {"host_list": "this launcher starts one node; baguarun starts several over ssh",
-            "ssh_port": "this launcher starts one node; baguarun starts several over ssh"}
+    more = {
+        "host_list": "this launcher starts one node; baguarun starts several over ssh",
+        "ssh_port": "this launcher starts one node; baguarun starts several over ssh",
+    }
     return _flags.run(
-        p, _flags.notices(p.prog, a, more), nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
-        node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port, module=a.module,
-        script=a.training_script, script_args=a.training_script_args, no_python=a.no_python,
-        local_rank_arg=a.set_additional_flag, log_dir=a.logdir, extra_env=_flags.bagua_env(a))
+        p,
+        _flags.notices(p.prog, a, more),
+        nproc_per_node=a.nproc_per_node,
+        nnodes=a.nnodes,
+        node_rank=a.node_rank,
+        master_addr=a.master_addr,
+        master_port=a.master_port,
+        module=a.module,
+        script=a.training_script,
+        script_args=a.training_script_args,
+        no_python=a.no_python,
+        local_rank_arg=a.set_additional_flag,
+        log_dir=a.logdir,
+        extra_env=_flags.bagua_env(a),
+    )
 
 
 if __name__ == "__main__":

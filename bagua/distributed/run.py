@@ -26,8 +26,11 @@ _ELASTIC = "this launcher is not elastic: a fixed set of workers, no restarts"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bagua.distributed.run", allow_abbrev=False,
-                                description="Bagua 0.9.2's torchrun-style launcher (through bagua-run).")
+    p = argparse.ArgumentParser(
+        prog="python -m bagua.distributed.run",
+        allow_abbrev=False,
+        description="Bagua 0.9.2's torchrun-style launcher (through bagua-run).",
+    )
     p.add_argument("--nnodes", default="1", help="N, or N:N (elastic ranges are not supported)")
     p.add_argument("--nproc_per_node", "--nproc-per-node", default="1", help="a number, or auto / cpu")
     p.add_argument("--node_rank", "--node-rank", type=int, default=0)
@@ -38,15 +41,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--module", action="store_true")
     p.add_argument("--no_python", "--no-python", action="store_true")
     p.add_argument("--log_dir", "--log-dir", default=None)
-    for flag in ("--rdzv_backend", "--rdzv_id", "--rdzv_conf", "--max_restarts", "--monitor_interval",
-                 "--start_method", "--role", "-r", "-t"):
+    for flag in (
+        "--rdzv_backend",
+        "--rdzv_id",
+        "--rdzv_conf",
+        "--max_restarts",
+        "--monitor_interval",
+        "--start_method",
+        "--role",
+        "-r",
+        "-t",
+    ):
         long = {"-r": "--redirects", "-t": "--tee"}.get(flag)
         names = [flag, long] if long else [flag, flag.replace("_", "-")]
         p.add_argument(*names, default=None, help="accepted, no effect")
-    p.add_argument("--run_path", "--run-path", action="store_const", const=True, default=None,
-                   help="accepted, no effect")
-    p.add_argument("--use_env", "--use-env", action="store_const", const=True, default=None,
-                   help="accepted, no effect (the environment is always set)")
+    p.add_argument(
+        "--run_path", "--run-path", action="store_const", const=True, default=None, help="accepted, no effect"
+    )
+    p.add_argument(
+        "--use_env",
+        "--use-env",
+        action="store_const",
+        const=True,
+        default=None,
+        help="accepted, no effect (the environment is always set)",
+    )
     _flags.add_bagua_flags(p)
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -95,16 +114,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         nnodes, addr, port = 1, "127.0.0.1", None
     if a.module and a.no_python:
         p.error("--no_python and --module are mutually exclusive")
-    more = {name: _ELASTIC for name in ("rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts",
-                                        "monitor_interval", "start_method", "role")}
-    more.update(redirects="output is prefixed with the rank (or in --log_dir)", tee="output is prefixed with the "
-                "rank (or in --log_dir)", run_path="the script runs in a fresh interpreter",
-                use_env="the environment is always set")
+    more = {
+        name: _ELASTIC
+        for name in ("rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts", "monitor_interval", "start_method", "role")
+    }
+    more.update(
+        redirects="output is prefixed with the rank (or in --log_dir)",
+        tee="output is prefixed with the rank (or in --log_dir)",
+        run_path="the script runs in a fresh interpreter",
+        use_env="the environment is always set",
+    )
     return _flags.run(
-        p, _flags.notices(p.prog, a, more), nproc_per_node=_nproc(p, a.nproc_per_node), nnodes=nnodes,
-        node_rank=a.node_rank, master_addr=addr, master_port=port, module=a.module, script=a.training_script,
-        script_args=a.training_script_args, no_python=a.no_python, log_dir=a.log_dir,
-        extra_env=_flags.bagua_env(a))
+        p,
+        _flags.notices(p.prog, a, more),
+        nproc_per_node=_nproc(p, a.nproc_per_node),
+        nnodes=nnodes,
+        node_rank=a.node_rank,
+        master_addr=addr,
+        master_port=port,
+        module=a.module,
+        script=a.training_script,
+        script_args=a.training_script_args,
+        no_python=a.no_python,
+        log_dir=a.log_dir,
+        extra_env=_flags.bagua_env(a),
+    )
 
 
 if __name__ == "__main__":

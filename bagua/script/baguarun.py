@@ -44,18 +44,33 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="baguarun", allow_abbrev=False,
-                                description="Start a Bagua job on several hosts over ssh (one "
-                                            "bagua.distributed.launch per host).")
-    p.add_argument("--host_list", default=None,
-                   help="host[:sshport],... ; the first host is the master (default: $BAGUA_NODE_DOMAIN_NAMES)")
-    p.add_argument("--ssh_port", type=int, default=None,
-                   help="ssh port of hosts given without one (default: $BAGUA_SSH_PORT, else ssh's own)")
+    p = argparse.ArgumentParser(
+        prog="baguarun",
+        allow_abbrev=False,
+        description="Start a Bagua job on several hosts over ssh (one bagua.distributed.launch per host).",
+    )
+    p.add_argument(
+        "--host_list",
+        default=None,
+        help="host[:sshport],... ; the first host is the master (default: $BAGUA_NODE_DOMAIN_NAMES)",
+    )
+    p.add_argument(
+        "--ssh_port",
+        type=int,
+        default=None,
+        help="ssh port of hosts given without one (default: $BAGUA_SSH_PORT, else ssh's own)",
+    )
     p.add_argument("--nproc_per_node", type=int, required=True, help="workers per host")
     p.add_argument("--master_port", type=int, default=None, help="port on the first host (default 29500)")
     p.add_argument("--no_python", action="store_true", help="run the script as a program, not through Python")
-    p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
-                   help="export VAR to every host (its value here, or VALUE); repeatable")
+    p.add_argument(
+        "-x",
+        dest="exports",
+        action="append",
+        default=[],
+        metavar="VAR[=VALUE]",
+        help="export VAR to every host (its value here, or VALUE); repeatable",
+    )
     _flags.add_bagua_flags(p)
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -98,13 +113,21 @@ def exported_env(exports: Sequence[str]) -> List[Tuple[str, str]]:
     return out
 
 
-def remote_script(node_rank: int, nnodes: int, master_addr: str, args: argparse.Namespace,
-                  env: Sequence[Tuple[str, str]]) -> str:
+def remote_script(
+    node_rank: int, nnodes: int, master_addr: str, args: argparse.Namespace, env: Sequence[Tuple[str, str]]
+) -> str:
     """The POSIX shell script host ``node_rank`` runs. Its first input line is
     the store secret; the end of its input stops the node's launcher."""
     q = shlex.quote
-    launch = [sys.executable, "-m", "bagua.distributed.launch", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
-              f"--master_addr={master_addr}", f"--nproc_per_node={args.nproc_per_node}"]
+    launch = [
+        sys.executable,
+        "-m",
+        "bagua.distributed.launch",
+        f"--nnodes={nnodes}",
+        f"--node_rank={node_rank}",
+        f"--master_addr={master_addr}",
+        f"--nproc_per_node={args.nproc_per_node}",
+    ]
     if args.master_port is not None:
         launch.append(f"--master_port={args.master_port}")
     if args.no_python:
@@ -173,16 +196,16 @@ class Job:
                 if failed:
                     host, code = failed[0]
                     why = "ssh failed (connection or authentication)" if code == 255 else f"exit code {code}"
-                    print(f"baguarun: host {host} failed ({why}); stopping the other hosts",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"baguarun: host {host} failed ({why}); stopping the other hosts", file=sys.stderr, flush=True
+                    )
                     self._stop()
                     return code
                 if all(c == 0 for c in codes):
                     return 0
                 time.sleep(POLL_INTERVAL_S)
             signum = self._signals[0]
-            print(f"baguarun: received {signal.Signals(signum).name}; stopping every host", file=sys.stderr,
-                  flush=True)
+            print(f"baguarun: received {signal.Signals(signum).name}; stopping every host", file=sys.stderr, flush=True)
             self._stop()
             return 128 + signum
         finally:
@@ -211,8 +234,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     master = hosts[0][0]
     commands = []
     for rank, (host, port) in enumerate(hosts):
-        argv_ = [*settings.ssh_command, *(["-p", str(port)] if port is not None else []), host,
-                 remote_script(rank, len(hosts), master, a, env)]
+        argv_ = [
+            *settings.ssh_command,
+            *(["-p", str(port)] if port is not None else []),
+            host,
+            remote_script(rank, len(hosts), master, a, env),
+        ]
         commands.append((host if port is None else f"{host}:{port}", argv_))
     return Job(commands, secret).run()
 

@@ -11,5 +11,12 @@ def not_built(name: str, module: str) -> type:
     def __init__(self, *args, **kwargs):
         raise NotImplementedError(f"{module}.{name} of Bagua 0.9 is not built in this Bagua yet")
 
-    return type(name, (), {"__init__": __init__, "__module__": module,
-                           "__doc__": f"Bagua 0.9's {name}: not built in this Bagua yet (raises when used)."})
+    return type(
+        name,
+        (),
+        {
+            "__init__": __init__,
+            "__module__": module,
+            "__doc__": f"Bagua 0.9's {name}: not built in this Bagua yet (raises when used).",
+        },
+    )

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import functools
 
+from bagua_core.group_communicator import GroupCommunicator
+from bagua_core.process_group import ProcessGroup, group_named
 from bagua_torch.communication import (  # re-exported
     ReduceOp,
     allgather,
     allgather_inplace,
     allreduce,
+    allreduce_coalesced_inplace,
     allreduce_inplace,
     alltoall,
     alltoall_inplace,
     alltoall_v,
     alltoall_v_inplace,
-    allreduce_coalesced_inplace,
     barrier,
     broadcast,
     broadcast_coalesced,
@@ -30,6 +32,7 @@ from bagua_torch.communication import (  # re-exported
     gather,
     gather_inplace,
     get_default_group,
+    init_process_group as _init_process_group,
     is_initialized,
     new_group,
     recv,
@@ -41,9 +44,6 @@ from bagua_torch.communication import (  # re-exported
     scatter_inplace,
     send,
 )
-from bagua_torch.communication import init_process_group as _init_process_group
-from bagua_core.group_communicator import GroupCommunicator
-from bagua_core.process_group import ProcessGroup, group_named
 
 BaguaProcessGroup = ProcessGroup  # the original's name for the groups new_group returns
 
@@ -60,8 +60,11 @@ def _get_default_group():
     return get_default_group()
 
 
-_COMMUNICATOR_GETTERS = {"global": "get_global_communicator", "inter": "get_inter_node_communicator",
-                         "intra": "get_intra_node_communicator"}
+_COMMUNICATOR_GETTERS = {
+    "global": "get_global_communicator",
+    "inter": "get_inter_node_communicator",
+    "intra": "get_intra_node_communicator",
+}
 
 
 def get_communicator(group_name: str, comm_name: str) -> GroupCommunicator:
@@ -94,10 +97,35 @@ def get_backend(model_name: str):
 
 
 __all__ = [
-    "ReduceOp", "init_process_group", "is_initialized", "new_group", "from_torch_group", "get_backend",
-    "send", "recv", "broadcast", "broadcast_object", "reduce", "reduce_inplace", "allreduce",
-    "allreduce_inplace", "allgather", "allgather_inplace", "gather", "gather_inplace", "scatter",
-    "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace", "alltoall", "alltoall_inplace",
-    "alltoall_v", "alltoall_v_inplace", "barrier", "broadcast_coalesced", "allreduce_coalesced_inplace",
-    "get_communicator", "BaguaProcessGroup",
+    "ReduceOp",
+    "init_process_group",
+    "is_initialized",
+    "new_group",
+    "from_torch_group",
+    "get_backend",
+    "send",
+    "recv",
+    "broadcast",
+    "broadcast_object",
+    "reduce",
+    "reduce_inplace",
+    "allreduce",
+    "allreduce_inplace",
+    "allgather",
+    "allgather_inplace",
+    "gather",
+    "gather_inplace",
+    "scatter",
+    "scatter_inplace",
+    "reduce_scatter",
+    "reduce_scatter_inplace",
+    "alltoall",
+    "alltoall_inplace",
+    "alltoall_v",
+    "alltoall_v_inplace",
+    "barrier",
+    "broadcast_coalesced",
+    "allreduce_coalesced_inplace",
+    "get_communicator",
+    "BaguaProcessGroup",
 ]

@@ -52,6 +52,13 @@ def get_autotune_level() -> int:
 
 
 __all__ = [
-    "get_world_size", "get_rank", "get_local_rank", "get_local_size", "get_node_rank", "get_master_addr",
-    "get_default_bucket_size", "get_bagua_service_port", "get_autotune_level",
+    "get_world_size",
+    "get_rank",
+    "get_local_rank",
+    "get_local_size",
+    "get_node_rank",
+    "get_master_addr",
+    "get_default_bucket_size",
+    "get_bagua_service_port",
+    "get_autotune_level",
 ]

@@ -30,9 +30,17 @@ import torch.distributed as dist
 flatten = torch._utils._flatten_dense_tensors
 unflatten = torch._utils._unflatten_dense_tensors
 
-__all__ = ["flatten", "unflatten", "apply_flattened_call", "apply_flattened_call_all", "check_contiguous",
-           "get_flattened_tensor", "to_bagua_datatype", "average_by_removing_extreme_values",
-           "StatisticalAverage"]
+__all__ = [
+    "flatten",
+    "unflatten",
+    "apply_flattened_call",
+    "apply_flattened_call_all",
+    "check_contiguous",
+    "get_flattened_tensor",
+    "to_bagua_datatype",
+    "average_by_removing_extreme_values",
+    "StatisticalAverage",
+]
 
 
 def apply_flattened_call(bucket: Sequence[torch.Tensor], call, extra_args: Optional[Sequence] = None) -> None:
@@ -76,7 +84,7 @@ def to_bagua_datatype(datatype: torch.dtype) -> str:
 
 def average_by_removing_extreme_values(raw_score_list: Sequence[float]):
     scores = np.asarray(raw_score_list)
-    scores = scores[len(scores) // 3:]
+    scores = scores[len(scores) // 3 :]
 
     def within_one_std(x):
         kept = x[abs(x - np.mean(x)) < np.std(x)]
@@ -100,8 +108,12 @@ class StatisticalAverage:
     value since the last update. (The original's defaults, a time taken at
     import and shared lists, are replaced by fresh ones per instance.)"""
 
-    def __init__(self, last_update_time: Optional[float] = None, records: Optional[List[float]] = None,
-                 record_tail: Tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(
+        self,
+        last_update_time: Optional[float] = None,
+        records: Optional[List[float]] = None,
+        record_tail: Tuple[float, float] = (0.0, 0.0),
+    ) -> None:
         self.last_update_time: float = time.time() if last_update_time is None else last_update_time
         self.records: List[float] = list(records or [])
         self.record_tail: Tuple[float, float] = tuple(record_tail)
@@ -126,7 +138,7 @@ class StatisticalAverage:
             i = max(0, math.floor(math.log(last_n_seconds, 2.0)))
             if i + 1 >= len(self.records):
                 return self.records[i]
-            lo = 2.0 ** i
+            lo = 2.0**i
             return _between(self.records[i], self.records[i + 1], (last_n_seconds - lo) / lo)
         if last_n_seconds <= windows + tail_seconds:
             return _between(self.records[-1], tail_mean, (last_n_seconds - windows) / tail_seconds)
@@ -140,7 +152,7 @@ class StatisticalAverage:
         records: List[float] = []
         tail = (0.0, 0.0)
         for i in range(64):
-            window = 2.0 ** i
+            window = 2.0**i
             if window <= since:
                 records.append(val)
             elif window <= since + before:
@@ -162,8 +174,9 @@ class StatisticalAverage:
         return self.get_records_mean(last_n_seconds - since)
 
     def __str__(self) -> str:
-        return str({"last_update_time": self.last_update_time, "records": self.records,
-                    "record_tail": self.record_tail})
+        return str(
+            {"last_update_time": self.last_update_time, "records": self.records, "record_tail": self.record_tail}
+        )
 
 
 def _between(a: float, b: float, fraction: float) -> float:

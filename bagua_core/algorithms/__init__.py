@@ -115,7 +115,19 @@ _DESCRIPTIONS = tuple(description_type(name) for name in names())
 AlgorithmDescription = Union[_DESCRIPTIONS]  # any registered description
 
 __all__ = [
-    "AFTER_OPTIMIZER_STEP", "BACKGROUND", "BACKWARD", "FORWARD_START", "GRADIENTS", "PEER_SELECTION_MODES", "WEIGHTS",
-    "AlgorithmDescription", *(d.__name__ for d in _DESCRIPTIONS), "Plan",
-    "as_description", "by_name", "check_tensors", "description_type", "names",
+    "AFTER_OPTIMIZER_STEP",
+    "BACKGROUND",
+    "BACKWARD",
+    "FORWARD_START",
+    "GRADIENTS",
+    "PEER_SELECTION_MODES",
+    "WEIGHTS",
+    "AlgorithmDescription",
+    *(d.__name__ for d in _DESCRIPTIONS),
+    "Plan",
+    "as_description",
+    "by_name",
+    "check_tensors",
+    "description_type",
+    "names",
 ]

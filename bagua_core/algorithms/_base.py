@@ -47,8 +47,10 @@ class Plan:
 
     def params_text(self) -> str:
         """The parameters as the engine's ``key=value;...`` form."""
+
         def text(v):
             return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
         return ";".join(f"{k}={text(v)}" for k, v in sorted(self.params.items()))
 
 
@@ -96,7 +98,8 @@ def as_description(algorithm):
         raise TypeError(f"pass an instance, e.g. {algorithm.__name__}(), not the class")
     raise TypeError(
         f"expected a bagua_core.algorithms description (e.g. ByteGrad()) or one of the names "
-        f"{', '.join(names())}; got {type(algorithm).__name__}")
+        f"{', '.join(names())}; got {type(algorithm).__name__}"
+    )
 
 
 def check_tensors(description, shapes) -> None:

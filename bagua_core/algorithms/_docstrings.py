@@ -25,7 +25,7 @@ def split_arguments(doc: str) -> Tuple[str, Dict[str, str]]:
     end = start + 1
     while end < len(lines) and (not lines[end].strip() or lines[end].startswith(" ")):
         end += 1
-    body = lines[start + 1:end]
+    body = lines[start + 1 : end]
     indent = min((len(line) - len(line.lstrip()) for line in body if line.strip()), default=0)
     entries: Dict[str, list] = {}
     current = None

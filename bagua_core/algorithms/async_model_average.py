@@ -43,8 +43,10 @@ class AsyncModelAverage:
         if not isinstance(self.peer_selection_mode, str):
             raise TypeError(f"AsyncModelAverage: peer_selection_mode must be a str, got {self.peer_selection_mode!r}")
         if self.peer_selection_mode not in ASYNC_PEER_SELECTION_MODES:
-            raise ValueError(f"AsyncModelAverage: unknown peer_selection_mode {self.peer_selection_mode!r} "
-                             f"(use one of {', '.join(ASYNC_PEER_SELECTION_MODES)})")
+            raise ValueError(
+                f"AsyncModelAverage: unknown peer_selection_mode {self.peer_selection_mode!r} "
+                f"(use one of {', '.join(ASYNC_PEER_SELECTION_MODES)})"
+            )
         interval = check_int("AsyncModelAverage", "sync_interval_ms", self.sync_interval_ms, 0)
         object.__setattr__(self, "sync_interval_ms", interval)
         steps = check_int("AsyncModelAverage", "warmup_steps", self.warmup_steps, 0)
@@ -52,10 +54,14 @@ class AsyncModelAverage:
 
     def plan(self) -> Plan:
         """The background averaging of the weights (one bucket per dtype)."""
-        return Plan(step="async_model_average",
-                    params={"peer_selection_mode": self.peer_selection_mode,
-                            "sync_interval_ms": self.sync_interval_ms},
-                    communicates=WEIGHTS, phase=BACKGROUND, one_bucket_per_dtype=True, counts_steps=True)
+        return Plan(
+            step="async_model_average",
+            params={"peer_selection_mode": self.peer_selection_mode, "sync_interval_ms": self.sync_interval_ms},
+            communicates=WEIGHTS,
+            phase=BACKGROUND,
+            one_bucket_per_dtype=True,
+            counts_steps=True,
+        )
 
     def warmup_plan(self) -> Plan:
         """The warm-up steps' plan: gradients allreduced (mean), flat."""

@@ -46,7 +46,15 @@ class Decentralized:
         object.__setattr__(self, "communication_interval", interval)
 
     def plan(self) -> Plan:
-        return Plan(step="decentralized",
-                    params={"hierarchical": self.hierarchical, "peer_selection_mode": self.peer_selection_mode,
-                            "communication_interval": self.communication_interval},
-                    communicates=WEIGHTS, phase=FORWARD_START, one_bucket_per_dtype=True, counts_steps=True)
+        return Plan(
+            step="decentralized",
+            params={
+                "hierarchical": self.hierarchical,
+                "peer_selection_mode": self.peer_selection_mode,
+                "communication_interval": self.communication_interval,
+            },
+            communicates=WEIGHTS,
+            phase=FORWARD_START,
+            one_bucket_per_dtype=True,
+            counts_steps=True,
+        )

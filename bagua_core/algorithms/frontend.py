@@ -34,8 +34,7 @@ from bagua_core.algorithms._docstrings import arguments_section, split_arguments
 
 # Bagua 0.9's registered names. One not built here yet raises NotImplementedError
 # from init(), so that a script written for Bagua 0.9 learns what is missing.
-ORIGINAL_NAMES = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
-                  "async")
+ORIGINAL_NAMES = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async")
 
 
 class FrontendAlgorithm:
@@ -56,8 +55,10 @@ class FrontendAlgorithm:
         if cls._classes is None:
             raise TypeError(f"{cls.__name__}: its frontend base class must define _classes = {{}}")
         if cls.core_type in cls._classes:
-            raise ValueError(f"{cls.__name__}: {cls._classes[cls.core_type].__name__} is already the "
-                             f"{cls.frontend} class of {cls.core_type.__name__}")
+            raise ValueError(
+                f"{cls.__name__}: {cls._classes[cls.core_type].__name__} is already the "
+                f"{cls.frontend} class of {cls.core_type.__name__}"
+            )
         own_doc, own_arguments = split_arguments(cls.__doc__)
         cls.__init__ = _constructor(cls, own_arguments)
         documented = {**split_arguments(cls.core_type.__doc__)[1], **own_arguments}
@@ -92,8 +93,10 @@ class FrontendAlgorithm:
         name, in the order of :func:`bagua_core.algorithms.names`."""
         missing = [name for name in names() if description_type(name) not in cls._classes]
         if missing:
-            raise TypeError(f"{cls.frontend} has no class for the registered algorithm(s) {', '.join(missing)}: "
-                            f"define a subclass of its Algorithm with core_type set to the description")
+            raise TypeError(
+                f"{cls.frontend} has no class for the registered algorithm(s) {', '.join(missing)}: "
+                f"define a subclass of its Algorithm with core_type set to the description"
+            )
         found = (cls._classes[description_type(name)] for name in names())
         return {c.__name__: c for c in found}
 
@@ -115,8 +118,9 @@ class FrontendAlgorithm:
     def init(cls, name: str, **hyperparameters) -> "FrontendAlgorithm":
         """The algorithm registered as ``name`` (see :meth:`registered`)."""
         if name in ORIGINAL_NAMES and name not in names():
-            raise NotImplementedError(f"algorithm {name!r} of Bagua 0.9 is not built in this Bagua yet; "
-                                      f"available: {', '.join(names())}")
+            raise NotImplementedError(
+                f"algorithm {name!r} of Bagua 0.9 is not built in this Bagua yet; available: {', '.join(names())}"
+            )
         return cls._classes[description_type(name)](**hyperparameters)
 
     @classmethod
@@ -136,10 +140,14 @@ class FrontendAlgorithm:
         if isinstance(algorithm, str):
             if accept_names:
                 return cls.init(algorithm)
-            raise TypeError(f"algorithm must be a {cls.frontend}.Algorithm, got the string {algorithm!r}; "
-                            f"use Algorithm.init({algorithm!r}, ...) to build one by name")
-        accepted = [f"a {cls.frontend}.Algorithm (e.g. GradientAllReduceAlgorithm())",
-                    "a bagua_core.algorithms description"]
+            raise TypeError(
+                f"algorithm must be a {cls.frontend}.Algorithm, got the string {algorithm!r}; "
+                f"use Algorithm.init({algorithm!r}, ...) to build one by name"
+            )
+        accepted = [
+            f"a {cls.frontend}.Algorithm (e.g. GradientAllReduceAlgorithm())",
+            "a bagua_core.algorithms description",
+        ]
         if accept_names:
             accepted.append(f"one of the names {', '.join(cls.registered())}")
         accepted = ", ".join(accepted[:-1]) + " or " + accepted[-1]
@@ -152,8 +160,9 @@ class FrontendAlgorithm:
         return hash((type(self), self._description))
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self._description, f.name)!r}"
-                           for f in dataclasses.fields(self._description))
+        fields = ", ".join(
+            f"{f.name}={getattr(self._description, f.name)!r}" for f in dataclasses.fields(self._description)
+        )
         return f"{type(self).__name__}({fields})"
 
 
@@ -168,23 +177,34 @@ def _constructor(cls, own_arguments: Dict[str, str]):
     except NameError:
         own = list(inspect.signature(implementation).parameters.values())
     if own[-1].kind is not inspect.Parameter.VAR_KEYWORD:
-        raise TypeError(f"{cls.__name__}.__init__ must end with **fields: the description's fields are its "
-                        f"arguments, with their defaults, and are not repeated")
+        raise TypeError(
+            f"{cls.__name__}.__init__ must end with **fields: the description's fields are its "
+            f"arguments, with their defaults, and are not repeated"
+        )
     own = own[:-1]
     types = typing.get_type_hints(cls.core_type)
     fields = [f for f in dataclasses.fields(cls.core_type) if f.init and f.name not in cls.derived_fields]
     field_names = {f.name for f in fields}
     repeated = sorted(field_names & ({p.name for p in own} | own_arguments.keys()))
     if repeated:
-        raise TypeError(f"{cls.__name__} repeats the description's {', '.join(repeated)}: "
-                        f"declare and document them in {cls.core_type.__name__} only")
+        raise TypeError(
+            f"{cls.__name__} repeats the description's {', '.join(repeated)}: "
+            f"declare and document them in {cls.core_type.__name__} only"
+        )
     if any(f.default_factory is not dataclasses.MISSING for f in fields):
         raise TypeError(f"{cls.core_type.__name__}: give its fields plain defaults (a signature shows them)")
-    signature = inspect.Signature(own + [
-        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                          default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
-                          annotation=types.get(f.name, inspect.Parameter.empty))
-        for f in fields])
+    signature = inspect.Signature(
+        own
+        + [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
+                annotation=types.get(f.name, inspect.Parameter.empty),
+            )
+            for f in fields
+        ]
+    )
 
     def __init__(self, *args, **kwargs):
         try:

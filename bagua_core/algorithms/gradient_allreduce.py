@@ -29,5 +29,4 @@ class GradientAllReduce:
         check_bool("GradientAllReduce", "average", self.average)
 
     def plan(self) -> Plan:
-        return Plan(step="centralized_allreduce",
-                    params={"hierarchical": self.hierarchical, "average": self.average})
+        return Plan(step="centralized_allreduce", params={"hierarchical": self.hierarchical, "average": self.average})

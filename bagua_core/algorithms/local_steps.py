@@ -77,27 +77,42 @@ class LocalSteps:
         object.__setattr__(self, "sync_interval", check_int("LocalSteps", "sync_interval", self.sync_interval, 1))
         object.__setattr__(self, "warmup_steps", check_int("LocalSteps", "warmup_steps", self.warmup_steps, 0))
         object.__setattr__(self, "outer_lr", _check_number("outer_lr", self.outer_lr, 0.0))
-        object.__setattr__(self, "outer_momentum",
-                           _check_number("outer_momentum", self.outer_momentum, 0.0, 1.0, low_open=False))
+        object.__setattr__(
+            self, "outer_momentum", _check_number("outer_momentum", self.outer_momentum, 0.0, 1.0, low_open=False)
+        )
         check_bool("LocalSteps", "nesterov", self.nesterov)
         check_bool("LocalSteps", "hierarchical", self.hierarchical)
         if not isinstance(self.compression, str):
             raise TypeError(f"LocalSteps: compression must be a str, got {self.compression!r}")
         if self.compression not in COMPRESSIONS:
-            raise ValueError(f"LocalSteps: unknown compression {self.compression!r} "
-                             f"(use one of {', '.join(COMPRESSIONS)})")
+            raise ValueError(
+                f"LocalSteps: unknown compression {self.compression!r} (use one of {', '.join(COMPRESSIONS)})"
+            )
         check_bool("LocalSteps", "error_feedback", self.error_feedback)
         if self.error_feedback and self.compression == "none":
-            raise ValueError("LocalSteps: error_feedback needs compression='minmax_uint8' "
-                             "(without compression there is no residual to feed back)")
+            raise ValueError(
+                "LocalSteps: error_feedback needs compression='minmax_uint8' "
+                "(without compression there is no residual to feed back)"
+            )
 
     def plan(self) -> Plan:
-        params = {"sync_interval": self.sync_interval, "warmup_steps": self.warmup_steps,
-                  "outer_lr": repr(self.outer_lr), "outer_momentum": repr(self.outer_momentum),
-                  "nesterov": self.nesterov, "hierarchical": self.hierarchical}
+        params = {
+            "sync_interval": self.sync_interval,
+            "warmup_steps": self.warmup_steps,
+            "outer_lr": repr(self.outer_lr),
+            "outer_momentum": repr(self.outer_momentum),
+            "nesterov": self.nesterov,
+            "hierarchical": self.hierarchical,
+        }
         if self.compression != "none":  # absent when off: the step and its description stay as without it
             params["compression"] = self.compression
         if self.error_feedback:
             params["error_feedback"] = True
-        return Plan(step="local_steps", params=params,
-                    communicates=WEIGHTS, phase=AFTER_OPTIMIZER_STEP, one_bucket_per_dtype=False, counts_steps=True)
+        return Plan(
+            step="local_steps",
+            params=params,
+            communicates=WEIGHTS,
+            phase=AFTER_OPTIMIZER_STEP,
+            one_bucket_per_dtype=False,
+            counts_steps=True,
+        )

@@ -34,6 +34,10 @@ class LowPrecisionDecentralized:
         object.__setattr__(self, "communication_interval", interval)
 
     def plan(self) -> Plan:
-        return Plan(step="low_precision_decentralized",
-                    params={"hierarchical": self.hierarchical, "communication_interval": self.communication_interval},
-                    communicates=WEIGHTS, phase=AFTER_OPTIMIZER_STEP, counts_steps=True)
+        return Plan(
+            step="low_precision_decentralized",
+            params={"hierarchical": self.hierarchical, "communication_interval": self.communication_interval},
+            communicates=WEIGHTS,
+            phase=AFTER_OPTIMIZER_STEP,
+            counts_steps=True,
+        )

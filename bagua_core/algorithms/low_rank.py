@@ -77,21 +77,32 @@ class LowRank:
         object.__setattr__(self, "rank", check_int("LowRank", "rank", self.rank, 1))
         object.__setattr__(self, "start_iter", check_int("LowRank", "start_iter", self.start_iter, 0))
         object.__setattr__(self, "seed", check_int("LowRank", "seed", self.seed, 0))
-        object.__setattr__(self, "min_compression_rate",
-                           _check_decimal("min_compression_rate", self.min_compression_rate))
-        object.__setattr__(self, "orthogonalization_epsilon",
-                           _check_decimal("orthogonalization_epsilon", self.orthogonalization_epsilon))
+        object.__setattr__(
+            self, "min_compression_rate", _check_decimal("min_compression_rate", self.min_compression_rate)
+        )
+        object.__setattr__(
+            self,
+            "orthogonalization_epsilon",
+            _check_decimal("orthogonalization_epsilon", self.orthogonalization_epsilon),
+        )
         check_bool("LowRank", "error_feedback", self.error_feedback)
         check_bool("LowRank", "warm_start", self.warm_start)
 
     def plan(self) -> Plan:
-        return Plan(step="low_rank",
-                    params={"rank": self.rank, "start_iter": self.start_iter,
-                            "min_compression_rate": repr(self.min_compression_rate),
-                            "orthogonalization_epsilon": repr(self.orthogonalization_epsilon),
-                            "error_feedback": self.error_feedback, "warm_start": self.warm_start,
-                            "seed": self.seed},
-                    communicates=GRADIENTS, counts_steps=True)
+        return Plan(
+            step="low_rank",
+            params={
+                "rank": self.rank,
+                "start_iter": self.start_iter,
+                "min_compression_rate": repr(self.min_compression_rate),
+                "orthogonalization_epsilon": repr(self.orthogonalization_epsilon),
+                "error_feedback": self.error_feedback,
+                "warm_start": self.warm_start,
+                "seed": self.seed,
+            },
+            communicates=GRADIENTS,
+            counts_steps=True,
+        )
 
     def check_tensors(self, shapes: Iterable[Sequence[int]]) -> None:
         """Raises ValueError when ``rank`` exceeds the smaller side of every
@@ -102,6 +113,8 @@ class LowRank:
             if len(shape) >= 2 and math.prod(shape) > 0:
                 sides.append(min(shape[0], math.prod(shape) // shape[0]))
         if sides and self.rank > max(sides):
-            raise ValueError(f"LowRank: rank {self.rank} is larger than the smaller side of every matrix of the "
-                             f"model (the largest is {max(sides)}), so no gradient would be compressed at that "
-                             f"rank; choose rank <= {max(sides)}")
+            raise ValueError(
+                f"LowRank: rank {self.rank} is larger than the smaller side of every matrix of the "
+                f"model (the largest is {max(sides)}), so no gradient would be compressed at that "
+                f"rank; choose rank <= {max(sides)}"
+            )

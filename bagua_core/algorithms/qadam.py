@@ -47,7 +47,10 @@ class QAdam:
         object.__setattr__(self, "beta1", float(self.beta1))
 
     def plan(self) -> Plan:
-        return Plan(step="qadam",
-                    params={"hierarchical": self.hierarchical, "warmup_steps": self.warmup_steps,
-                            "beta1": repr(self.beta1)},
-                    communicates=GRADIENTS, counts_steps=True, optimizer_state="exp_avg")
+        return Plan(
+            step="qadam",
+            params={"hierarchical": self.hierarchical, "warmup_steps": self.warmup_steps, "beta1": repr(self.beta1)},
+            communicates=GRADIENTS,
+            counts_steps=True,
+            optimizer_state="exp_avg",
+        )

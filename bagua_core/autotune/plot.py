@@ -40,8 +40,12 @@ def plot(log: str, out: str) -> str:
     a.set_ylabel("score (GB/s of gradients)")
     a.set_title("samples in order")
     b.scatter([r["bucket_size_2p"] for r in rows], [r["score_gbps"] for r in rows])
-    b.scatter([best["bucket_size_2p"]], [best["score_gbps"]], color="red",
-              label=f"best: 2^{best['bucket_size_2p']} B, {best['num_buckets']} bucket(s)")
+    b.scatter(
+        [best["bucket_size_2p"]],
+        [best["score_gbps"]],
+        color="red",
+        label=f"best: 2^{best['bucket_size_2p']} B, {best['num_buckets']} bucket(s)",
+    )
     b.set_xlabel("bucket size (log2 bytes)")
     b.set_ylabel("score (GB/s)")
     b.legend()

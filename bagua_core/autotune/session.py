@@ -63,9 +63,18 @@ class AutotuneSession:
     ``prefix``: a store key prefix equal on every rank and unique to this
     model (e.g. the engine's group name)."""
 
-    def __init__(self, decls: Sequence[Tuple[str, int, object]], default_bucket_bytes: int, store, prefix: str,
-                 rank: int, world_size: int, model: str, settings: Optional[config.Settings] = None,
-                 planner: Optional[Callable] = None):
+    def __init__(
+        self,
+        decls: Sequence[Tuple[str, int, object]],
+        default_bucket_bytes: int,
+        store,
+        prefix: str,
+        rank: int,
+        world_size: int,
+        model: str,
+        settings: Optional[config.Settings] = None,
+        planner: Optional[Callable] = None,
+    ):
         from bagua_core.engine import plan_buckets
 
         s = settings or config.load()
@@ -91,9 +100,16 @@ class AutotuneSession:
         if self.rank == 0:
             self.log_path = log_path(model) if s.autotune_log else None
             payload = sum(int(n) * _itemsize(d) for _, n, d in self.decls)
-            self.tuner = Tuner(default_bucket_bytes, payload, s.autotune_max_samples, s.autotune_warmup_time_s,
-                               s.autotune_sampling_confidence_time_s, self._partition, self.log_path,
-                               confirm_pairs=s.autotune_confirm_pairs)
+            self.tuner = Tuner(
+                default_bucket_bytes,
+                payload,
+                s.autotune_max_samples,
+                s.autotune_warmup_time_s,
+                s.autotune_sampling_confidence_time_s,
+                self._partition,
+                self.log_path,
+                confirm_pairs=s.autotune_confirm_pairs,
+            )
 
     # ---- plans ----
     def buckets(self, plan: Optional[Plan] = None) -> List[List[str]]:
@@ -136,12 +152,22 @@ class AutotuneSession:
         self.completed = bool(message["completed"])
         if plan is None:
             return None
-        new = Plan(int(plan["id"]), int(plan["bucket_bytes"]),
-                   None if plan["order"] is None else tuple(int(i) for i in plan["order"]))
+        new = Plan(
+            int(plan["id"]),
+            int(plan["bucket_bytes"]),
+            None if plan["order"] is None else tuple(int(i) for i in plan["order"]),
+        )
         self.plan = new
         self.switches.append((step, new))
-        log.logger.info("autotune %s: plan %d (buckets of %d bytes, %d bucket(s)) from step %d%s", self.model, new.id,
-                        new.bucket_bytes, len(self.buckets(new)), step, " (final)" if self.completed else "")
+        log.logger.info(
+            "autotune %s: plan %d (buckets of %d bytes, %d bucket(s)) from step %d%s",
+            self.model,
+            new.id,
+            new.bucket_bytes,
+            len(self.buckets(new)),
+            step,
+            " (final)" if self.completed else "",
+        )
         if self.tuner is not None:
             self._last_time = None  # this step re-buckets: not a step of either plan
         return new
@@ -155,9 +181,13 @@ class AutotuneSession:
         size = self.tuner.decide(now, step)
         if self.tuner.completed and not self.completed and self.tuner.verdict is not None:  # just settled
             v = self.tuner.verdict
-            log.logger.info("autotune %s: %s %d-byte buckets: %s", self.model,
-                            "switches to" if v.switched else "keeps the default plan, not", v.candidate_bytes,
-                            v.reason)
+            log.logger.info(
+                "autotune %s: %s %d-byte buckets: %s",
+                self.model,
+                "switches to" if v.switched else "keeps the default plan, not",
+                v.candidate_bytes,
+                v.reason,
+            )
         plan = None
         if size is not None:
             if self._order is None:
@@ -180,7 +210,8 @@ class AutotuneSession:
             raise AutotuneMismatchError(
                 f"autotune of {self.model}: rank 0's decision #{n} switches from plan {message['previous']} at "
                 f"step {message['step']}, but rank {self.rank} runs plan {self.plan.id} at step {step} (every "
-                "rank must run the same steps with the same BAGUA_AUTOTUNE_INTERVAL_STEPS)")
+                "rank must run the same steps with the same BAGUA_AUTOTUNE_INTERVAL_STEPS)"
+            )
         new_id = message["plan"]["id"] if message["plan"] else self.plan.id
         ack = {"step": step, "plan": new_id}
         self.store.set(self._key("ack", n, self.rank), json.dumps(ack).encode())
@@ -194,7 +225,8 @@ class AutotuneSession:
             if ack["plan"] != self.plan.id:
                 raise AutotuneMismatchError(
                     f"autotune of {self.model}: rank {r} reports plan {ack['plan']} at step {ack['step']} after "
-                    f"decision #{n}, but rank 0 runs plan {self.plan.id}")
+                    f"decision #{n}, but rank 0 runs plan {self.plan.id}"
+                )
 
 
 _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}

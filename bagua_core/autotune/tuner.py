@@ -35,7 +35,7 @@ import csv
 import math
 import os
 import statistics
-from typing import Callable, Dict, Hashable, Tuple, List, NamedTuple, Optional
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 MIN_2P = 10
 MAX_2P = 31
@@ -66,8 +66,24 @@ class Verdict(NamedTuple):
 
 # One-sided 95% quantiles of Student's t by degrees of freedom; between two
 # entries the smaller df's (larger, so more cautious) value is used.
-_T95 = ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (6, 1.943), (7, 1.895), (8, 1.860),
-        (9, 1.833), (10, 1.812), (12, 1.782), (15, 1.753), (20, 1.725), (30, 1.697), (60, 1.671), (120, 1.658))
+_T95 = (
+    (1, 6.314),
+    (2, 2.920),
+    (3, 2.353),
+    (4, 2.132),
+    (5, 2.015),
+    (6, 1.943),
+    (7, 1.895),
+    (8, 1.860),
+    (9, 1.833),
+    (10, 1.812),
+    (12, 1.782),
+    (15, 1.753),
+    (20, 1.725),
+    (30, 1.697),
+    (60, 1.671),
+    (120, 1.658),
+)
 
 
 def one_sided_t95(df: int) -> float:
@@ -80,12 +96,28 @@ class Tuner:
     """``partition(bucket_bytes)`` gives the buckets a size makes, as a tuple
     (one hashable entry per bucket; equal tuples: the same plan)."""
 
-    LOG_FIELDS = ("train_iter", "plan_id", "bucket_size_2p", "bucket_bytes", "num_buckets", "score_gbps",
-                  "median_step_s")
+    LOG_FIELDS = (
+        "train_iter",
+        "plan_id",
+        "bucket_size_2p",
+        "bucket_bytes",
+        "num_buckets",
+        "score_gbps",
+        "median_step_s",
+    )
 
-    def __init__(self, default_bucket_bytes: int, payload_bytes: int, max_samples: int, warmup_s: float,
-                 confidence_s: float, partition: Callable[[int], Tuple[Hashable, ...]], log_path: Optional[str] = None,
-                 seed: int = 0, confirm_pairs: int = 5):
+    def __init__(
+        self,
+        default_bucket_bytes: int,
+        payload_bytes: int,
+        max_samples: int,
+        warmup_s: float,
+        confidence_s: float,
+        partition: Callable[[int], Tuple[Hashable, ...]],
+        log_path: Optional[str] = None,
+        seed: int = 0,
+        confirm_pairs: int = 5,
+    ):
         import optuna  # only rank 0 of an autotuned run needs it
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -154,8 +186,11 @@ class Tuner:
             return self._confirm_next(now, train_iter)
         self._record(train_iter)
         sizes = self.max_2p - MIN_2P + 1
-        while (self.measured < self.max_samples and len(self._asked) < sizes
-               and len(self.study.trials) < 10 * self.max_samples):
+        while (
+            self.measured < self.max_samples
+            and len(self._asked) < sizes
+            and len(self.study.trials) < 10 * self.max_samples
+        ):
             size = self._ask()
             cached = self._scores.get(self.partition(size))
             if cached is None:
@@ -170,12 +205,21 @@ class Tuner:
     def _start_confirming(self, now: float, train_iter: int) -> Optional[int]:
         best, default = self.best(), self.samples[0]
         if best is default or self.partition(best.bucket_bytes) == self.partition(default.bucket_bytes):
-            self.verdict = Verdict(default.bucket_bytes, best.bucket_bytes, False, 0, 1.0, 1.0, 1.0,
-                                   "the search found no plan faster than the default")
+            self.verdict = Verdict(
+                default.bucket_bytes,
+                best.bucket_bytes,
+                False,
+                0,
+                1.0,
+                1.0,
+                1.0,
+                "the search found no plan faster than the default",
+            )
             return self._finish(DEFAULT, now)
         self._candidate = best
-        running_candidate = (not self.current_is_default
-                             and self.partition(self.current_bytes) == self.partition(best.bucket_bytes))
+        running_candidate = not self.current_is_default and self.partition(self.current_bytes) == self.partition(
+            best.bucket_bytes
+        )
         first, other = (CANDIDATE, DEFAULT) if running_candidate else (DEFAULT, CANDIDATE)
         self._confirm = []
         for k in range(self.confirm_pairs):  # ABBA...: consecutive windows of one plan need no switch
@@ -184,8 +228,14 @@ class Tuner:
 
     def _confirm_next(self, now: float, train_iter: int) -> Optional[int]:
         median = statistics.median(self._steps)
-        sample = Sample(train_iter, self.current_id, self.current_bytes, len(self.partition(self.current_bytes)),
-                        self.payload_bytes / median / 1e9 if median > 0 else 0.0, median)
+        sample = Sample(
+            train_iter,
+            self.current_id,
+            self.current_bytes,
+            len(self.partition(self.current_bytes)),
+            self.payload_bytes / median / 1e9 if median > 0 else 0.0,
+            median,
+        )
         self.confirmations.append((self._confirm.pop(0), sample))
         self._log(sample)
         if self._confirm:
@@ -206,8 +256,11 @@ class Tuner:
         low, high = math.exp(mean - half), math.exp(mean + half)
         switch = low > 1.0
         measured = f"speed-up {math.exp(mean):.3f}x over {n} pairs, 95% lower bound {low:.3f}x"
-        reason = (f"faster beyond the noise ({measured} > 1)" if switch else
-                  f"not shown faster than the default ({measured} <= 1)")
+        reason = (
+            f"faster beyond the noise ({measured} > 1)"
+            if switch
+            else f"not shown faster than the default ({measured} <= 1)"
+        )
         self.verdict = Verdict(default_bytes, candidate_bytes, switch, n, math.exp(mean), low, high, reason)
         return self._finish(CANDIDATE if switch else DEFAULT, now)
 
@@ -225,7 +278,8 @@ class Tuner:
                 return None
             return self._apply(self.samples[0].bucket_bytes, now, default=True)
         if not self.current_is_default and self.partition(self.current_bytes) == self.partition(
-                self._candidate.bucket_bytes):
+            self._candidate.bucket_bytes
+        ):
             self._restart(now)
             return None
         return self._apply(self._candidate.bucket_bytes, now)
@@ -255,7 +309,7 @@ class Tuner:
         self._trial = self.study.ask()
         p = self._trial.suggest_int("bucket_size_2p", MIN_2P, self.max_2p)
         self._asked.add(p)
-        return 2 ** p
+        return 2**p
 
     def _record(self, train_iter: int) -> None:
         median = statistics.median(self._steps)
@@ -267,8 +321,9 @@ class Tuner:
         else:  # the default plan: tell optuna about it too, at its nearest power of two
             p = min(self.max_2p, max(MIN_2P, round(math.log2(size))))
             dist = {"bucket_size_2p": self._optuna.distributions.IntDistribution(MIN_2P, self.max_2p)}
-            self.study.add_trial(self._optuna.trial.create_trial(params={"bucket_size_2p": p}, distributions=dist,
-                                                                 value=score))
+            self.study.add_trial(
+                self._optuna.trial.create_trial(params={"bucket_size_2p": p}, distributions=dist, value=score)
+            )
         sample = Sample(train_iter, self.current_id, size, len(self.partition(size)), score, median)
         self._scores[self.partition(size)] = sample
         self.samples.append(sample)
@@ -278,5 +333,14 @@ class Tuner:
         if not self.log_path:
             return
         with open(self.log_path, "a", newline="") as f:
-            csv.writer(f).writerow([s.train_iter, s.plan_id, int(round(math.log2(s.bucket_bytes))), s.bucket_bytes,
-                                    s.num_buckets, f"{s.score_gbps:.6g}", f"{s.median_step_s:.6g}"])
+            csv.writer(f).writerow(
+                [
+                    s.train_iter,
+                    s.plan_id,
+                    int(round(math.log2(s.bucket_bytes))),
+                    s.bucket_bytes,
+                    s.num_buckets,
+                    f"{s.score_gbps:.6g}",
+                    f"{s.median_step_s:.6g}",
+                ]
+            )

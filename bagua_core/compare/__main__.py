@@ -18,9 +18,12 @@ FRONTENDS = {"torch": "bagua_torch.compare_worker", "jax": "bagua_jax.compare_wo
 
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(prog="bagua-compare", description=__doc__.splitlines()[0])
-    p.add_argument("--algorithm", default="all",
-                   help=f"algorithms by their original names, or variants, comma-separated "
-                        f"({', '.join(configurations())}), or all of them")
+    p.add_argument(
+        "--algorithm",
+        default="all",
+        help=f"algorithms by their original names, or variants, comma-separated "
+        f"({', '.join(configurations())}), or all of them",
+    )
     p.add_argument("--nproc", type=int, default=2, help="processes per run")
     p.add_argument("--out", default="bagua-compare", help="directory for compare.json and compare.png")
     p.add_argument("--print-every", type=int, default=10, help="loss rows shown per algorithm")
@@ -46,15 +49,27 @@ def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, tim
     """Runs one frontend's worker on ``nproc`` processes; returns rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="bagua-compare-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "bagua_core.run", "--nproc-per-node", str(nproc), "-m", FRONTENDS[frontend],
-               f"--algorithm={algorithm}", f"--out={out}", *problem.to_args()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bagua_core.run",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            FRONTENDS[frontend],
+            f"--algorithm={algorithm}",
+            f"--out={out}",
+            *problem.to_args(),
+        ]
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"bagua-compare: the {frontend} run of {algorithm} took over {timeout:.0f} s") from None
         if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"bagua-compare: the {frontend} run of {algorithm} failed (exit {proc.returncode}):\n"
-                               + proc.stdout[-4000:])
+            raise RuntimeError(
+                f"bagua-compare: the {frontend} run of {algorithm} failed (exit {proc.returncode}):\n"
+                + proc.stdout[-4000:]
+            )
         with open(out) as f:
             return json.load(f)
 

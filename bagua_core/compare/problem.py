@@ -19,8 +19,10 @@ DTYPES = ("float32", "float64")
 
 # Configurations compared besides each algorithm with its defaults:
 # name -> (registered algorithm name, hyperparameters)
-VARIANTS = {"bytegrad_error_feedback": ("bytegrad", {"error_feedback": True}),
-            "local_steps_compressed": ("local_steps", {"compression": "minmax_uint8", "error_feedback": True})}
+VARIANTS = {
+    "bytegrad_error_feedback": ("bytegrad", {"error_feedback": True}),
+    "local_steps_compressed": ("local_steps", {"compression": "minmax_uint8", "error_feedback": True}),
+}
 
 
 def configurations() -> List[str]:
@@ -103,8 +105,9 @@ class Problem:
     def add_args(cls, parser) -> None:
         for f in dataclasses.fields(cls):
             choices = DTYPES if f.name == "dtype" else None
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                                choices=choices)
+            parser.add_argument(
+                f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, choices=choices
+            )
 
     @classmethod
     def from_args(cls, args) -> "Problem":
@@ -128,5 +131,13 @@ def write_result(path: str, framework: str, algorithm: str, world: int, losses, 
     import json
 
     with open(path, "w") as f:
-        json.dump({"framework": framework, "algorithm": algorithm, "world_size": world,
-                   "losses": [float(v) for v in losses], "step_times_s": [float(t) for t in step_times]}, f)
+        json.dump(
+            {
+                "framework": framework,
+                "algorithm": algorithm,
+                "world_size": world,
+                "losses": [float(v) for v in losses],
+                "step_times_s": [float(t) for t in step_times],
+            },
+            f,
+        )

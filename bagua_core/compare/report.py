@@ -25,8 +25,14 @@ def summarise(torch_run: dict, jax_run: dict) -> dict:
     rel = diffs[worst] / max(abs(lt[worst]), 1e-12)
     tt = median(torch_run["step_times_s"][WARMUP_STEPS:])
     tj = median(jax_run["step_times_s"][WARMUP_STEPS:])
-    return {"max_abs_divergence": diffs[worst], "max_rel_divergence": rel, "at_step": worst,
-            "torch_step_ms": tt * 1e3, "jax_step_ms": tj * 1e3, "jax_over_torch_time": tj / tt}
+    return {
+        "max_abs_divergence": diffs[worst],
+        "max_rel_divergence": rel,
+        "at_step": worst,
+        "torch_step_ms": tt * 1e3,
+        "jax_step_ms": tj * 1e3,
+        "jax_over_torch_time": tj / tt,
+    }
 
 
 def print_report(results: Dict[str, dict], every: int, problem) -> None:
@@ -37,16 +43,24 @@ def print_report(results: Dict[str, dict], every: int, problem) -> None:
         for i in range(0, len(t["losses"]), every):
             a, b = t["losses"][i], j["losses"][i]
             print(f"{i:>6}{a:>14.6f}{b:>14.6f}{abs(a - b):>12.2e}")
-        print(f"largest divergence {s['max_abs_divergence']:.3e} (relative {s['max_rel_divergence']:.2e}) "
-              f"at step {s['at_step']}")
+        print(
+            f"largest divergence {s['max_abs_divergence']:.3e} (relative {s['max_rel_divergence']:.2e}) "
+            f"at step {s['at_step']}"
+        )
         if name == "async" and problem.async_average_every == 0:
-            print("(asynchronous model average averages at wall-clock times: after its warm-up the curves differ "
-                  "from run to run, in either framework)")
+            print(
+                "(asynchronous model average averages at wall-clock times: after its warm-up the curves differ "
+                "from run to run, in either framework)"
+            )
         elif name == "async":
-            print(f"(asynchronous model average: averaged by abort() + resume() every "
-                  f"{problem.async_average_every} steps after the warm-up, its timer off)")
-        print(f"time per step (median): torch {s['torch_step_ms']:.2f} ms, jax {s['jax_step_ms']:.2f} ms "
-              f"(jax/torch {s['jax_over_torch_time']:.2f})")
+            print(
+                f"(asynchronous model average: averaged by abort() + resume() every "
+                f"{problem.async_average_every} steps after the warm-up, its timer off)"
+            )
+        print(
+            f"time per step (median): torch {s['torch_step_ms']:.2f} ms, jax {s['jax_step_ms']:.2f} ms "
+            f"(jax/torch {s['jax_over_torch_time']:.2f})"
+        )
 
 
 def write(results: Dict[str, dict], out_dir: str) -> List[str]:

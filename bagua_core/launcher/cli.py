@@ -69,6 +69,7 @@ def _int_at_least(minimum: int, what: str):
         if n < minimum:
             raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {n}")
         return n
+
     return parse
 
 
@@ -102,27 +103,55 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     # The underscore spellings are those of torchrun and of the original Bagua launcher.
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=_int_at_least(1, "--nproc-per-node"),
-                   default=1, metavar="N", help="workers on this node (default 1)")
-    p.add_argument("--nnodes", type=_int_at_least(1, "--nnodes"), default=1, metavar="M",
-                   help="number of nodes (default 1)")
-    p.add_argument("--node-rank", "--node_rank", type=_int_at_least(0, "--node-rank"), default=0,
-                   metavar="K", help="rank of this node, 0..M-1 (default 0)")
-    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", metavar="ADDR",
-                   help="address of node 0 (default 127.0.0.1)")
-    p.add_argument("--master-port", "--master_port", type=_port, default=None, metavar="PORT",
-                   help="port on node 0 (default: a free port P with P+1 free on a single node; "
-                        f"{MULTI_NODE_DEFAULT_PORT} with several nodes)")
-    p.add_argument("--grace-period", type=_grace, default=DEFAULT_GRACE_PERIOD_S, metavar="SECONDS",
-                   help="time stopped workers get before SIGKILL (default %(default)s)")
-    p.add_argument("--no-prefix", action="store_true",
-                   help="do not prefix the workers' output lines with their rank")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=_int_at_least(1, "--nproc-per-node"),
+        default=1,
+        metavar="N",
+        help="workers on this node (default 1)",
+    )
+    p.add_argument(
+        "--nnodes", type=_int_at_least(1, "--nnodes"), default=1, metavar="M", help="number of nodes (default 1)"
+    )
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=_int_at_least(0, "--node-rank"),
+        default=0,
+        metavar="K",
+        help="rank of this node, 0..M-1 (default 0)",
+    )
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of node 0 (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="port on node 0 (default: a free port P with P+1 free on a single node; "
+        f"{MULTI_NODE_DEFAULT_PORT} with several nodes)",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=_grace,
+        default=DEFAULT_GRACE_PERIOD_S,
+        metavar="SECONDS",
+        help="time stopped workers get before SIGKILL (default %(default)s)",
+    )
+    p.add_argument("--no-prefix", action="store_true", help="do not prefix the workers' output lines with their rank")
     p.add_argument("--version", action="version", version=f"bagua-run (bagua {__version__})")
-    p.add_argument("-m", "--module", action="store_true",
-                   help="SCRIPT is a module name, run like python -m")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run like python -m")
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m) to run")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
-                   help="arguments for SCRIPT, passed untouched")
+    p.add_argument(
+        "script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments for SCRIPT, passed untouched"
+    )
     return p
 
 
@@ -142,15 +171,37 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List
     """
     parser = build_parser()
     a = parser.parse_args(argv)
-    return make_config(parser, nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
-                       master_addr=a.master_addr, master_port=a.master_port, module=a.module, script=a.script,
-                       script_args=a.script_args, grace_period_s=a.grace_period, prefix=not a.no_prefix)
+    return make_config(
+        parser,
+        nproc_per_node=a.nproc_per_node,
+        nnodes=a.nnodes,
+        node_rank=a.node_rank,
+        master_addr=a.master_addr,
+        master_port=a.master_port,
+        module=a.module,
+        script=a.script,
+        script_args=a.script_args,
+        grace_period_s=a.grace_period,
+        prefix=not a.no_prefix,
+    )
 
 
-def make_config(parser: argparse.ArgumentParser, *, nproc_per_node: int, nnodes: int, node_rank: int,
-                master_addr: str, master_port: Optional[int], module: bool, script: str,
-                script_args: Sequence[str], grace_period_s: float = DEFAULT_GRACE_PERIOD_S, prefix: bool = True,
-                no_python: bool = False, **launcher_fields) -> Tuple[LaunchConfig, List[str]]:
+def make_config(
+    parser: argparse.ArgumentParser,
+    *,
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: Optional[int],
+    module: bool,
+    script: str,
+    script_args: Sequence[str],
+    grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
+    prefix: bool = True,
+    no_python: bool = False,
+    **launcher_fields,
+) -> Tuple[LaunchConfig, List[str]]:
     """The checks and defaults of every launcher (``bagua-run`` and Bagua 0.9's):
     errors through ``parser.error``, the config, and warnings to print."""
     if node_rank >= nnodes:
@@ -164,15 +215,18 @@ def make_config(parser: argparse.ArgumentParser, *, nproc_per_node: int, nnodes:
 
     warnings = []
     if nnodes > 1 and _is_loopback(master_addr):
-        warnings.append(f"--nnodes {nnodes} with a loopback --master-addr {master_addr}: "
-                        "other machines cannot reach it")
+        warnings.append(
+            f"--nnodes {nnodes} with a loopback --master-addr {master_addr}: other machines cannot reach it"
+        )
     secret = ""
     if not os.environ.get(config.STORE_SECRET_ENV):
         if nnodes == 1:
             secret = secrets.token_hex(32)  # every worker of this job is started here
         else:
-            warnings.append(f"{config.STORE_SECRET_ENV} is not set: the rendezvous store accepts any client "
-                            f"that reaches {master_addr}; set it to the same secret on every node")
+            warnings.append(
+                f"{config.STORE_SECRET_ENV} is not set: the rendezvous store accepts any client "
+                f"that reaches {master_addr}; set it to the same secret on every node"
+            )
     port = master_port
     if port is None:
         port = free_port_pair() if nnodes == 1 else MULTI_NODE_DEFAULT_PORT

@@ -217,13 +217,16 @@ class Supervisor:
         if self._first_failure is not None:
             w = self._first_failure
             rc = w.returncode
-            how = (f"exit code {rc}" if rc >= 0
-                   else f"killed by {signal_name(-rc)} (exit code {exit_code(rc)})")
-            return (f"bagua-run: rank {w.rank} (local rank {w.local_rank}) failed with {how}; "
-                    f"stopped the other {self._stopped} running worker(s){killed}")
+            how = f"exit code {rc}" if rc >= 0 else f"killed by {signal_name(-rc)} (exit code {exit_code(rc)})"
+            return (
+                f"bagua-run: rank {w.rank} (local rank {w.local_rank}) failed with {how}; "
+                f"stopped the other {self._stopped} running worker(s){killed}"
+            )
         if self._signals:
-            return (f"bagua-run: received {signal_name(self._signals[0])}; forwarded it to the "
-                    f"{self._stopped} running worker(s) and stopped them{killed}")
+            return (
+                f"bagua-run: received {signal_name(self._signals[0])}; forwarded it to the "
+                f"{self._stopped} running worker(s) and stopped them{killed}"
+            )
         return None
 
     def run(self) -> int:

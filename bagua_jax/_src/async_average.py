@@ -30,10 +30,9 @@ from __future__ import annotations
 
 from typing import Any, List
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bagua_core import agreement, algorithm_steps
@@ -92,7 +91,9 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
             raise TypeError(f"{what}.init cannot run inside jax.jit: it binds host buffers to the weights")
         agreement.check_same_everywhere(
             [("leaf", jax.tree_util.keystr(p), tuple(np.shape(x)), str(np.dtype(x.dtype))) for p, x in flat],
-            group, f"the pytree given to {what}.init")
+            group,
+            f"the pytree given to {what}.init",
+        )
         warmup.init(params)  # checks the leaves (floating arrays on the group's platform)
         algo._bind(AsyncBinding(group, plan, params))
         return state_type(step=jnp.zeros([], jnp.int32))
@@ -102,14 +103,17 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
         if not isinstance(state, state_type):
             raise TypeError(f"{what}.update: state must be the BaguaState from init, got {type(state).__name__}")
         if params is None:
-            raise ValueError(f"{what}.update needs params: it averages the weights. Call "
-                             "tx.update(grads, state, params) and place the transform after the optimizer, "
-                             "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))")
+            raise ValueError(
+                f"{what}.update needs params: it averages the weights. Call "
+                "tx.update(grads, state, params) and place the transform after the optimizer, "
+                "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))"
+            )
         if _is_traced(updates, state, params):
             raise TypeError(
                 f"{what} cannot run inside jax.jit (or another JAX transformation): its background loop "
                 "averages host copies of the weights between steps. Jit the gradient computation and call "
-                "tx.update and optax.apply_updates outside jit")
+                "tx.update and optax.apply_updates outside jit"
+            )
         binding = algo._binding_of(what)
         param_leaves, treedef = jax.tree_util.tree_flatten(params)
         update_leaves, update_def = jax.tree_util.tree_flatten(updates)
@@ -126,11 +130,15 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
                 binding.status = RUNNING
             with binding.averager.weights_locked():
                 current = binding.read()  # params, as averaged since the last step
-                new_updates = [((c + u).astype(c.dtype) - p).astype(u.dtype)
-                               for c, u, p in zip(current, update_leaves, param_leaves)]
+                new_updates = [
+                    ((c + u).astype(c.dtype) - p).astype(u.dtype)
+                    for c, u, p in zip(current, update_leaves, param_leaves)
+                ]
                 # exactly what optax.apply_updates will compute
                 binding.write([jnp.asarray(p + u).astype(p.dtype) for p, u in zip(param_leaves, new_updates)])
-        return (jax.tree_util.tree_unflatten(treedef, new_updates),
-                state_type(step=state.step + jnp.asarray(1, jnp.int32)))
+        return (
+            jax.tree_util.tree_unflatten(treedef, new_updates),
+            state_type(step=state.step + jnp.asarray(1, jnp.int32)),
+        )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

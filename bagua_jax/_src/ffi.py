@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 
 from bagua_core import _C
-
 from bagua_jax import _compat
 
 ALLREDUCE = "bagua_allreduce"
@@ -41,7 +40,8 @@ def register_targets() -> dict:
         if not getattr(_C, "has_xla_ffi", False):
             raise ImportError(
                 "bagua_core was built without XLA FFI handlers (jax was not importable "
-                "when it was built); reinstall bagua with jax installed")
+                "when it was built); reinstall bagua with jax installed"
+            )
         registered: dict = {}
         for platform, targets in _C.ffi_targets().items():
             if platform == "CUDA" and not HAS_CUDA_HANDLERS:
@@ -59,5 +59,5 @@ def check_lowerable(name: str, target: str, platforms) -> None:
     for p in platforms:
         if target not in have.get(p, ()):
             raise NotImplementedError(
-                f"bagua_jax.{name}: no {p} implementation in this build "
-                f"(available on: {', '.join(sorted(have))})")
+                f"bagua_jax.{name}: no {p} implementation in this build (available on: {', '.join(sorted(have))})"
+            )

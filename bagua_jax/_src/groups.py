@@ -55,14 +55,13 @@ def process_group(group: Optional[Any], what: str = "bagua_jax") -> Any:
     if group is None:
         if not bagua_core.is_initialized():
             raise GroupNotInitializedError(
-                f"{what}: no process group; call bagua_jax.init_process_group() first "
-                "(or pass a group)")
+                f"{what}: no process group; call bagua_jax.init_process_group() first (or pass a group)"
+            )
         group = bagua_core.get_default_group()
     if not isinstance(group, bagua_core.ProcessGroup):
         raise TypeError(f"{what}: the group must be a bagua_core process group, got {type(group).__name__}")
     if not group.is_member:
-        raise ValueError(f"{what}: this process (rank {bagua_core.get_rank()}) is not a "
-                         f"member of {group!r}")
+        raise ValueError(f"{what}: this process (rank {bagua_core.get_rank()}) is not a member of {group!r}")
     return group
 
 
@@ -105,14 +104,17 @@ def staged_handle(handle: int, what: str = "bagua_jax") -> int:
     process did not make, no visible GPU."""
     group = _groups.get(handle)
     if group is None:
-        raise ValueError(f"{what}: the array is on cuda but the process group communicates cpu memory, and "
-                         "this process did not make that group: use a group of bagua_core")
+        raise ValueError(
+            f"{what}: the array is on cuda but the process group communicates cpu memory, and "
+            "this process did not make that group: use a group of bagua_core"
+        )
     try:
         index = _compat.cuda_device_index()
         devices.check_group_serves(group, "cuda", f"{what}: the array", index)
     except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{what}: the array is on cuda but the process group communicates cpu memory, and "
-                         f"it cannot be staged: {e}") from None
+        raise ValueError(
+            f"{what}: the array is on cuda but the process group communicates cpu memory, and it cannot be staged: {e}"
+        ) from None
     key = (handle, index)
     if key not in _staged:
         _staged[key] = int(_C.register_communicator(devices.staged(group.comm, devices.cuda(index))))

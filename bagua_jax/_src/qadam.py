@@ -43,8 +43,14 @@ def hyperparameters_of(tx) -> QAdamHyperparameters:
     return hp
 
 
-def qadam(learning_rate, warmup_steps: int = 100, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.0) -> optax.GradientTransformationExtraArgs:
+def qadam(
+    learning_rate,
+    warmup_steps: int = 100,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformationExtraArgs:
     """QAdam's optimizer. Step ``t`` (1-based): ``g = grad + weight_decay * param``;
     while ``t < warmup_steps`` the moments update as Adam's; afterwards they
     stay (wrapped with ``QAdamAlgorithm``, the engine updates ``mu``); the
@@ -81,10 +87,11 @@ def qadam(learning_rate, warmup_steps: int = 100, b1: float = 0.9, b2: float = 0
         mu = jax.tree_util.tree_map(lambda m, g: jnp.where(warm, hp.b1 * m + (1 - hp.b1) * g, m), state.mu, grads)
         nu = jax.tree_util.tree_map(lambda v, g: jnp.where(warm, hp.b2 * v + (1 - hp.b2) * g * g, v), state.nu, grads)
         lr = hp.learning_rate(state.count) if callable(hp.learning_rate) else hp.learning_rate
-        step_size = lr / (1 - hp.b1 ** t)
-        correction = jnp.sqrt(1 - hp.b2 ** t)
+        step_size = lr / (1 - hp.b1**t)
+        correction = jnp.sqrt(1 - hp.b2**t)
         new_updates = jax.tree_util.tree_map(
-            lambda m, v: (-step_size * m / (jnp.sqrt(v) / correction + hp.eps)).astype(m.dtype), mu, nu)
+            lambda m, v: (-step_size * m / (jnp.sqrt(v) / correction + hp.eps)).astype(m.dtype), mu, nu
+        )
         return new_updates, QAdamState(count=count, mu=mu, nu=nu)
 
     update_fn.bagua_qadam = hp

@@ -33,17 +33,14 @@ import functools
 import itertools
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from bagua_core import agreement, algorithm_steps
-from bagua_core import trace as core_trace
+from bagua_core import agreement, algorithm_steps, trace as core_trace
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS, check_tensors
 from bagua_core.engine import default_bucket_bytes, plan_buckets
-
 from bagua_jax import algorithms
 from bagua_jax._src import groups, validation
 from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
@@ -85,16 +82,20 @@ def _check_leaves(what: str, flat: Sequence[Tuple[Any, Any]], group_info) -> Non
             raise TypeError(f"bagua_jax.transform: {what} leaf {name} is a {type(leaf).__name__}, not an array")
         dtype = np.dtype(leaf.dtype)
         if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"bagua_jax.transform: {what} leaf {name} has dtype {dtype}; the algorithms "
-                            f"average floating data ({', '.join(str(t) for t in FLOAT_DTYPES)})")
+            raise TypeError(
+                f"bagua_jax.transform: {what} leaf {name} has dtype {dtype}; the algorithms "
+                f"average floating data ({', '.join(str(t) for t in FLOAT_DTYPES)})"
+            )
         if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
-            validation.check_platform(f"transform ({what} leaf {name})",
-                                      {d.platform for d in leaf.devices()}, group_info)
+            validation.check_platform(
+                f"transform ({what} leaf {name})", {d.platform for d in leaf.devices()}, group_info
+            )
 
 
 @functools.lru_cache(maxsize=64)
-def _layout(shapes: Tuple[tuple, ...], dtypes: Tuple[str, ...], one_per_dtype: bool,
-            bucket_bytes: int, alignment: int) -> _Layout:
+def _layout(
+    shapes: Tuple[tuple, ...], dtypes: Tuple[str, ...], one_per_dtype: bool, bucket_bytes: int, alignment: int
+) -> _Layout:
     """bagua_torch's bucket layout for tensors in registration (leaf) order:
     buckets take them in reverse order, the order backward produces them."""
     order = list(reversed(range(len(shapes))))
@@ -126,8 +127,9 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
         _check_leaves("params", flat, group_info)
-        agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
-                                        f"the pytree given to {what}.init")
+        agreement.check_same_everywhere(
+            [_leaf_signature(p, x) for p, x in flat], group, f"the pytree given to {what}.init"
+        )
         return tx.init(params)
 
     def update_fn(updates, state, params=None, **extra_args):
@@ -142,8 +144,9 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
         new_grads: List[Any] = [None] * len(grads)
         new_mu: List[Any] = [None] * len(grads)
         for k, bucket in enumerate(layout_of(grads).buckets):
-            g_out, m_out = algorithm_step([grads[i] for i in bucket], state.count, bound,
-                                          state=[mu[i] for i in bucket], bucket=k)
+            g_out, m_out = algorithm_step(
+                [grads[i] for i in bucket], state.count, bound, state=[mu[i] for i in bucket], bucket=k
+            )
             for i, g, m in zip(bucket, g_out, m_out):
                 new_grads[i], new_mu[i] = g, m
         state = state._replace(mu=jax.tree_util.tree_unflatten(treedef, new_mu))
@@ -155,8 +158,9 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
 _made = itertools.count()  # transforms made by this process: their default names
 
 
-def transform(algorithm: Any, *, process_group: Optional[Any] = None,
-              name: Optional[str] = None) -> optax.GradientTransformationExtraArgs:
+def transform(
+    algorithm: Any, *, process_group: Optional[Any] = None, name: Optional[str] = None
+) -> optax.GradientTransformationExtraArgs:
     """Runs ``algorithm`` as an optax gradient transformation.
 
     Args:
@@ -195,17 +199,25 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
     if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
         from bagua_jax._src.async_average import async_transform
 
-        warm = transform(algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group,
-                         name=f"{name} warm-up")
+        warm = transform(
+            algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group, name=f"{name} warm-up"
+        )
         return async_transform(algo, group, what, warm, BaguaState)
 
     flat_group, intra, inter = algorithm_steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
     comms = tuple(None if g is None else g.comm for g in (flat_group, intra, inter))
     info = algorithm_steps.check_plan(plan, group, comms=comms)
     group_info = groups.resolve(group)
-    bound = BoundStep(plan.step, plan.params_text(), group_info,
-                      -1 if intra is None else groups.handle_of(intra),
-                      -1 if inter is None else groups.handle_of(inter), info.has_result, info.num_state, name)
+    bound = BoundStep(
+        plan.step,
+        plan.params_text(),
+        group_info,
+        -1 if intra is None else groups.handle_of(intra),
+        -1 if inter is None else groups.handle_of(inter),
+        info.has_result,
+        info.num_state,
+        name,
+    )
     core_trace.follow_ffi_steps()
     weights = plan.communicates == WEIGHTS
     after_step = plan.phase == AFTER_OPTIMIZER_STEP
@@ -214,8 +226,9 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
         _check_leaves("params", flat, group_info)
-        agreement.check_same_everywhere([_leaf_signature(p, x) for p, x in flat], group,
-                                        f"the pytree given to {what}.init")
+        agreement.check_same_everywhere(
+            [_leaf_signature(p, x) for p, x in flat], group, f"the pytree given to {what}.init"
+        )
         check_tensors(algo.to_core(), [np.shape(x) for _, x in flat])
         step_state = ()
         if info.num_state:
@@ -226,8 +239,15 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
             for bucket, padded in zip(layout.buckets, layout.padded):
                 sl = state_layout_of([arrays[i] for i in bucket], padded)
                 if sl.init == "copy_of_data":  # each span starts as a copy of the padded weights
-                    buckets.append(jnp.tile(jnp.pad(jnp.concatenate([leaves[i] for i in bucket]),
-                                                    (0, padded - sum(leaves[i].size for i in bucket))), sl.spans))
+                    buckets.append(
+                        jnp.tile(
+                            jnp.pad(
+                                jnp.concatenate([leaves[i] for i in bucket]),
+                                (0, padded - sum(leaves[i].size for i in bucket)),
+                            ),
+                            sl.spans,
+                        )
+                    )
                 else:  # zeros at first (ByteGrad's residual; low rank's error memory and Q)
                     buckets.append(jnp.zeros((sl.count,), np.dtype(sl.dtype.name)))
             step_state = tuple(buckets)
@@ -243,8 +263,13 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
         return state_layouts[key]
 
     def layout_of(leaves: List[Any]) -> _Layout:
-        return _layout(tuple(tuple(x.shape) for x in leaves), tuple(str(np.dtype(x.dtype)) for x in leaves),
-                       plan.one_bucket_per_dtype, bucket_bytes, info.alignment)
+        return _layout(
+            tuple(tuple(x.shape) for x in leaves),
+            tuple(str(np.dtype(x.dtype)) for x in leaves),
+            plan.one_bucket_per_dtype,
+            bucket_bytes,
+            info.alignment,
+        )
 
     def communicate(leaves: List[Any], step, step_state) -> Tuple[List[Any], Tuple[Any, ...]]:
         out: List[Any] = [None] * len(leaves)
@@ -255,8 +280,10 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
             if info.num_state:
                 expected = state_layout_of([leaves[i] for i in bucket], padded).count
                 if k >= len(step_state) or step_state[k].shape != (expected,):
-                    raise ValueError(f"{what}.update: the state does not fit these leaves (init it with "
-                                     "params of the same structure)")
+                    raise ValueError(
+                        f"{what}.update: the state does not fit these leaves (init it with "
+                        "params of the same structure)"
+                    )
                 state = (step_state[k],)
             results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state, bucket=k)
             new_state.extend(state)
@@ -275,7 +302,8 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
             raise ValueError(
                 f"{what}.update needs params: {algo.name} averages the weights. Call "
                 "tx.update(grads, state, params) and place the transform after the optimizer, "
-                "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))")
+                "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))"
+            )
         flat_updates, treedef = jax.tree_util.tree_flatten_with_path(updates)
         _check_leaves("updates", flat_updates, group_info)
         update_leaves = [x for _, x in flat_updates]
@@ -296,7 +324,9 @@ def transform(algorithm: Any, *, process_group: Optional[Any] = None,
                 new_leaves = [(u + (a - p).astype(u.dtype)) for u, a, p in zip(update_leaves, averaged, param_leaves)]
         else:
             new_leaves, step_state = communicate(update_leaves, state.step, state.step_state)
-        return (jax.tree_util.tree_unflatten(treedef, new_leaves),
-                BaguaState(step=state.step + jnp.asarray(1, jnp.int32), step_state=step_state))
+        return (
+            jax.tree_util.tree_unflatten(treedef, new_leaves),
+            BaguaState(step=state.step + jnp.asarray(1, jnp.int32), step_state=step_state),
+        )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

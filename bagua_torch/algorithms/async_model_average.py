@@ -26,8 +26,10 @@ def _ddp_of(model):
         return inner
     ddp = getattr(model, "__dict__", {}).get("bagua_ddp")
     if ddp is None:
-        raise TypeError(f"expected a model wrapped with with_bagua(...) or bagua_torch.DistributedDataParallel, "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"expected a model wrapped with with_bagua(...) or bagua_torch.DistributedDataParallel, "
+            f"got {type(model).__name__}"
+        )
     return ddp
 
 
@@ -123,6 +125,8 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
             raise ValueError(f"{name} state: 'step' must be an int >= 0, got {step!r}")
         if self.status != NEW and step < self.warmup_steps:
-            raise ValueError(f"{name} state: the background averaging has started; cannot go back into the "
-                             f"warm-up (step {step} < warmup_steps {self.warmup_steps})")
+            raise ValueError(
+                f"{name} state: the background averaging has started; cannot go back into the "
+                f"warm-up (step {step} < warmup_steps {self.warmup_steps})"
+            )
         self.forward_steps = int(step)

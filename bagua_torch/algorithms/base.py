@@ -99,8 +99,10 @@ class AlgorithmImpl:
             views = [torch.from_dlpack(op.state_view()) for op in self.ops]
             for i, (view, t) in enumerate(zip(views, saved)):
                 if not isinstance(t, torch.Tensor) or t.shape != view.shape or t.dtype != view.dtype:
-                    raise ValueError(f"{name} state: 'step_state'[{i}] must be a {view.dtype} tensor of shape "
-                                     f"{tuple(view.shape)}, got {t!r:.80}")
+                    raise ValueError(
+                        f"{name} state: 'step_state'[{i}] must be a {view.dtype} tensor of shape "
+                        f"{tuple(view.shape)}, got {t!r:.80}"
+                    )
             for view, t in zip(views, saved):
                 view.copy_(t)
         if not self.plan.counts_steps:
@@ -113,6 +115,3 @@ class AlgorithmImpl:
 
     def __repr__(self) -> str:
         return f"<{self.algorithm!r} on {self.process_group!r}, step {self.step}>"
-
-
-

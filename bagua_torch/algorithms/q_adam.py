@@ -22,8 +22,15 @@ class QAdamOptimizer(torch.optim.Optimizer):
     ``param -= lr / (1 - beta1^t) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^t) + eps)``.
     With ``warmup_steps`` beyond the number of steps it is Adam."""
 
-    def __init__(self, params, lr: float = 1e-3, warmup_steps: int = 100, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        warmup_steps: int = 100,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -76,8 +83,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
                     g = p.grad.add(p, alpha=wd) if wd != 0 else p.grad
                     exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
                     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)
-                p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1 ** t))
+                denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+                p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**t))
         return loss
 
 

@@ -21,6 +21,12 @@ from bagua_torch.contrib.load_balancing_data_loader import (
 from bagua_torch.contrib.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
 __all__ = [
-    "fuse_optimizer", "is_fused_optimizer", "SyncBatchNorm", "convert_sync_batchnorm",
-    "LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "CachedDataset", "CacheLoader",
+    "fuse_optimizer",
+    "is_fused_optimizer",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
+    "LoadBalancingDistributedSampler",
+    "LoadBalancingDistributedBatchSampler",
+    "CachedDataset",
+    "CacheLoader",
 ]

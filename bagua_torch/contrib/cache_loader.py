@@ -41,16 +41,25 @@ _FLUSH_EVERY_READS = 1000
 def make_store(backend: str, **kwargs) -> Store:
     if backend == "lmdb":
         from bagua_torch.contrib.utils.lmdb_store import LmdbStore
+
         return LmdbStore(**kwargs)
     if backend == "redis":
         from bagua_torch.contrib.utils.redis_store import RedisStore
+
         return RedisStore(**kwargs)
     raise ValueError(f'invalid backend {backend!r}: use "lmdb" (embedded, the default) or "redis"')
 
 
 class CacheLoader:
-    def __init__(self, backend: str = "lmdb", dataset_name: str = "", writer_buffer_size: int = 1,
-                 allow_pickle: bool = False, retry_after_s: float = 10.0, **kwargs):
+    def __init__(
+        self,
+        backend: str = "lmdb",
+        dataset_name: str = "",
+        writer_buffer_size: int = 1,
+        allow_pickle: bool = False,
+        retry_after_s: float = 10.0,
+        **kwargs,
+    ):
         if not isinstance(writer_buffer_size, int) or writer_buffer_size < 1:
             raise ValueError(f"writer_buffer_size must be a positive integer, got {writer_buffer_size!r}")
         self.backend = backend
@@ -157,8 +166,10 @@ class CacheLoader:
     def _failed(self, what: str, e: Exception) -> None:
         self.errors += 1
         self._down_until = time.monotonic() + self.retry_after_s
-        self._warn(f"the {self.backend} cache failed to {what} ({type(e).__name__}: {e}); loading from the "
-                   f"dataset instead, retrying the cache in {self.retry_after_s:g} s")
+        self._warn(
+            f"the {self.backend} cache failed to {what} ({type(e).__name__}: {e}); loading from the "
+            f"dataset instead, retrying the cache in {self.retry_after_s:g} s"
+        )
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -177,8 +188,13 @@ class CacheLoader:
         return self.hits / total if total else 0.0
 
     def stats(self) -> Dict[str, float]:
-        return {"hits": self.hits, "misses": self.misses, "errors": self.errors, "hit_rate": self.hit_rate,
-                "pending_writes": len(self._pending)}
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "errors": self.errors,
+            "hit_rate": self.hit_rate,
+            "pending_writes": len(self._pending),
+        }
 
     def __getstate__(self):  # DataLoader workers get their own counters and buffer
         state = dict(self.__dict__)

@@ -20,8 +20,9 @@ __all__ = ["CachedDataset"]
 
 
 class CachedDataset(Dataset):
-    def __init__(self, dataset: Dataset, backend: str = "lmdb", dataset_name: str = "", writer_buffer_size: int = 20,
-                 **kwargs):
+    def __init__(
+        self, dataset: Dataset, backend: str = "lmdb", dataset_name: str = "", writer_buffer_size: int = 20, **kwargs
+    ):
         super().__init__()
         self.dataset = dataset
         self.cache_loader = CacheLoader(backend, dataset_name, writer_buffer_size, **kwargs)

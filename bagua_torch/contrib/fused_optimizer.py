@@ -54,8 +54,9 @@ def is_fused_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     return getattr(optimizer, "_bagua_fused_optimizer", None) is not None
 
 
-def fuse_optimizer(optimizer: torch.optim.Optimizer, do_flatten: bool = True,
-                   check_flatten: bool = True) -> torch.optim.Optimizer:
+def fuse_optimizer(
+    optimizer: torch.optim.Optimizer, do_flatten: bool = True, check_flatten: bool = True
+) -> torch.optim.Optimizer:
     """Adds ``fuse_step()`` to ``optimizer`` and returns it (see the module doc)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"fuse_optimizer expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -109,8 +110,7 @@ def _contiguous_run(tensors: Sequence[Optional[torch.Tensor]]) -> bool:
     if any(t is None or not t.is_contiguous() for t in tensors):
         return False
     first = tensors[0]
-    if any(t.dtype != first.dtype or t.device != first.device or _storage(t) != _storage(first)
-           for t in tensors):
+    if any(t.dtype != first.dtype or t.device != first.device or _storage(t) != _storage(first) for t in tensors):
         return False
     return all(_end(a) == b.data_ptr() for a, b in zip(tensors, tensors[1:]))
 
@@ -124,8 +124,9 @@ def calculate_mutual_groups(tensors_list: Sequence[Sequence[torch.Tensor]]) -> L
         return []
     size = len(tensors_list[0])
     if any(len(ts) != size for ts in tensors_list):
-        raise ValueError(f"calculate_mutual_groups: the lists must have equal lengths, got "
-                         f"{[len(ts) for ts in tensors_list]}")
+        raise ValueError(
+            f"calculate_mutual_groups: the lists must have equal lengths, got {[len(ts) for ts in tensors_list]}"
+        )
     groups = _adjacent_runs(tensors_list[0])
     for tensors in tensors_list[1:]:
         theirs = _adjacent_runs(tensors)
@@ -217,8 +218,9 @@ class _Fuser:
         # A shallow copy with its own groups, state and hooks; same class, so same step().
         inner = object.__new__(type(optimizer))
         skip = {"step", "fuse_step", "param_groups", "state"}
-        inner.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                               if k not in skip and not k.startswith("_bagua")})
+        inner.__dict__.update(
+            {k: v for k, v in optimizer.__dict__.items() if k not in skip and not k.startswith("_bagua")}
+        )
         for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
             if hasattr(optimizer, hooks):
                 setattr(inner, hooks, type(getattr(optimizer, hooks))())
@@ -296,8 +298,9 @@ class _Fuser:
             for p in group["params"]:
                 if p.grad is not None:
                     used.add(_storage(p.grad))
-                used.update(_storage(v) for v in self.optimizer.state.get(p, {}).values()
-                            if isinstance(v, torch.Tensor))
+                used.update(
+                    _storage(v) for v in self.optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)
+                )
         self.buffers = {k: v for k, v in self.buffers.items() if k in used}
 
     def _runs(self, params: Sequence[torch.nn.Parameter]) -> List["_Run"]:
@@ -305,8 +308,11 @@ class _Fuser:
         wrapped = set()  # with_bagua's buckets: their layout is the wrapper's (see the module doc)
         for ddp in list(self.optimizer.__dict__.get("_bagua_ddps", ())):
             wrapped |= ddp.bucket_storages()
-        eligible = [p for p in params if p.grad is not None and p.grad.layout == torch.strided
-                    and p.numel() > 0 and p.is_contiguous()]
+        eligible = [
+            p
+            for p in params
+            if p.grad is not None and p.grad.layout == torch.strided and p.numel() > 0 and p.is_contiguous()
+        ]
         candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(p.grad) not in wrapped]
         candidates.sort(key=lambda p: p.data_ptr())
         weight_runs, current = [], []
@@ -328,13 +334,18 @@ class _Fuser:
             fused = sum(len(r.members) for r in out)
             if len(eligible) > 1 and fused < len(eligible):
                 self.warned = True
-                why = ("their weights, gradients or state are not contiguous in memory, or their scalar state "
-                       "differs")
+                why = "their weights, gradients or state are not contiguous in memory, or their scalar state differs"
                 if len(candidates) < len(eligible):
-                    why = (f"{len(eligible) - len(candidates)} live in with_bagua's buckets: pass do_flatten=False "
-                           f"to with_bagua to fuse them; or {why}")
-                warnings.warn(f"fuse_step: {len(eligible) - fused} of {len(eligible)} parameters of a group "
-                              f"are stepped unfused ({why})", RuntimeWarning, stacklevel=4)
+                    why = (
+                        f"{len(eligible) - len(candidates)} live in with_bagua's buckets: pass do_flatten=False "
+                        f"to with_bagua to fuse them; or {why}"
+                    )
+                warnings.warn(
+                    f"fuse_step: {len(eligible) - fused} of {len(eligible)} parameters of a group "
+                    f"are stepped unfused ({why})",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         return out
 
     def _split_by_state(self, run: List[torch.nn.Parameter]) -> List[List[torch.nn.Parameter]]:
@@ -364,8 +375,9 @@ class _Fuser:
         for kind, tensors in kinds:
             if _contiguous_run(tensors):
                 continue
-            if not self.do_flatten or any(t.dtype != tensors[0].dtype or t.device != tensors[0].device
-                                          for t in tensors):
+            if not self.do_flatten or any(
+                t.dtype != tensors[0].dtype or t.device != tensors[0].device for t in tensors
+            ):
                 return False
             if not all(_owns_memory(t) or _storage(t) in self.buffers for t in tensors):
                 return False  # someone else's buffer (a wrapper's bucket): not ours to move
@@ -418,13 +430,20 @@ class _Run:
                     offset += p.numel()
                 self.placed[k] = v
             elif isinstance(v, torch.Tensor) and v.dim() > 0:
-                raise RuntimeError(f"fuse_step: state {k!r} of shape {tuple(v.shape)} cannot be split per "
-                                   "parameter; this optimizer's update is not elementwise, use step()")
+                raise RuntimeError(
+                    f"fuse_step: state {k!r} of shape {tuple(v.shape)} cannot be split per "
+                    "parameter; this optimizer's update is not elementwise, use step()"
+                )
             else:
                 for p in self.members:
                     old = state[p].get(k)
-                    if isinstance(v, torch.Tensor) and isinstance(old, torch.Tensor) and old.shape == v.shape \
-                            and old.dtype == v.dtype and old.device == v.device:
+                    if (
+                        isinstance(v, torch.Tensor)
+                        and isinstance(old, torch.Tensor)
+                        and old.shape == v.shape
+                        and old.dtype == v.dtype
+                        and old.device == v.device
+                    ):
                         old.copy_(v)  # same object: the snapshot stays valid
                     else:
                         state[p][k] = _copy_scalar(v)

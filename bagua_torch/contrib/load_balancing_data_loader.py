@@ -35,13 +35,17 @@ def _world_defaults(num_replicas: Optional[int], rank: Optional[int]):
     if num_replicas is not None and rank is not None:
         return num_replicas, rank
     import bagua_core
+
     if bagua_core.is_initialized():
         world, me = bagua_core.get_world_size(), bagua_core.get_rank()
     else:
         import torch.distributed as dist
+
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("pass num_replicas and rank, or initialise Bagua (bagua_torch.init_process_group()) "
-                               "or torch.distributed first")
+            raise RuntimeError(
+                "pass num_replicas and rank, or initialise Bagua (bagua_torch.init_process_group()) "
+                "or torch.distributed first"
+            )
         world, me = dist.get_world_size(), dist.get_rank()
     return (world if num_replicas is None else num_replicas), (me if rank is None else rank)
 
@@ -61,9 +65,17 @@ def _as_complexity(c, i: int):
 
 
 class LoadBalancingDistributedSampler(Sampler[int]):
-    def __init__(self, dataset: Dataset, complexity_fn: Callable[..., int], num_replicas: Optional[int] = None,
-                 rank: Optional[int] = None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 random_level: float = 0) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        complexity_fn: Callable[..., int],
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        random_level: float = 0,
+    ) -> None:
         num_replicas, rank = _world_defaults(num_replicas, rank)
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
@@ -115,7 +127,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         if not order:
             return []
         cyclic = [order[i % len(order)] for i in range(self.total_size)]
-        chunks = [cyclic[i:i + self.num_replicas] for i in range(0, self.total_size, self.num_replicas)]
+        chunks = [cyclic[i : i + self.num_replicas] for i in range(0, self.total_size, self.num_replicas)]
         if g is not None:
             chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
         return chunks
@@ -132,8 +144,12 @@ class LoadBalancingDistributedSampler(Sampler[int]):
 
 
 class LoadBalancingDistributedBatchSampler(Sampler[List[int]]):
-    def __init__(self, sampler: LoadBalancingDistributedSampler, batch_fn: Callable[[List[int]], List[List[int]]],
-                 drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        sampler: LoadBalancingDistributedSampler,
+        batch_fn: Callable[[List[int]], List[List[int]]],
+        drop_last: bool = False,
+    ) -> None:
         if not isinstance(sampler, LoadBalancingDistributedSampler):
             raise ValueError("sampler should be of LoadBalancingDistributedSampler type.")
         if sampler.drop_last:

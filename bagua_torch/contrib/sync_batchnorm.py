@@ -52,7 +52,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         local_m2 = (xc - local_mean[:, None]).square().sum(dim=1)
         mine = torch.cat([xc.new_full((1,), float(local_n)), local_mean, local_m2])
         every = comm.allgather(mine.contiguous(), comm=group)  # (world, 1 + 2C)
-        counts, means, m2s = every[:, :1], every[:, 1:1 + channels], every[:, 1 + channels:]
+        counts, means, m2s = every[:, :1], every[:, 1 : 1 + channels], every[:, 1 + channels :]
         n = counts.sum()
         if n.item() == 0:
             raise ValueError("SyncBatchNorm got an empty batch on every rank")
@@ -81,17 +81,20 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         dyc, xc = _per_channel(dy), _per_channel(x)
         xmu = xc - mean[:, None]
         sums = torch.cat([dyc.sum(dim=1), (dyc * xmu).sum(dim=1)])
-        local_sum_dy_xmu = sums[mean.numel():].clone()
-        local_sum_dy = sums[:mean.numel()].clone()
+        local_sum_dy_xmu = sums[mean.numel() :].clone()
+        local_sum_dy = sums[: mean.numel()].clone()
         if ctx.needs_input_grad[0]:
             comm.allreduce_inplace(sums, comm=ctx.group)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            mean_dy = sums[:mean.numel()] / n
-            mean_dy_xmu = sums[mean.numel():] / n
+            mean_dy = sums[: mean.numel()] / n
+            mean_dy_xmu = sums[mean.numel() :] / n
             scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
-            grad_x = (dy.to(mean.dtype) - mean_dy.view(shape)
-                      - (x.to(mean.dtype) - mean.view(shape)) * (invstd * invstd * mean_dy_xmu).view(shape))
+            grad_x = (
+                dy.to(mean.dtype)
+                - mean_dy.view(shape)
+                - (x.to(mean.dtype) - mean.view(shape)) * (invstd * invstd * mean_dy_xmu).view(shape)
+            )
             grad_x = (grad_x * scale.view(shape)).to(x.dtype)
         if weight is not None and ctx.needs_input_grad[1]:
             grad_w = (local_sum_dy_xmu * invstd).to(weight.dtype)
@@ -104,9 +107,17 @@ class SyncBatchNorm(_BatchNorm):
     """``torch.nn.BatchNorm{1,2,3}d`` whose training statistics span every rank
     of ``process_group`` (default: Bagua's world group). Input: (N, C, *)."""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group: Optional[ProcessGroup] = None,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Optional[ProcessGroup] = None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if process_group is not None and not isinstance(process_group, ProcessGroup):
             raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(process_group).__name__}")
@@ -114,11 +125,14 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
-            raise ValueError(f"SyncBatchNorm expects an input of at least 2 dimensions (N, C, ...), "
-                             f"got {input.dim()}-D of shape {tuple(input.shape)}")
+            raise ValueError(
+                f"SyncBatchNorm expects an input of at least 2 dimensions (N, C, ...), "
+                f"got {input.dim()}-D of shape {tuple(input.shape)}"
+            )
         if input.shape[1] != self.num_features:
-            raise ValueError(f"SyncBatchNorm has {self.num_features} features, the input has {input.shape[1]} "
-                             "channels (dimension 1)")
+            raise ValueError(
+                f"SyncBatchNorm has {self.num_features} features, the input has {input.shape[1]} channels (dimension 1)"
+            )
 
     def _group(self) -> Optional[ProcessGroup]:
         if self.process_group is not None:
@@ -134,15 +148,29 @@ class SyncBatchNorm(_BatchNorm):
         use_batch_stats = self.training or not self.track_running_stats
         group = self._group()
         if not use_batch_stats or group is None or group.size == 1:
-            return F.batch_norm(input, self.running_mean if not self.training or self.track_running_stats else None,
-                                self.running_var if not self.training or self.track_running_stats else None,
-                                self.weight, self.bias, use_batch_stats, factor, self.eps)
+            return F.batch_norm(
+                input,
+                self.running_mean if not self.training or self.track_running_stats else None,
+                self.running_var if not self.training or self.track_running_stats else None,
+                self.weight,
+                self.bias,
+                use_batch_stats,
+                factor,
+                self.eps,
+            )
         if not group.is_member:
             raise ValueError("this process is not a member of the SyncBatchNorm's process group")
         update = self.training and self.track_running_stats
-        return _SyncBatchNormFunction.apply(input, self.weight, self.bias,
-                                            self.running_mean if update else None,
-                                            self.running_var if update else None, self.eps, factor, group)
+        return _SyncBatchNormFunction.apply(
+            input,
+            self.weight,
+            self.bias,
+            self.running_mean if update else None,
+            self.running_var if update else None,
+            self.eps,
+            factor,
+            group,
+        )
 
 
 def convert_sync_batchnorm(module: torch.nn.Module, process_group: Optional[ProcessGroup] = None) -> torch.nn.Module:
@@ -151,8 +179,9 @@ def convert_sync_batchnorm(module: torch.nn.Module, process_group: Optional[Proc
     (call it before ``with_bagua``). A BatchNorm ``module`` itself is returned converted."""
     out = module
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group)
+        out = SyncBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, process_group
+        )
         if module.affine:
             with torch.no_grad():
                 out.weight = module.weight

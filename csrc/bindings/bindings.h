@@ -27,14 +27,14 @@ void bind_errors(pybind11::module_& m);
 void bind_store(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
 void bind_buffer(pybind11::module_& m);
-void bind_device(pybind11::module_& m);  // Device: CUDA, or the host implementation
-void bind_ffi(pybind11::module_& m);   // no-op when built without jax
-void bind_cuda(pybind11::module_& m);  // reports availability; no-op without CUDA
+void bind_device(pybind11::module_& m);       // Device: CUDA, or the host implementation
+void bind_ffi(pybind11::module_& m);          // no-op when built without jax
+void bind_cuda(pybind11::module_& m);         // reports availability; no-op without CUDA
 void bind_compression(pybind11::module_& m);  // MinMaxUInt8 on raw addresses
 // Test-only (compiled with BAGUA_TEST_BINDINGS, CMakeLists.txt):
 void bind_kernels_test(pybind11::module_& m);  // half conversions, CPU reduce loop, wire packing
-void bind_kernels(pybind11::module_& m);  // _C.kernels: element and step kernels, host and CUDA
-void bind_engine(pybind11::module_& m);  // buckets, scheduler, algorithm ops
+void bind_kernels(pybind11::module_& m);       // _C.kernels: element and step kernels, host and CUDA
+void bind_engine(pybind11::module_& m);        // buckets, scheduler, algorithm ops
 
 }  // namespace bindings
 }  // namespace bagua

@@ -58,8 +58,8 @@ DLDevice dl_device_of(const Buffer& b) {
   return {kDLCUDA, b.device_index()};
 }
 
-py::object export_buffer(const Buffer& self, py::object stream, py::object max_version,
-                         py::object dl_device, py::object copy) {
+py::object export_buffer(const Buffer& self, py::object stream, py::object max_version, py::object dl_device,
+                         py::object copy) {
   // stream is irrelevant: Bagua finishes writing a buffer before its
   // primitive returns. copy=True exports a fresh copy, otherwise a view.
   DLDevice dev = dl_device_of(self);
@@ -70,8 +70,7 @@ py::object export_buffer(const Buffer& self, py::object stream, py::object max_v
     b = Buffer(self.shape(), self.dtype(), self.device_type(), self.device_index());
     copy_bytes(b.data(), self.data(), self.nbytes(), self.device_type());
   }
-  return make_dlpack_capsule(ExportSpec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false, copied},
-                             max_version);
+  return make_dlpack_capsule(ExportSpec{b.storage(), b.data(), b.shape(), b.dtype(), dev, false, copied}, max_version);
 }
 
 // numpy cannot name bfloat16 in DLPack: view the bits as uint16 and let
@@ -86,8 +85,9 @@ py::object buffer_to_numpy(const Buffer& b) {
   try {
     ml_dtypes = py::module_::import("ml_dtypes");
   } catch (py::error_already_set&) {
-    throw py::type_error("numpy has no bfloat16: install ml_dtypes, or view the buffer with "
-                         "torch.from_dlpack / jax.numpy.from_dlpack");
+    throw py::type_error(
+        "numpy has no bfloat16: install ml_dtypes, or view the buffer with "
+        "torch.from_dlpack / jax.numpy.from_dlpack");
   }
   // float16 has bfloat16's size; numpy's .view() then renames the bits.
   py::object bits = np.attr("from_dlpack")(py::cast(b.view(DType::kFloat16)));
@@ -134,9 +134,9 @@ Built from a capsule returned by ``__dlpack__``; see bagua_core.dlpack.import_ar
       .def_property_readonly("device_index", &DLPackView::device_index)
       .def_property_readonly("read_only", &DLPackView::read_only)
       .def("__repr__", [](const DLPackView& v) {
-        return "DLPackView(shape=" + std::string(py::repr(to_tuple(v.shape()))) + ", dtype=" +
-               dtype_name(v.dtype()) + ", device=" + device_name(v.device_type()) + ":" +
-               std::to_string(v.device_index()) + (v.read_only() ? ", read_only" : "") + ")";
+        return "DLPackView(shape=" + std::string(py::repr(to_tuple(v.shape()))) + ", dtype=" + dtype_name(v.dtype()) +
+               ", device=" + device_name(v.device_type()) + ":" + std::to_string(v.device_index()) +
+               (v.read_only() ? ", read_only" : "") + ")";
       });
 
   py::class_<Buffer>(m, "Buffer", R"doc(
@@ -144,12 +144,12 @@ Memory owned by the engine (host: 64-byte aligned; cuda: cudaMalloc), viewed
 zero-copy by numpy, torch and JAX through DLPack (``np.from_dlpack(buf)``,
 ``torch.from_dlpack(buf)``, ``jax.numpy.from_dlpack(buf)``). The memory lives as
 long as the buffer or any view of it.)doc")
-      .def(py::init([](std::vector<int64_t> shape, DType dtype, const std::string& device,
-                       int device_index, bool zero) {
-             return Buffer(std::move(shape), dtype, parse_device(device), device_index, zero);
-           }),
-           py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu",
-           py::arg("device_index") = 0, py::arg("zero") = false)
+      .def(
+          py::init([](std::vector<int64_t> shape, DType dtype, const std::string& device, int device_index, bool zero) {
+            return Buffer(std::move(shape), dtype, parse_device(device), device_index, zero);
+          }),
+          py::arg("shape"), py::arg("dtype"), py::arg("device") = "cpu", py::arg("device_index") = 0,
+          py::arg("zero") = false)
       .def_property_readonly("shape", [](const Buffer& b) { return to_tuple(b.shape()); })
       .def_property_readonly("dtype", &Buffer::dtype)
       .def_property_readonly("numel", &Buffer::numel)
@@ -161,23 +161,25 @@ long as the buffer or any view of it.)doc")
            "The same memory read as another dtype (1-D when element sizes differ).")
       .def("numpy", &buffer_to_numpy, "A numpy view (host buffers; bfloat16 needs ml_dtypes).")
       .def("__dlpack__", &export_buffer, py::kw_only(), py::arg("stream") = py::none(),
-           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none())
-      .def("__dlpack_device__", [](const Buffer& b) {
-        DLDevice d = dl_device_of(b);
-        return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
-      })
-      .def("__len__", [](const Buffer& b) {
-        if (b.shape().empty()) throw py::type_error("len() of a 0-d buffer");
-        return b.shape()[0];
-      })
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__",
+           [](const Buffer& b) {
+             DLDevice d = dl_device_of(b);
+             return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
+           })
+      .def("__len__",
+           [](const Buffer& b) {
+             if (b.shape().empty()) throw py::type_error("len() of a 0-d buffer");
+             return b.shape()[0];
+           })
       .def("__repr__", [](const Buffer& b) {
-        return "Buffer(shape=" + std::string(py::repr(to_tuple(b.shape()))) + ", dtype=" +
-               dtype_name(b.dtype()) + ", device=" + device_name(b.device_type()) + ":" +
-               std::to_string(b.device_index()) + ")";
+        return "Buffer(shape=" + std::string(py::repr(to_tuple(b.shape()))) + ", dtype=" + dtype_name(b.dtype()) +
+               ", device=" + device_name(b.device_type()) + ":" + std::to_string(b.device_index()) + ")";
       });
 
-  m.def("copy_memory", [](uintptr_t dst, uintptr_t src, size_t nbytes, const std::string& device) {
+  m.def(
+      "copy_memory",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes, const std::string& device) {
         DeviceType d = parse_device(device);
         py::gil_scoped_release release;
         copy_bytes(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes, d);

@@ -74,16 +74,15 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
 ``count`` is the size of one chunk.)doc")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
-      .def_property_readonly("timeout_s",
-                             [](const Communicator& c) { return c.timeout().count() / 1000.0; })
-      .def_property_readonly("device_type",
-                             [](const Communicator& c) { return static_cast<int>(c.device_type()); })
-      .def_property_readonly("device_index",
-                             [](const Communicator& c) -> py::object {
-                               const int d = c.device_index();
-                               return d < 0 ? py::object(py::none()) : py::object(py::int_(d));
-                             },
-                             "CUDA device index of a device communicator (NCCL); None on host ones.")
+      .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def_property_readonly("device_type", [](const Communicator& c) { return static_cast<int>(c.device_type()); })
+      .def_property_readonly(
+          "device_index",
+          [](const Communicator& c) -> py::object {
+            const int d = c.device_index();
+            return d < 0 ? py::object(py::none()) : py::object(py::int_(d));
+          },
+          "CUDA device index of a device communicator (NCCL); None on host ones.")
       .def("describe", &Communicator::describe)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>(),
            "Releases connections and threads now (after the operation in progress); later calls raise. "
@@ -91,108 +90,87 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
       .def("__repr__", [](const Communicator& c) { return "<Communicator " + c.describe() + ">"; })
       .def(
           "allreduce",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
-             uintptr_t stream) {
-            c.allreduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
-                        to_op(op), sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op, uintptr_t stream) {
+            c.allreduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), to_op(op), sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, Release())
       .def(
           "reduce",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
-             int root, uintptr_t stream) {
-            c.reduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
-                     to_op(op), root, sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op, int root,
+             uintptr_t stream) {
+            c.reduce(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), to_op(op), root, sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
+          py::arg("stream") = 0, Release())
       .def(
           "broadcast",
-          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int root,
-             uintptr_t stream) {
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int root, uintptr_t stream) {
             c.broadcast(mptr(buf), to_count(count, "count"), to_dtype(dtype), root, sptr(stream));
           },
-          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"),
-          py::arg("stream") = 0, Release())
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("stream") = 0, Release())
       .def(
           "allgather",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype,
-             uintptr_t stream) {
-            c.allgather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
-                        sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, uintptr_t stream) {
+            c.allgather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0,
+          Release())
       .def(
           "gather",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root,
-             uintptr_t stream) {
-            c.gather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root,
-                     sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root, uintptr_t stream) {
+            c.gather(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root, sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("root"), py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, Release())
       .def(
           "scatter",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root,
-             uintptr_t stream) {
-            c.scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root,
-                      sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int root, uintptr_t stream) {
+            c.scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), root, sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("root"), py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, Release())
       .def(
           "reduce_scatter",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op,
-             uintptr_t stream) {
-            c.reduce_scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
-                             to_op(op), sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, int op, uintptr_t stream) {
+            c.reduce_scatter(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), to_op(op),
+                             sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, Release())
       .def(
           "alltoall",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype,
-             uintptr_t stream) {
-            c.alltoall(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype),
-                       sptr(stream));
+          [](Communicator& c, uintptr_t send, uintptr_t recv, int64_t count, int dtype, uintptr_t stream) {
+            c.alltoall(cptr(send), mptr(recv), to_count(count, "count"), to_dtype(dtype), sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"),
-          py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("recv_ptr"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0,
+          Release())
       .def(
           "alltoall_v",
           [](Communicator& c, uintptr_t send, const std::vector<int64_t>& send_counts,
-             const std::vector<int64_t>& send_displs, uintptr_t recv,
-             const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
-             int dtype, uintptr_t stream) {
-            c.alltoall_v(cptr(send), to_counts(send_counts, "send_counts"),
-                         to_counts(send_displs, "send_displs"), mptr(recv),
-                         to_counts(recv_counts, "recv_counts"),
-                         to_counts(recv_displs, "recv_displs"), to_dtype(dtype), sptr(stream));
+             const std::vector<int64_t>& send_displs, uintptr_t recv, const std::vector<int64_t>& recv_counts,
+             const std::vector<int64_t>& recv_displs, int dtype, uintptr_t stream) {
+            c.alltoall_v(cptr(send), to_counts(send_counts, "send_counts"), to_counts(send_displs, "send_displs"),
+                         mptr(recv), to_counts(recv_counts, "recv_counts"), to_counts(recv_displs, "recv_displs"),
+                         to_dtype(dtype), sptr(stream));
           },
-          py::arg("send_ptr"), py::arg("send_counts"), py::arg("send_displs"),
-          py::arg("recv_ptr"), py::arg("recv_counts"), py::arg("recv_displs"), py::arg("dtype"),
-          py::arg("stream") = 0, Release())
+          py::arg("send_ptr"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_ptr"),
+          py::arg("recv_counts"), py::arg("recv_displs"), py::arg("dtype"), py::arg("stream") = 0, Release())
       .def(
           "send",
-          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer,
-             uintptr_t stream) {
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer, uintptr_t stream) {
             c.send(cptr(buf), to_count(count, "count"), to_dtype(dtype), peer, sptr(stream));
           },
-          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
-          py::arg("stream") = 0, Release())
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0, Release())
       .def(
           "recv",
-          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer,
-             uintptr_t stream) {
+          [](Communicator& c, uintptr_t buf, int64_t count, int dtype, int peer, uintptr_t stream) {
             c.recv(mptr(buf), to_count(count, "count"), to_dtype(dtype), peer, sptr(stream));
           },
-          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
-          py::arg("stream") = 0, Release())
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0, Release())
       .def(
-          "barrier", [](Communicator& c, uintptr_t stream) { c.barrier(sptr(stream)); },
-          py::arg("stream") = 0, Release())
+          "barrier", [](Communicator& c, uintptr_t stream) { c.barrier(sptr(stream)); }, py::arg("stream") = 0,
+          Release())
       .def(
           "_expect_calls",
           [](Communicator& c, const std::vector<std::tuple<int, int, int64_t, int64_t, int>>& calls) {
@@ -210,9 +188,8 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
 
   m.def(
       "create_gloo_communicator",
-      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, bool debug_checks, std::optional<bool> shm,
-         const std::string& wire_packing) {
+      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s, const std::string& hostname,
+         bool debug_checks, std::optional<bool> shm, const std::string& wire_packing) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
@@ -221,9 +198,8 @@ releases the GIL while it runs. Where an operation has one chunk per rank,
         CommunicatorPtr comm = create_gloo_communicator(std::move(store), prefix, rank, size, o);
         return debug_checks ? make_checked_communicator(comm) : comm;
       },
-      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("debug_checks") = false,
-      py::arg("shm") = py::none(), py::arg("wire_packing") = "", Release(),
+      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("hostname"),
+      py::arg("debug_checks") = false, py::arg("shm") = py::none(), py::arg("wire_packing") = "", Release(),
       R"doc(Connects this process to the other ranks of group ``prefix`` (a full mesh of
 TCP connections, rendezvoused through ``store``); every rank calls it with the
 same prefix and size. ``hostname`` is the address peers reach this process on.
@@ -246,10 +222,9 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
   // Tuning knobs, for benchmarks (see GlooCommunicatorOptions); None: the default.
   m.def(
       "_create_gloo_communicator_tuned",
-      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s,
-         const std::string& hostname, std::optional<int> lanes, std::optional<int64_t> lane_threshold_bytes,
-         std::optional<int64_t> segment_bytes, std::optional<bool> shm,
-         std::optional<int64_t> shm_threshold_bytes, std::optional<int64_t> shm_window_bytes,
+      [](StorePtr store, const std::string& prefix, int rank, int size, double timeout_s, const std::string& hostname,
+         std::optional<int> lanes, std::optional<int64_t> lane_threshold_bytes, std::optional<int64_t> segment_bytes,
+         std::optional<bool> shm, std::optional<int64_t> shm_threshold_bytes, std::optional<int64_t> shm_window_bytes,
          std::optional<std::string> wire_packing, std::optional<int64_t> wire_packing_min_bytes,
          std::optional<int64_t> wire_packing_segment_bytes, std::optional<double> wire_packing_slow_bits_per_s) {
         GlooCommunicatorOptions o;
@@ -269,10 +244,9 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
         if (wire_packing_slow_bits_per_s) o.wire_packing_slow_bits_per_s = *wire_packing_slow_bits_per_s;
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
-      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"),
-      py::arg("timeout_s"), py::arg("hostname"), py::arg("lanes") = py::none(),
-      py::arg("lane_threshold_bytes") = py::none(), py::arg("segment_bytes") = py::none(),
-      py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
+      py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("hostname"),
+      py::arg("lanes") = py::none(), py::arg("lane_threshold_bytes") = py::none(),
+      py::arg("segment_bytes") = py::none(), py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
       py::arg("shm_window_bytes") = py::none(), py::arg("wire_packing") = py::none(),
       py::arg("wire_packing_min_bytes") = py::none(), py::arg("wire_packing_segment_bytes") = py::none(),
       py::arg("wire_packing_slow_bits_per_s") = py::none(), Release());

@@ -74,9 +74,8 @@ void bind_compression(py::module_& m) {
       "cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
       "The instruction set the host kernels use now: 'baseline', 'avx2' or 'avx512' (kernels/cpu_isa.h).");
   m.def(
-      "cpu_isa_supported",
-      [](const std::string& name) { return cpu_isa_supported(isa_from_name(name)); }, py::arg("name"),
-      "Whether this CPU and OS run the host kernels built for name.");
+      "cpu_isa_supported", [](const std::string& name) { return cpu_isa_supported(isa_from_name(name)); },
+      py::arg("name"), "Whether this CPU and OS run the host kernels built for name.");
   m.def(
       "set_cpu_isa", [](const std::string& name) { set_cpu_isa(isa_from_name(name)); }, py::arg("name"),
       "Makes the host kernels use name from now on (for tests and benchmarks; results do not change).");
@@ -85,8 +84,7 @@ void bind_compression(py::module_& m) {
   // Device addresses and a cudaStream_t as an int (0 = legacy default stream); asynchronous.
   m.def(
       "minmax_uint8_compress_cuda",
-      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk,
-         uintptr_t stream) {
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk, uintptr_t stream) {
         mm::compress_cuda(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"), to_ptr(dst),
                           target_chunk, to_ptr(stream));
       },
@@ -94,10 +92,9 @@ void bind_compression(py::module_& m) {
       py::arg("stream"), release());
   m.def(
       "minmax_uint8_decompress_cuda",
-      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk,
-         uintptr_t stream) {
-        mm::decompress_cuda(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"),
-                            to_ptr(dst), target_chunk, to_ptr(stream));
+      [](uintptr_t src, int64_t n, int dtype, int64_t n_chunks, uintptr_t dst, int64_t target_chunk, uintptr_t stream) {
+        mm::decompress_cuda(to_cptr(src), to_size(n, "n"), to_dtype(dtype), to_size(n_chunks, "n_chunks"), to_ptr(dst),
+                            target_chunk, to_ptr(stream));
       },
       py::arg("src"), py::arg("n"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"), py::arg("target_chunk"),
       py::arg("stream"), release());
@@ -108,8 +105,8 @@ void bind_compression(py::module_& m) {
         mm::reduce_chunks_cuda(to_cptr(src), to_size(chunk_len, "chunk_len"), to_size(n_records, "n_records"),
                                to_dtype(dtype), average, to_ptr(dst), to_ptr(stream));
       },
-      py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"),
-      py::arg("dst"), py::arg("stream"), release());
+      py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"),
+      py::arg("stream"), release());
 #endif
 }
 

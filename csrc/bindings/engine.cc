@@ -203,12 +203,14 @@ bfloat16 shows as uint16 bits) or by address. Views and their exports keep the
 memory alive.)doc")
       .def("__dlpack__", &export_view, py::kw_only(), py::arg("stream") = py::none(),
            py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
-      .def("__dlpack_device__", [](const MemoryView& v) {
-        return py::make_tuple(static_cast<int>(v.device.device_type), v.device.device_id);
-      })
+      .def("__dlpack_device__",
+           [](const MemoryView& v) {
+             return py::make_tuple(static_cast<int>(v.device.device_type), v.device.device_id);
+           })
       .def_property_readonly("address", [](const MemoryView& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("shape", [](const MemoryView& v) { return v.shape; })
-      .def_property_readonly("dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")
+      .def_property_readonly(
+          "dtype", [](const MemoryView& v) { return dtype_code(v.dtype); }, "DType code.")
       .def_property_readonly("numel", &MemoryView::numel)
       .def_property_readonly("nbytes", [](const MemoryView& v) { return v.numel() * dtype_size(v.dtype); })
       .def_property_readonly("__array_interface__", &array_interface)
@@ -232,11 +234,11 @@ memory, or memory of ``device`` (a ``Device``: CUDA, or the host implementation)
              return std::make_shared<Bucket>(std::move(name), to_dtype(dtype), std::move(specs), alignment,
                                              std::move(device));
            }),
-           py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1,
-           py::arg("device") = nullptr)
+           py::arg("name"), py::arg("dtype"), py::arg("tensors"), py::arg("alignment") = 1, py::arg("device") = nullptr)
       .def_property_readonly("device", &Bucket::device, "The Device of the memory (None: plain host memory).")
       .def_property_readonly("name", &Bucket::name)
-      .def_property_readonly("dtype", [](const Bucket& b) { return dtype_code(b.dtype()); }, "DType code.")
+      .def_property_readonly(
+          "dtype", [](const Bucket& b) { return dtype_code(b.dtype()); }, "DType code.")
       .def_property_readonly("alignment", &Bucket::alignment)
       .def_property_readonly("numel", &Bucket::numel)
       .def_property_readonly("payload_numel", &Bucket::payload_numel)
@@ -263,13 +265,14 @@ memory, or memory of ``device`` (a ``Device``: CUDA, or the host implementation)
           },
           py::arg("key"), "Layout of a slot (by index or name): name, offset, numel, shape, is_padding.")
       .def(
-          "slot_index", [](const Bucket& b, const std::string& name) { return b.find_slot(name); },
-          py::arg("name"), "Index of the named slot, or -1.")
+          "slot_index", [](const Bucket& b, const std::string& name) { return b.find_slot(name); }, py::arg("name"),
+          "Index of the named slot, or -1.")
       .def(
           "view", [](const BucketPtr& b, const py::handle& key) { return slot_view(b, slot_index(*b, key)); },
           py::arg("key"), "Zero-copy view of one slot (by index or name), in its shape.")
       .def("flat_view", &bucket_view, "Zero-copy 1-D view of the whole bucket, padding included.")
-      .def("__repr__", [](const Bucket& b) { return "<" + b.describe() + ", numel=" + std::to_string(b.numel()) + ">"; });
+      .def("__repr__",
+           [](const Bucket& b) { return "<" + b.describe() + ", numel=" + std::to_string(b.numel()) + ">"; });
 
   py::class_<Op, std::shared_ptr<Op>>(m, "Op", "An algorithm step bound to one bucket.")
       .def_property_readonly("description", &Op::describe)
@@ -285,40 +288,54 @@ Engine.wait().)doc")
       .def_property_readonly("communicates_next", &StepOp::communicates_next)
       .def_property_readonly("last_communicated", &StepOp::last_communicated)
       .def_property_readonly("has_result", &StepOp::has_result)
-      .def("copy_back", [](StepOp& o, std::optional<uintptr_t> stream) {
-             const std::optional<Stream> s = stream_arg(stream);
-             py::gil_scoped_release release;
-             return o.copy_back(s);
-           }, py::arg("stream") = py::none(),
-           "bucket <- result if the step has one and the last execution communicated; returns whether it copied. "
-           "Device buckets: enqueued on `stream` (after Engine.wait(stream)), else on the comm stream and waited for.")
-      .def("result_view", [](const StepOp& o) {
-        const BucketPtr& b = o.bucket();
-        if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
-        if (!o.has_result()) throw InvalidArgument(o.describe() + " works in place: it has no result buffer");
-        return MemoryView{o.result_memory(), o.result_memory().get(), {static_cast<int64_t>(b->numel())}, b->dtype(),
-                          dl_device_of(*b)};
-      }, "Zero-copy 1-D view of the result buffer (the bucket's layout).")
+      .def(
+          "copy_back",
+          [](StepOp& o, std::optional<uintptr_t> stream) {
+            const std::optional<Stream> s = stream_arg(stream);
+            py::gil_scoped_release release;
+            return o.copy_back(s);
+          },
+          py::arg("stream") = py::none(),
+          "bucket <- result if the step has one and the last execution communicated; returns whether it copied. "
+          "Device buckets: enqueued on `stream` (after Engine.wait(stream)), else on the comm stream and waited for.")
+      .def(
+          "result_view",
+          [](const StepOp& o) {
+            const BucketPtr& b = o.bucket();
+            if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
+            if (!o.has_result()) throw InvalidArgument(o.describe() + " works in place: it has no result buffer");
+            return MemoryView{o.result_memory(),
+                              o.result_memory().get(),
+                              {static_cast<int64_t>(b->numel())},
+                              b->dtype(),
+                              dl_device_of(*b)};
+          },
+          "Zero-copy 1-D view of the result buffer (the bucket's layout).")
       .def_property_readonly("num_state", &StepOp::num_state, "Number of state spans of the step (0: stateless).")
-      .def("state_view", [](const StepOp& o) {
-        const BucketPtr& b = o.bucket();
-        if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
-        if (o.num_state() == 0) throw InvalidArgument(o.describe() + " keeps no state");
-        const StateLayout& sl = o.state_layout();
-        return MemoryView{o.state_memory(), o.state_memory().get(),
-                          {static_cast<int64_t>(sl.spans), static_cast<int64_t>(sl.span_count)}, sl.dtype,
-                          dl_device_of(*b)};
-      }, "Zero-copy (spans, span elements) view of the step's state: (num_state, bucket numel) of the bucket's "
-         "dtype for most steps (e.g. replicas), the step's own layout for others (low rank: error memory and Q); "
-         "read or write it only between steps.");
+      .def(
+          "state_view",
+          [](const StepOp& o) {
+            const BucketPtr& b = o.bucket();
+            if (!b) throw InvalidArgument("the op is not part of a bucket's chain");
+            if (o.num_state() == 0) throw InvalidArgument(o.describe() + " keeps no state");
+            const StateLayout& sl = o.state_layout();
+            return MemoryView{o.state_memory(),
+                              o.state_memory().get(),
+                              {static_cast<int64_t>(sl.spans), static_cast<int64_t>(sl.span_count)},
+                              sl.dtype,
+                              dl_device_of(*b)};
+          },
+          "Zero-copy (spans, span elements) view of the step's state: (num_state, bucket numel) of the bucket's "
+          "dtype for most steps (e.g. replicas), the step's own layout for others (low rank: error memory and Q); "
+          "read or write it only between steps.");
 
   m.def("step_names", &step_names, "Names of the registered algorithm steps.");
   m.def(
       "step_info",
       [](const std::string& name, const py::dict& params, CommunicatorPtr comm, CommunicatorPtr intra,
          CommunicatorPtr inter) {
-        StepPtr s = make_step(name, make_comms(std::move(comm), std::move(intra), std::move(inter)),
-                              step_params(name, params));
+        StepPtr s =
+            make_step(name, make_comms(std::move(comm), std::move(intra), std::move(inter)), step_params(name, params));
         py::dict d;
         d["description"] = s->describe();
         d["alignment"] = s->alignment();
@@ -378,10 +395,11 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
       .def("start", &AsyncAverager::start, py::call_guard<py::gil_scoped_release>())
       .def("abort", &AsyncAverager::abort, py::call_guard<py::gil_scoped_release>())
       .def("lock_weights", &AsyncAverager::lock_weights, py::call_guard<py::gil_scoped_release>())
-      .def("unlock_weights", [](AsyncAverager& a, std::optional<uintptr_t> stream) {
-             a.unlock_weights(stream_arg(stream));
-           }, py::arg("stream") = py::none(),
-           "stream: on a device, the training stream that changed the weights (the loop waits for it).")
+      .def(
+          "unlock_weights",
+          [](AsyncAverager& a, std::optional<uintptr_t> stream) { a.unlock_weights(stream_arg(stream)); },
+          py::arg("stream") = py::none(),
+          "stream: on a device, the training stream that changed the weights (the loop waits for it).")
       .def("check", &AsyncAverager::check)
       .def_property_readonly("running", &AsyncAverager::running)
       .def_property_readonly("rounds", &AsyncAverager::rounds)
@@ -390,10 +408,13 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
 #ifdef BAGUA_WITH_TEST_BINDINGS
       // for tests only (see csrc/sched/async_averager.h)
       .def("_test_hold", &AsyncAverager::test_hold, py::arg("on"))
-      .def("_test_wait_held", [](AsyncAverager& a, double timeout_s) {
-             return a.test_wait_held(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
-           }, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
-           "For tests: waits until a held round took its snapshot; False after timeout_s.")
+      .def(
+          "_test_wait_held",
+          [](AsyncAverager& a, double timeout_s) {
+            return a.test_wait_held(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+          },
+          py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+          "For tests: waits until a held round took its snapshot; False after timeout_s.")
       .def("_test_release_held", &AsyncAverager::test_release_held)
 #endif
       ;
@@ -443,43 +464,62 @@ wait() ends the step and re-raises the first failure. See csrc/sched/engine.h.)d
           "The element-count multiple the step needs on this engine's communicators.")
       .def("clear_ops", &Engine::clear_ops, py::arg("bucket"))
       .def("ops", &Engine::ops, py::arg("bucket"))
-      .def("mark_ready", [](Engine& e, size_t bucket, size_t slot, std::optional<uintptr_t> stream) {
-             e.mark_ready(bucket, slot, stream_arg(stream));
-           }, py::arg("bucket"), py::arg("slot"), py::arg("stream") = py::none(),
-           "stream: the stream that produced the tensor (device buckets; None: already final).")
-      .def("mark_ready", [](Engine& e, const std::string& name, std::optional<uintptr_t> stream) {
-             e.mark_ready(name, stream_arg(stream));
-           }, py::arg("name"), py::arg("stream") = py::none())
-      .def("mark_bucket_ready", [](Engine& e, size_t bucket, std::optional<uintptr_t> stream) {
-             e.mark_bucket_ready(bucket, stream_arg(stream));
-           }, py::arg("bucket"), py::arg("stream") = py::none())
-      .def("mark_all_ready", [](Engine& e, std::optional<uintptr_t> stream) { e.mark_all_ready(stream_arg(stream)); },
-           py::arg("stream") = py::none())
-      .def("wait", [](Engine& e, std::optional<uintptr_t> stream) {
-             const std::optional<Stream> s = stream_arg(stream);
-             py::gil_scoped_release release;
-             e.wait(s);
-           }, py::arg("stream") = py::none(),
-           "Ends the step. Device buckets: `stream` (the optimizer's) waits for the step's device work; "
-           "None: the call blocks until the device finished it.")
-      .def("wait_any", [](Engine& e, const std::vector<size_t>& buckets, std::optional<uintptr_t> stream) {
-             const std::optional<Stream> s = stream_arg(stream);
-             py::gil_scoped_release release;
-             return e.wait_any(buckets, s);
-           }, py::arg("buckets"), py::arg("stream") = py::none(),
-           "The lowest of `buckets` (indices) that has finished in the current step, waiting for one if none has; "
-           "does not end the step (wait() does). Timeouts and failures as wait(). Device buckets: `stream` waits "
-           "for that bucket's device work; None: the call blocks until the device finished it.")
+      .def(
+          "mark_ready",
+          [](Engine& e, size_t bucket, size_t slot, std::optional<uintptr_t> stream) {
+            e.mark_ready(bucket, slot, stream_arg(stream));
+          },
+          py::arg("bucket"), py::arg("slot"), py::arg("stream") = py::none(),
+          "stream: the stream that produced the tensor (device buckets; None: already final).")
+      .def(
+          "mark_ready",
+          [](Engine& e, const std::string& name, std::optional<uintptr_t> stream) {
+            e.mark_ready(name, stream_arg(stream));
+          },
+          py::arg("name"), py::arg("stream") = py::none())
+      .def(
+          "mark_bucket_ready",
+          [](Engine& e, size_t bucket, std::optional<uintptr_t> stream) {
+            e.mark_bucket_ready(bucket, stream_arg(stream));
+          },
+          py::arg("bucket"), py::arg("stream") = py::none())
+      .def(
+          "mark_all_ready", [](Engine& e, std::optional<uintptr_t> stream) { e.mark_all_ready(stream_arg(stream)); },
+          py::arg("stream") = py::none())
+      .def(
+          "wait",
+          [](Engine& e, std::optional<uintptr_t> stream) {
+            const std::optional<Stream> s = stream_arg(stream);
+            py::gil_scoped_release release;
+            e.wait(s);
+          },
+          py::arg("stream") = py::none(),
+          "Ends the step. Device buckets: `stream` (the optimizer's) waits for the step's device work; "
+          "None: the call blocks until the device finished it.")
+      .def(
+          "wait_any",
+          [](Engine& e, const std::vector<size_t>& buckets, std::optional<uintptr_t> stream) {
+            const std::optional<Stream> s = stream_arg(stream);
+            py::gil_scoped_release release;
+            return e.wait_any(buckets, s);
+          },
+          py::arg("buckets"), py::arg("stream") = py::none(),
+          "The lowest of `buckets` (indices) that has finished in the current step, waiting for one if none has; "
+          "does not end the step (wait() does). Timeouts and failures as wait(). Device buckets: `stream` waits "
+          "for that bucket's device work; None: the call blocks until the device finished it.")
       .def_property_readonly("device", &Engine::device, "The buckets' Device (None: host memory).")
-      .def("lane_stream", [](const Engine& e, size_t lane) { return reinterpret_cast<uintptr_t>(e.lane_stream(lane)); },
-           py::arg("lane"), "Lane `lane`'s comm stream handle (0 for host buckets).")
-      .def("timings",
-           [](const Engine& e) {
-             py::list out;
-             for (const auto& t : e.timings()) out.append(timing_tuple(t));
-             return out;
-           },
-           "Per bucket (ready_ns, launch_ns, start_ns, end_ns) of the current or last step (monotonic_ns clock; -1: not yet).")
+      .def(
+          "lane_stream", [](const Engine& e, size_t lane) { return reinterpret_cast<uintptr_t>(e.lane_stream(lane)); },
+          py::arg("lane"), "Lane `lane`'s comm stream handle (0 for host buckets).")
+      .def(
+          "timings",
+          [](const Engine& e) {
+            py::list out;
+            for (const auto& t : e.timings()) out.append(timing_tuple(t));
+            return out;
+          },
+          "Per bucket (ready_ns, launch_ns, start_ns, end_ns) of the current or last step (monotonic_ns clock; -1: not "
+          "yet).")
       .def_property("record_ready", &Engine::record_ready, &Engine::set_record_ready,
                     "Record when each tensor and bucket becomes ready (between steps; off by default).")
       .def("slot_ready_ns", &Engine::slot_ready_ns, py::arg("bucket"),

@@ -37,13 +37,20 @@ void bind_errors(py::module_& m) {
   // so tests check that every engine error type keeps its type (and a peer its rank).
   m.def("_raise_with_prefix", [](const std::string& kind, const std::string& prefix) {
     std::exception_ptr e;
-    if (kind == "timeout") e = std::make_exception_ptr(TimeoutError("late"));
-    else if (kind == "peer") e = std::make_exception_ptr(PeerError("gone", 3));
-    else if (kind == "mismatch") e = std::make_exception_ptr(MismatchError("differs"));
-    else if (kind == "error") e = std::make_exception_ptr(Error("failed"));
-    else if (kind == "invalid") e = std::make_exception_ptr(InvalidArgument("bad"));
-    else if (kind == "std") e = std::make_exception_ptr(std::runtime_error("foreign"));
-    else e = std::make_exception_ptr(42);
+    if (kind == "timeout")
+      e = std::make_exception_ptr(TimeoutError("late"));
+    else if (kind == "peer")
+      e = std::make_exception_ptr(PeerError("gone", 3));
+    else if (kind == "mismatch")
+      e = std::make_exception_ptr(MismatchError("differs"));
+    else if (kind == "error")
+      e = std::make_exception_ptr(Error("failed"));
+    else if (kind == "invalid")
+      e = std::make_exception_ptr(InvalidArgument("bad"));
+    else if (kind == "std")
+      e = std::make_exception_ptr(std::runtime_error("foreign"));
+    else
+      e = std::make_exception_ptr(42);
     std::rethrow_exception(with_prefix(e, prefix));
   });
 #endif

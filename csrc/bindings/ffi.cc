@@ -41,8 +41,7 @@ void bind_ffi(py::module_& m) {
           py::str platform(t.platform);
           if (!by_platform.contains(platform)) by_platform[platform] = py::dict();
           // The capsule name is the one XLA uses for custom-call targets.
-          by_platform[platform].cast<py::dict>()[py::str(t.name)] =
-              py::capsule(t.handler, "xla._CUSTOM_CALL_TARGET");
+          by_platform[platform].cast<py::dict>()[py::str(t.name)] = py::capsule(t.handler, "xla._CUSTOM_CALL_TARGET");
         }
         return by_platform;
       },
@@ -61,8 +60,9 @@ void bind_ffi(py::module_& m) {
 #else
   m.attr("has_xla_ffi") = false;
   m.attr("has_cuda_ffi") = false;
-  m.def("ffi_targets", [] { return py::dict(); },
-        "Empty: this build has no XLA FFI handlers (jax was not found at build time).");
+  m.def(
+      "ffi_targets", [] { return py::dict(); },
+      "Empty: this build has no XLA FFI handlers (jax was not found at build time).");
   m.def("set_ffi_step_timings", [](bool) {}, py::arg("on"));
   m.def("ffi_step_timings_on", [] { return false; });
   m.def("drain_ffi_step_timings", [] { return py::make_tuple(py::list(), 0); });

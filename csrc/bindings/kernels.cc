@@ -206,8 +206,7 @@ void bind_step_kernels(py::module_& k) {
   namespace mm = minmax_uint8;
   k.def(
       "compress",
-      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk,
-         const std::string& device) {
+      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk, const std::string& device) {
         const DType t = to_dtype(dtype);
         const size_t chunks = to_size(n_chunks, "n_chunks");
         std::vector<Array> a;
@@ -224,8 +223,7 @@ void bind_step_kernels(py::module_& k) {
       "MinMaxUInt8: src's elements into dst's records (kernels/minmax_uint8.h).");
   k.def(
       "decompress",
-      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk,
-         const std::string& device) {
+      [](py::buffer src, int dtype, int64_t n_chunks, py::buffer dst, int64_t target_chunk, const std::string& device) {
         const DType t = to_dtype(dtype);
         const size_t chunks = to_size(n_chunks, "n_chunks");
         std::vector<Array> a;
@@ -385,12 +383,18 @@ void bind_low_rank_kernels(py::module_& k) {
 
 void bind_scale(py::module_& k) {
   auto release = py::call_guard<py::gil_scoped_release>();
-  k.def("host_scale", [](uintptr_t data, size_t count, int dtype, double factor) {
-    scale_host(as_ptr(data), count, to_dtype(dtype), factor);
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), release);
-  k.def("host_divide", [](uintptr_t data, size_t count, int dtype, double divisor) {
-    divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
+  k.def(
+      "host_scale",
+      [](uintptr_t data, size_t count, int dtype, double factor) {
+        scale_host(as_ptr(data), count, to_dtype(dtype), factor);
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), release);
+  k.def(
+      "host_divide",
+      [](uintptr_t data, size_t count, int dtype, double divisor) {
+        divide_host(as_ptr(data), count, to_dtype(dtype), divisor);
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), release);
 #ifdef BAGUA_WITH_CUDA
   // The kernel runs on the device that holds `data` (else the current one).
   auto device_of = [](uintptr_t data) {
@@ -407,18 +411,24 @@ void bind_scale(py::module_& k) {
     }
     return attr.device;
   };
-  k.def("cuda_scale", [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
-    DType t = to_dtype(dtype);
-    if (count == 0) return;
-    cuda::DeviceGuard guard(device_of(data));
-    cuda::launch_scale(as_ptr(data), count, t, factor, static_cast<cudaStream_t>(as_ptr(stream)));
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0, release);
-  k.def("cuda_divide", [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
-    DType t = to_dtype(dtype);
-    if (count == 0) return;
-    cuda::DeviceGuard guard(device_of(data));
-    cuda::launch_divide(as_ptr(data), count, t, divisor, static_cast<cudaStream_t>(as_ptr(stream)));
-  }, py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0, release);
+  k.def(
+      "cuda_scale",
+      [device_of](uintptr_t data, size_t count, int dtype, double factor, uintptr_t stream) {
+        DType t = to_dtype(dtype);
+        if (count == 0) return;
+        cuda::DeviceGuard guard(device_of(data));
+        cuda::launch_scale(as_ptr(data), count, t, factor, static_cast<cudaStream_t>(as_ptr(stream)));
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("factor"), py::arg("stream") = 0, release);
+  k.def(
+      "cuda_divide",
+      [device_of](uintptr_t data, size_t count, int dtype, double divisor, uintptr_t stream) {
+        DType t = to_dtype(dtype);
+        if (count == 0) return;
+        cuda::DeviceGuard guard(device_of(data));
+        cuda::launch_divide(as_ptr(data), count, t, divisor, static_cast<cudaStream_t>(as_ptr(stream)));
+      },
+      py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0, release);
 #else
   k.def("cuda_scale", [](py::args, py::kwargs) { no_cuda("cuda_scale"); });
   k.def("cuda_divide", [](py::args, py::kwargs) { no_cuda("cuda_divide"); });

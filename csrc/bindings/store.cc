@@ -83,8 +83,8 @@ void bind_store(py::module_& m) {
       .def_property_readonly("timeout_s", [](const Store& s) { return s.timeout().count() / 1000.0; });
 
   py::class_<TcpStore, Store, std::shared_ptr<TcpStore>>(m, "TcpStore",
-                                                          "Client of a TcpStoreServer (connects, retrying, until "
-                                                          "timeout_s; says goodbye on close()).")
+                                                         "Client of a TcpStoreServer (connects, retrying, until "
+                                                         "timeout_s; says goodbye on close()).")
       .def(py::init([](const std::string& host, int port, int rank, double timeout_s, const std::string& secret,
                        std::optional<double> connect_timeout_s) {
              auto t = to_ms(timeout_s, "timeout_s");
@@ -92,8 +92,8 @@ void bind_store(py::module_& m) {
              py::gil_scoped_release release;
              return std::make_shared<TcpStore>(host, port, rank, t, secret, c);
            }),
-           py::arg("host"), py::arg("port"), py::arg("rank") = -1, py::arg("timeout_s") = 600.0,
-           py::arg("secret") = "", py::arg("connect_timeout_s") = py::none())
+           py::arg("host"), py::arg("port"), py::arg("rank") = -1, py::arg("timeout_s") = 600.0, py::arg("secret") = "",
+           py::arg("connect_timeout_s") = py::none())
       .def("close", &TcpStore::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("host", &TcpStore::host)
       .def_property_readonly("port", &TcpStore::port)
@@ -107,8 +107,8 @@ void bind_store(py::module_& m) {
   py::class_<TcpStoreServer, std::shared_ptr<TcpStoreServer>>(
       m, "TcpStoreServer", "Rendezvous store server; serves from a background thread until close().")
       .def(py::init([](const std::string& host, int port, double io_timeout_s, const std::string& secret,
-                       size_t max_value_bytes, size_t max_total_bytes, size_t max_connections,
-                       size_t max_handshakes, std::optional<double> idle_timeout_s) {
+                       size_t max_value_bytes, size_t max_total_bytes, size_t max_connections, size_t max_handshakes,
+                       std::optional<double> idle_timeout_s) {
              TcpStoreServerOptions o;
              o.io_timeout = to_ms(io_timeout_s, "io_timeout_s");
              if (idle_timeout_s) o.idle_timeout = to_ms(*idle_timeout_s, "idle_timeout_s");
@@ -123,8 +123,7 @@ void bind_store(py::module_& m) {
            py::arg("max_value_bytes") = TcpStoreServerOptions{}.max_value_bytes,
            py::arg("max_total_bytes") = TcpStoreServerOptions{}.max_total_bytes,
            py::arg("max_connections") = TcpStoreServerOptions{}.max_connections,
-           py::arg("max_handshakes") = TcpStoreServerOptions{}.max_handshakes,
-           py::arg("idle_timeout_s") = py::none(),
+           py::arg("max_handshakes") = TcpStoreServerOptions{}.max_handshakes, py::arg("idle_timeout_s") = py::none(),
            "Listens on host:port (port 0 picks a free one). io_timeout_s bounds how long a client may take to "
            "say hello and authenticate, finish a message or read a reply before it is disconnected; "
            "idle_timeout_s (default 60; 0: never) how long an authenticated connection may stay silent "

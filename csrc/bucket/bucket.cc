@@ -7,9 +7,7 @@
 
 namespace bagua {
 
-std::string padding_slot_name(const std::string& bucket_name) {
-  return "bagua_padding_tensor_bucket_" + bucket_name;
-}
+std::string padding_slot_name(const std::string& bucket_name) { return "bagua_padding_tensor_bucket_" + bucket_name; }
 
 Bucket::Bucket(std::string name, DType dtype, std::vector<SlotSpec> specs, size_t alignment, DevicePtr device)
     : name_(std::move(name)), dtype_(dtype), alignment_(alignment), device_(std::move(device)) {
@@ -38,7 +36,8 @@ Bucket::Bucket(std::string name, DType dtype, std::vector<SlotSpec> specs, size_
   if (rem != 0) {
     const size_t pad = alignment - rem;
     std::string pad_name = padding_slot_name(name_);
-    if (seen.count(pad_name)) throw InvalidArgument("bucket '" + name_ + "': tensor name '" + pad_name + "' is reserved");
+    if (seen.count(pad_name))
+      throw InvalidArgument("bucket '" + name_ + "': tensor name '" + pad_name + "' is reserved");
     slots_.push_back(Slot{std::move(pad_name), {static_cast<int64_t>(pad)}, offset, pad, true});
     offset += pad;
   }

@@ -41,13 +41,12 @@ class Bucket {
   // Throws InvalidArgument on an empty slot list, duplicate or empty names,
   // negative dimensions or alignment 0. Without a device the memory is plain
   // host memory; with one it comes from device->allocate().
-  Bucket(std::string name, DType dtype, std::vector<SlotSpec> slots, size_t alignment = 1,
-         DevicePtr device = nullptr);
+  Bucket(std::string name, DType dtype, std::vector<SlotSpec> slots, size_t alignment = 1, DevicePtr device = nullptr);
 
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
   size_t alignment() const { return alignment_; }
-  size_t numel() const { return numel_; }              // padding included
+  size_t numel() const { return numel_; }                  // padding included
   size_t payload_numel() const { return payload_numel_; }  // padding excluded
   size_t nbytes() const { return numel_ * dtype_size(dtype_); }
   void* data() const { return memory_.get(); }

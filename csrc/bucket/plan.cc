@@ -40,8 +40,7 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<TensorDecl>& ten
   }
   for (auto& kv : open) close(kv.second);
 
-  std::sort(closed.begin(), closed.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::vector<size_t>> plan;
   plan.reserve(closed.size());
   for (auto& c : closed) plan.push_back(std::move(c.second));

@@ -46,8 +46,7 @@ class DeviceGuard {
 
 }  // namespace
 
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes, DeviceType device, int device_index,
-                                           bool zero) {
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, DeviceType device, int device_index, bool zero) {
   std::shared_ptr<Storage> s(new Storage());
   s->nbytes_ = nbytes;
   s->device_type_ = device;
@@ -81,8 +80,7 @@ Storage::~Storage() {
 #endif
 }
 
-Buffer::Buffer(std::vector<int64_t> shape, DType dtype, DeviceType device, int device_index,
-               bool zero)
+Buffer::Buffer(std::vector<int64_t> shape, DType dtype, DeviceType device, int device_index, bool zero)
     : shape_(std::move(shape)), dtype_(dtype) {
   numel_ = count_elements(shape_);
   storage_ = Storage::allocate(numel_ * dtype_size(dtype_), device, device_index, zero);

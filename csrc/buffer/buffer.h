@@ -20,8 +20,7 @@ constexpr size_t kHostAlignment = 64;
 class Storage {
  public:
   // Throws bagua::Error when the memory cannot be allocated.
-  static std::shared_ptr<Storage> allocate(size_t nbytes, DeviceType device, int device_index,
-                                           bool zero);
+  static std::shared_ptr<Storage> allocate(size_t nbytes, DeviceType device, int device_index, bool zero);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -41,8 +40,8 @@ class Storage {
 
 class Buffer {
  public:
-  Buffer(std::vector<int64_t> shape, DType dtype, DeviceType device = DeviceType::kCPU,
-         int device_index = 0, bool zero = false);
+  Buffer(std::vector<int64_t> shape, DType dtype, DeviceType device = DeviceType::kCPU, int device_index = 0,
+         bool zero = false);
 
   // The same bytes read as another dtype: same shape when element sizes match,
   // else 1-D. Throws InvalidArgument when the byte count does not divide.

@@ -28,14 +28,12 @@ class AgreedCommunicator : public Communicator {
     control_->close();
   }
 
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                 Stream stream) override {
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     agree({OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op});
     data_->allreduce(send, recv, count, dtype, op, stream);
   }
-  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
-              Stream stream) override {
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     agree({OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op});
     data_->reduce(send, recv, count, dtype, op, root, stream);
@@ -50,20 +48,17 @@ class AgreedCommunicator : public Communicator {
     agree({OpKind::kAllgather, dtype, static_cast<int64_t>(count)});
     data_->allgather(send, recv, count, dtype, stream);
   }
-  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
-              Stream stream) override {
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     agree({OpKind::kGather, dtype, static_cast<int64_t>(count), root});
     data_->gather(send, recv, count, dtype, root, stream);
   }
-  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
-               Stream stream) override {
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     agree({OpKind::kScatter, dtype, static_cast<int64_t>(count), root});
     data_->scatter(send, recv, count, dtype, root, stream);
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                      Stream stream) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     agree({OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op});
     data_->reduce_scatter(send, recv, count, dtype, op, stream);
@@ -73,9 +68,8 @@ class AgreedCommunicator : public Communicator {
     agree({OpKind::kAlltoall, dtype, static_cast<int64_t>(count)});
     data_->alltoall(send, recv, count, dtype, stream);
   }
-  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
-                  const std::vector<size_t>& send_displs, void* recv,
-                  const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                  void* recv, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
                   DType dtype, Stream stream) override {
     std::lock_guard<std::mutex> g(mu_);
     OpDesc d{OpKind::kAlltoallV, dtype, 0};
@@ -167,10 +161,9 @@ class AgreedCommunicator : public Communicator {
 CommunicatorPtr make_agreed_communicator(CommunicatorPtr data, CommunicatorPtr control) {
   if (!data || !control) throw InvalidArgument("make_agreed_communicator: communicator is null");
   if (data->rank() != control->rank() || data->size() != control->size())
-    throw InvalidArgument("make_agreed_communicator: " + data->describe() + " is rank " +
-                          std::to_string(data->rank()) + "/" + std::to_string(data->size()) + " but " +
-                          control->describe() + " is rank " + std::to_string(control->rank()) + "/" +
-                          std::to_string(control->size()));
+    throw InvalidArgument("make_agreed_communicator: " + data->describe() + " is rank " + std::to_string(data->rank()) +
+                          "/" + std::to_string(data->size()) + " but " + control->describe() + " is rank " +
+                          std::to_string(control->rank()) + "/" + std::to_string(control->size()));
   return std::make_shared<AgreedCommunicator>(std::move(data), std::move(control));
 }
 

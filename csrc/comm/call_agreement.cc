@@ -73,13 +73,11 @@ std::string call_disagreement(const int64_t* all, int size, int my_rank) {
       return "collective #" + std::to_string(ref.seq) + ": " + rank_str(other.valid ? 0 : r) +
              " sent a malformed call descriptor (ranks are out of step)";
     if (!same_call(other.desc, ref.desc))
-      return rank_str(r) + " called " + to_string(other.desc) + " while rank 0 called " +
-             to_string(ref.desc) + " (collective #" + std::to_string(ref.seq) + " of rank " +
-             std::to_string(my_rank) + ")";
+      return rank_str(r) + " called " + to_string(other.desc) + " while rank 0 called " + to_string(ref.desc) +
+             " (collective #" + std::to_string(ref.seq) + " of rank " + std::to_string(my_rank) + ")";
     if (other.seq != ref.seq)
-      return rank_str(r) + " is at collective #" + std::to_string(other.seq) +
-             " while rank 0 is at #" + std::to_string(ref.seq) + ", both calling " +
-             to_string(ref.desc);
+      return rank_str(r) + " is at collective #" + std::to_string(other.seq) + " while rank 0 is at #" +
+             std::to_string(ref.seq) + ", both calling " + to_string(ref.desc);
   }
   return "";
 }
@@ -101,9 +99,9 @@ std::string alltoallv_disagreement(const int64_t* all, int n) {
       const int64_t sent = all[2 * n * from + to];
       const int64_t expected = all[2 * n * to + n + from];
       if (sent != expected)
-        return "alltoall_v: rank " + std::to_string(from) + " sends " + std::to_string(sent) +
-               " elements to rank " + std::to_string(to) + ", which expects " +
-               std::to_string(expected) + " (recv_counts[" + std::to_string(from) + "])";
+        return "alltoall_v: rank " + std::to_string(from) + " sends " + std::to_string(sent) + " elements to rank " +
+               std::to_string(to) + ", which expects " + std::to_string(expected) + " (recv_counts[" +
+               std::to_string(from) + "])";
     }
   }
   return "";

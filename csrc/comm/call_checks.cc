@@ -27,8 +27,7 @@ const CallChecks& CallChecks::dtype() const {
 
 void CallChecks::in_range(int64_t r, const char* what) const {
   if (r < 0 || r >= comm_.size())
-    invalid(std::string(what) + " " + std::to_string(r) + " is out of range [0, " + std::to_string(comm_.size()) +
-            ")");
+    invalid(std::string(what) + " " + std::to_string(r) + " is out of range [0, " + std::to_string(comm_.size()) + ")");
 }
 
 const CallChecks& CallChecks::root() const {

@@ -18,9 +18,7 @@ constexpr size_t kWords = kCallWords;
 class CheckedCommunicator : public Communicator {
  public:
   explicit CheckedCommunicator(CommunicatorPtr inner)
-      : inner_(std::move(inner)),
-        send_seq_(inner_->size(), 0),
-        recv_seq_(inner_->size(), 0) {}
+      : inner_(std::move(inner)), send_seq_(inner_->size(), 0), recv_seq_(inner_->size(), 0) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -28,13 +26,11 @@ class CheckedCommunicator : public Communicator {
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   std::string describe() const override { return inner_->describe(); }
 
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                 Stream stream) override {
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     check({OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op}, stream);
     inner_->allreduce(send, recv, count, dtype, op, stream);
   }
-  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
-              Stream stream) override {
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, Stream stream) override {
     check({OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op}, stream);
     inner_->reduce(send, recv, count, dtype, op, root, stream);
   }
@@ -42,36 +38,29 @@ class CheckedCommunicator : public Communicator {
     check({OpKind::kBroadcast, dtype, static_cast<int64_t>(count), root}, stream);
     inner_->broadcast(buf, count, dtype, root, stream);
   }
-  void allgather(const void* send, void* recv, size_t count, DType dtype,
-                 Stream stream) override {
+  void allgather(const void* send, void* recv, size_t count, DType dtype, Stream stream) override {
     check({OpKind::kAllgather, dtype, static_cast<int64_t>(count)}, stream);
     inner_->allgather(send, recv, count, dtype, stream);
   }
-  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
-              Stream stream) override {
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) override {
     check({OpKind::kGather, dtype, static_cast<int64_t>(count), root}, stream);
     inner_->gather(send, recv, count, dtype, root, stream);
   }
-  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
-               Stream stream) override {
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) override {
     check({OpKind::kScatter, dtype, static_cast<int64_t>(count), root}, stream);
     inner_->scatter(send, recv, count, dtype, root, stream);
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                      Stream stream) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     check({OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op}, stream);
     inner_->reduce_scatter(send, recv, count, dtype, op, stream);
   }
-  void alltoall(const void* send, void* recv, size_t count, DType dtype,
-                Stream stream) override {
+  void alltoall(const void* send, void* recv, size_t count, DType dtype, Stream stream) override {
     check({OpKind::kAlltoall, dtype, static_cast<int64_t>(count)}, stream);
     inner_->alltoall(send, recv, count, dtype, stream);
   }
-  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
-                  const std::vector<size_t>& send_displs, void* recv,
-                  const std::vector<size_t>& recv_counts,
-                  const std::vector<size_t>& recv_displs, DType dtype,
-                  Stream stream) override {
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                  void* recv, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+                  DType dtype, Stream stream) override {
     OpDesc d{OpKind::kAlltoallV, dtype, 0};
     for (size_t c : send_counts) d.count += static_cast<int64_t>(c);
     check(d, stream);
@@ -114,11 +103,10 @@ class CheckedCommunicator : public Communicator {
   }
 
   // Every rank sees the whole count matrix, so every rank raises together.
-  void check_alltoallv_counts(const std::vector<size_t>& send_counts,
-                              const std::vector<size_t>& recv_counts, Stream stream) {
+  void check_alltoallv_counts(const std::vector<size_t>& send_counts, const std::vector<size_t>& recv_counts,
+                              Stream stream) {
     const int n = size();
-    if (send_counts.size() != static_cast<size_t>(n) ||
-        recv_counts.size() != static_cast<size_t>(n))
+    if (send_counts.size() != static_cast<size_t>(n) || recv_counts.size() != static_cast<size_t>(n))
       return;  // the wrapped communicator reports the bad argument
     std::vector<int64_t> mine = encode_alltoallv_counts(send_counts, recv_counts);
     std::vector<int64_t> all(2 * n * n);
@@ -144,15 +132,14 @@ class CheckedCommunicator : public Communicator {
     }
     const DecodedCall other = decode_call(theirs.data());
     const OpKind expected = sending ? OpKind::kRecv : OpKind::kSend;
-    const bool ok = other.valid && other.desc.kind == expected &&
-                    other.desc.root == rank() && other.desc.dtype == d.dtype &&
-                    other.desc.count == d.count && other.seq == static_cast<int64_t>(seq);
+    const bool ok = other.valid && other.desc.kind == expected && other.desc.root == rank() &&
+                    other.desc.dtype == d.dtype && other.desc.count == d.count &&
+                    other.seq == static_cast<int64_t>(seq);
     if (ok) return;
     // Neither side goes on with this call: take back its sequence number.
     (sending ? send_seq_ : recv_seq_)[peer]--;
     if (!other.valid) mismatch(who(peer) + " sent a malformed call descriptor");
-    mismatch(who(peer) + " called " + to_string(other.desc) + " while " + who(rank()) +
-             " called " + to_string(d) +
+    mismatch(who(peer) + " called " + to_string(other.desc) + " while " + who(rank()) + " called " + to_string(d) +
              (other.seq != static_cast<int64_t>(seq) && other.desc.kind == expected
                   ? " (message #" + std::to_string(other.seq) + " vs #" + std::to_string(seq) + ")"
                   : std::string()));

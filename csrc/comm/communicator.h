@@ -32,39 +32,29 @@ class Communicator {
   // Human-readable identity for error messages, e.g. "gloo group 'world' rank 1/3".
   virtual std::string describe() const = 0;
 
-  virtual void allreduce(const void* send, void* recv, size_t count, DType dtype,
-                         ReduceOp op, Stream stream = nullptr) = 0;
+  virtual void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         Stream stream = nullptr) = 0;
   // recv is only written on root (may be null elsewhere).
-  virtual void reduce(const void* send, void* recv, size_t count, DType dtype,
-                      ReduceOp op, int root, Stream stream = nullptr) = 0;
-  virtual void broadcast(void* buf, size_t count, DType dtype, int root,
-                         Stream stream = nullptr) = 0;
+  virtual void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
+                      Stream stream = nullptr) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = nullptr) = 0;
   // recv holds size() * count elements; send may alias recv + rank() * count.
-  virtual void allgather(const void* send, void* recv, size_t count, DType dtype,
-                         Stream stream = nullptr) = 0;
+  virtual void allgather(const void* send, void* recv, size_t count, DType dtype, Stream stream = nullptr) = 0;
   // recv (size() * count elements) is only written on root.
-  virtual void gather(const void* send, void* recv, size_t count, DType dtype,
-                      int root, Stream stream = nullptr) = 0;
+  virtual void gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream = nullptr) = 0;
   // send (size() * count elements) is only read on root.
-  virtual void scatter(const void* send, void* recv, size_t count, DType dtype,
-                       int root, Stream stream = nullptr) = 0;
+  virtual void scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream = nullptr) = 0;
   // send holds size() * count elements; rank r receives the reduction of chunk r.
-  virtual void reduce_scatter(const void* send, void* recv, size_t count,
-                              DType dtype, ReduceOp op,
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                               Stream stream = nullptr) = 0;
   // send and recv hold size() * count elements; chunk j of send goes to rank j.
-  virtual void alltoall(const void* send, void* recv, size_t count, DType dtype,
-                        Stream stream = nullptr) = 0;
+  virtual void alltoall(const void* send, void* recv, size_t count, DType dtype, Stream stream = nullptr) = 0;
   // counts and displacements in elements, one entry per rank.
   virtual void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
-                          const std::vector<size_t>& send_displs, void* recv,
-                          const std::vector<size_t>& recv_counts,
-                          const std::vector<size_t>& recv_displs, DType dtype,
-                          Stream stream = nullptr) = 0;
-  virtual void send(const void* buf, size_t count, DType dtype, int peer,
-                    Stream stream = nullptr) = 0;
-  virtual void recv(void* buf, size_t count, DType dtype, int peer,
-                    Stream stream = nullptr) = 0;
+                          const std::vector<size_t>& send_displs, void* recv, const std::vector<size_t>& recv_counts,
+                          const std::vector<size_t>& recv_displs, DType dtype, Stream stream = nullptr) = 0;
+  virtual void send(const void* buf, size_t count, DType dtype, int peer, Stream stream = nullptr) = 0;
+  virtual void recv(void* buf, size_t count, DType dtype, int peer, Stream stream = nullptr) = 0;
   virtual void barrier(Stream stream = nullptr) = 0;
 
   // Timeout of every blocking call on this communicator.

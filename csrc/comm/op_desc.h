@@ -51,12 +51,10 @@ struct OpDesc {
 
   bool has_dtype() const { return kind != OpKind::kBarrier; }
   bool has_reduce_op() const {
-    return kind == OpKind::kAllreduce || kind == OpKind::kReduce ||
-           kind == OpKind::kReduceScatter;
+    return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
   }
   bool has_root() const {
-    return kind == OpKind::kReduce || kind == OpKind::kBroadcast ||
-           kind == OpKind::kGather || kind == OpKind::kScatter;
+    return kind == OpKind::kReduce || kind == OpKind::kBroadcast || kind == OpKind::kGather || kind == OpKind::kScatter;
   }
   bool has_peer() const { return kind == OpKind::kSend || kind == OpKind::kRecv; }
 };

@@ -38,8 +38,7 @@ class StagedCommunicator : public Communicator {
     out(recv, h, n, stream);
   }
 
-  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
-              Stream stream) override {
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, Stream stream) override {
     const size_t n = count * dtype_size(dtype);
     void* h = in(0, send, n, stream);
     void* r = (rank() == root && recv) ? slot(1, n, recv) : nullptr;

@@ -20,8 +20,7 @@ bool out_of_descriptors() {
 std::string out_of_descriptors_message(const std::string& doing) {
   std::string limit = "unknown";
   rlimit l{};
-  if (getrlimit(RLIMIT_NOFILE, &l) == 0)
-    limit = l.rlim_cur == RLIM_INFINITY ? "unlimited" : std::to_string(l.rlim_cur);
+  if (getrlimit(RLIMIT_NOFILE, &l) == 0) limit = l.rlim_cur == RLIM_INFINITY ? "unlimited" : std::to_string(l.rlim_cur);
   return "out of file descriptors (RLIMIT_NOFILE=" + limit + ") while " + doing +
          "; raise the limit (ulimit -n) or open fewer files and sockets";
 }

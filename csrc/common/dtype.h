@@ -38,16 +38,12 @@ using Stream = void*;
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::kFloat64:
-    case DType::kInt64:
-      return 8;
+    case DType::kInt64: return 8;
     case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
+    case DType::kInt32: return 4;
     case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kUInt8:
-      return 1;
+    case DType::kBFloat16: return 2;
+    case DType::kUInt8: return 1;
   }
   return 0;
 }
@@ -79,13 +75,9 @@ inline const char* reduce_op_name(ReduceOp op) {
   return "unknown";
 }
 
-inline bool is_valid_reduce_op(int op) {
-  return (op >= 0 && op <= 3) || (op >= 7 && op <= 10);
-}
+inline bool is_valid_reduce_op(int op) { return (op >= 0 && op <= 3) || (op >= 7 && op <= 10); }
 
-inline bool is_bitwise(ReduceOp op) {
-  return op == ReduceOp::kBor || op == ReduceOp::kBand || op == ReduceOp::kBxor;
-}
+inline bool is_bitwise(ReduceOp op) { return op == ReduceOp::kBor || op == ReduceOp::kBand || op == ReduceOp::kBxor; }
 
 inline bool is_valid_dtype(int t) { return t >= 0 && t <= 6; }
 

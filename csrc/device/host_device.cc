@@ -73,8 +73,7 @@ class HostQueue {
     }
     push_task({[this, event, target] {
                  std::unique_lock<std::mutex> lock(event->mu);
-                 while (event->reached < target && !stopping())
-                   event->cv.wait_for(lock, std::chrono::milliseconds(20));
+                 while (event->reached < target && !stopping()) event->cv.wait_for(lock, std::chrono::milliseconds(20));
                  // work after the wait would read what failed work left: fail it too
                  if (event->error && !error_) error_ = event->error;
                },
@@ -149,8 +148,8 @@ class HostDevice : public Device {
     std::shared_ptr<Storage> storage = Storage::allocate(nbytes, DeviceType::kCPU, 0, /*zero=*/true);
     void* data = storage->data();
     // the memory keeps the device, and so its queues, alive
-    auto owner = std::make_shared<std::pair<std::shared_ptr<Storage>, DevicePtr>>(std::move(storage),
-                                                                                  shared_from_this());
+    auto owner =
+        std::make_shared<std::pair<std::shared_ptr<Storage>, DevicePtr>>(std::move(storage), shared_from_this());
     return std::shared_ptr<void>(owner, data);
   }
   std::shared_ptr<void> allocate_pinned(size_t nbytes) override { return allocate(nbytes); }

@@ -50,8 +50,7 @@ DType from_dl_dtype(DLDataType t) {
       case kDLUInt:
         if (t.bits == 8) return DType::kUInt8;
         break;
-      default:
-        break;
+      default: break;
     }
   }
   throw UnsupportedType("unsupported dtype " + dl_dtype_name(t) +

@@ -37,8 +37,8 @@ Managed* make_export(ExportSpec spec) {
 }  // namespace
 
 DLManagedTensorVersioned* export_versioned(ExportSpec spec) {
-  uint64_t flags = (spec.read_only ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
-                   (spec.is_copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+  uint64_t flags =
+      (spec.read_only ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) | (spec.is_copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
   DLManagedTensorVersioned* m = make_export<DLManagedTensorVersioned>(std::move(spec));
   m->version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   m->flags = flags;

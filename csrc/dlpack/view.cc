@@ -48,12 +48,9 @@ void DLPackView::init(const DLTensor& t, std::optional<DType> as) {
       device_type_ = DeviceType::kCPU;
       break;
     case kDLCUDA:
-    case kDLCUDAManaged:
-      device_type_ = DeviceType::kCUDA;
-      break;
+    case kDLCUDAManaged: device_type_ = DeviceType::kCUDA; break;
     default:
-      throw UnsupportedType("unsupported DLPack device type " +
-                            std::to_string(static_cast<int>(t.device.device_type)) +
+      throw UnsupportedType("unsupported DLPack device type " + std::to_string(static_cast<int>(t.device.device_type)) +
                             ": Bagua communicates CPU and CUDA arrays");
   }
   device_index_ = t.device.device_id;
@@ -81,8 +78,7 @@ void DLPackView::init(const DLTensor& t, std::optional<DType> as) {
     for (int i = t.ndim - 1; i >= 0; --i) {
       if (shape_[i] != 1 && t.strides[i] != expected) {
         std::vector<int64_t> strides(t.strides, t.strides + t.ndim);
-        throw InvalidArgument("array of shape " + shape_str(shape_) + " with strides " +
-                              shape_str(strides) +
+        throw InvalidArgument("array of shape " + shape_str(shape_) + " with strides " + shape_str(strides) +
                               " is not C-contiguous; pass a contiguous copy "
                               "(numpy.ascontiguousarray, tensor.contiguous())");
       }

@@ -22,8 +22,7 @@ class DLPackView {
   // `as` reads the elements as another dtype of the same size (e.g. the uint16
   // export of bfloat16 data from a producer that cannot name bfloat16).
   static std::unique_ptr<DLPackView> adopt(DLManagedTensor* t, std::optional<DType> as = {});
-  static std::unique_ptr<DLPackView> adopt(DLManagedTensorVersioned* t,
-                                           std::optional<DType> as = {});
+  static std::unique_ptr<DLPackView> adopt(DLManagedTensorVersioned* t, std::optional<DType> as = {});
 
   ~DLPackView();
   DLPackView(const DLPackView&) = delete;

@@ -12,8 +12,7 @@ namespace {
 DType engine_dtype(const xffi::AnyBuffer& b) {
   DType t;
   if (!to_engine_dtype(b.element_type(), &t)) {
-    throw InvalidArgument("unsupported element type (XLA type " +
-                          std::to_string(static_cast<int>(b.element_type())) +
+    throw InvalidArgument("unsupported element type (XLA type " + std::to_string(static_cast<int>(b.element_type())) +
                           "); use float32, float64, float16, bfloat16, int32, int64 or uint8");
   }
   return t;
@@ -38,11 +37,10 @@ xffi::Error allreduce(const Platform& p, int64_t comm, int64_t op, xffi::AnyBuff
     DType dtype = engine_dtype(in);
     size_t count = in.element_count();
     if (out->element_count() != count) {
-      throw InvalidArgument("allreduce output has " + std::to_string(out->element_count()) +
-                            " elements, input " + std::to_string(count));
+      throw InvalidArgument("allreduce output has " + std::to_string(out->element_count()) + " elements, input " +
+                            std::to_string(count));
     }
-    c->allreduce(in.untyped_data(), out->untyped_data(), count, dtype,
-                 static_cast<ReduceOp>(op), p.stream);
+    c->allreduce(in.untyped_data(), out->untyped_data(), count, dtype, static_cast<ReduceOp>(op), p.stream);
   });
 }
 
@@ -51,8 +49,7 @@ xffi::Error broadcast(const Platform& p, int64_t comm, int64_t root, xffi::AnyBu
   return guarded("broadcast", [&] {
     CommunicatorPtr c = communicator_for(comm, p.device);
     if (root < 0 || root >= c->size()) {
-      throw InvalidArgument("broadcast root " + std::to_string(root) + " is not a rank of " +
-                            c->describe());
+      throw InvalidArgument("broadcast root " + std::to_string(root) + " is not a rank of " + c->describe());
     }
     check_same_type(in, *out);
     DType dtype = engine_dtype(in);
@@ -70,8 +67,7 @@ xffi::Error broadcast(const Platform& p, int64_t comm, int64_t root, xffi::AnyBu
   });
 }
 
-xffi::Error allgather(const Platform& p, int64_t comm, xffi::AnyBuffer in,
-                      xffi::Result<xffi::AnyBuffer> out) {
+xffi::Error allgather(const Platform& p, int64_t comm, xffi::AnyBuffer in, xffi::Result<xffi::AnyBuffer> out) {
   return guarded("allgather", [&] {
     CommunicatorPtr c = communicator_for(comm, p.device);
     check_same_type(in, *out);
@@ -79,9 +75,8 @@ xffi::Error allgather(const Platform& p, int64_t comm, xffi::AnyBuffer in,
     size_t count = in.element_count();
     size_t want = count * static_cast<size_t>(c->size());
     if (out->element_count() != want) {
-      throw InvalidArgument("allgather output has " + std::to_string(out->element_count()) +
-                            " elements, expected " + std::to_string(want) + " for " +
-                            c->describe());
+      throw InvalidArgument("allgather output has " + std::to_string(out->element_count()) + " elements, expected " +
+                            std::to_string(want) + " for " + c->describe());
     }
     c->allgather(in.untyped_data(), out->untyped_data(), count, dtype, p.stream);
   });

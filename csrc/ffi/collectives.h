@@ -42,8 +42,7 @@ xffi::Error broadcast(const Platform& p, int64_t comm, int64_t root, xffi::AnyBu
                       xffi::Result<xffi::AnyBuffer> out);
 
 // out = stack of every rank's in, rank-major: out has size() * in elements.
-xffi::Error allgather(const Platform& p, int64_t comm, xffi::AnyBuffer in,
-                      xffi::Result<xffi::AnyBuffer> out);
+xffi::Error allgather(const Platform& p, int64_t comm, xffi::AnyBuffer in, xffi::Result<xffi::AnyBuffer> out);
 
 }  // namespace ffi
 }  // namespace bagua

@@ -20,18 +20,18 @@ StepMemory& step_memory() {
   return memory;
 }
 
-xffi::Error allreduce_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                          xffi::Result<xffi::Token>, int64_t comm, int64_t op) {
+xffi::Error allreduce_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::Token>,
+                          int64_t comm, int64_t op) {
   return allreduce(kCpu, comm, op, in, out);
 }
 
-xffi::Error broadcast_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                          xffi::Result<xffi::Token>, int64_t comm, int64_t root) {
+xffi::Error broadcast_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::Token>,
+                          int64_t comm, int64_t root) {
   return broadcast(kCpu, comm, root, in, out);
 }
 
-xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
-                          xffi::Result<xffi::Token>, int64_t comm) {
+xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out, xffi::Result<xffi::Token>,
+                          int64_t comm) {
   return allgather(kCpu, comm, in, out);
 }
 
@@ -113,13 +113,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_broadcast_cpu, bagua::ffi::broadcast_cpu
                                   .Attr<int64_t>("comm")
                                   .Attr<int64_t>("root"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu, bagua::ffi::allgather_cpu,
-                              xffi::Ffi::Bind()
-                                  .Arg<xffi::AnyBuffer>()
-                                  .Arg<xffi::Token>()
-                                  .Ret<xffi::AnyBuffer>()
-                                  .Ret<xffi::Token>()
-                                  .Attr<int64_t>("comm"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    bagua_ffi_allgather_cpu, bagua::ffi::allgather_cpu,
+    xffi::Ffi::Bind().Arg<xffi::AnyBuffer>().Arg<xffi::Token>().Ret<xffi::AnyBuffer>().Ret<xffi::Token>().Attr<int64_t>(
+        "comm"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
                               xffi::Ffi::Bind()

@@ -27,8 +27,8 @@ CommunicatorPtr communicator_for(int64_t handle, DeviceType device) {
   if (comm->device_type() != device) {
     const char* want = device == DeviceType::kCPU ? "CPU" : "CUDA";
     const char* have = comm->device_type() == DeviceType::kCPU ? "CPU" : "CUDA";
-    throw InvalidArgument(std::string("array is on ") + want + " but " + comm->describe() +
-                          " communicates " + have + " memory");
+    throw InvalidArgument(std::string("array is on ") + want + " but " + comm->describe() + " communicates " + have +
+                          " memory");
   }
   return comm;
 }

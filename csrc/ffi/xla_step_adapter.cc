@@ -20,7 +20,8 @@ CommunicatorPtr optional_communicator(int64_t handle, DeviceType device) {
 // Operand and result `i` as spans of `dtype`, checked to be alike.
 Span arg_span(const Step& s, const xffi::RemainingArgs& args, size_t i, DType dtype, const char* what) {
   auto buffer = args.get<xffi::AnyBuffer>(i);
-  if (!buffer) throw InvalidArgument(s.describe() + ": operand " + std::to_string(i) + " (" + what + ") is not a buffer");
+  if (!buffer)
+    throw InvalidArgument(s.describe() + ": operand " + std::to_string(i) + " (" + what + ") is not a buffer");
   DType d;
   if (!to_engine_dtype(buffer->element_type(), &d) || d != dtype)
     throw InvalidArgument(s.describe() + ": operand " + std::to_string(i) + " (" + what +
@@ -30,7 +31,8 @@ Span arg_span(const Step& s, const xffi::RemainingArgs& args, size_t i, DType dt
 
 Span ret_span(const Step& s, const xffi::RemainingRets& rets, size_t i, const Span& like, const char* what) {
   auto buffer = rets.get<xffi::AnyBuffer>(i);
-  if (!buffer) throw InvalidArgument(s.describe() + ": result " + std::to_string(i) + " (" + what + ") is not a buffer");
+  if (!buffer)
+    throw InvalidArgument(s.describe() + ": result " + std::to_string(i) + " (" + what + ") is not a buffer");
   DType d;
   if (!to_engine_dtype((*buffer)->element_type(), &d) || d != like.dtype || (*buffer)->element_count() != like.count)
     throw InvalidArgument(s.describe() + ": result " + std::to_string(i) + " (" + what +
@@ -68,8 +70,8 @@ bool is_own_bucket(const std::vector<Span>& leaves, size_t padded) {
 // The bucket the step works on in place: `out` itself when it is one
 // unpadded leaf (holding `in` after a copy), else scratch gathered from `in`
 // with the padding zeroed.
-Span working_bucket(const ExecContext& ctx, Scratch& buckets, const std::vector<Span>& in,
-                    const std::vector<Span>& out, size_t padded, DType dtype, BucketSlot slot) {
+Span working_bucket(const ExecContext& ctx, Scratch& buckets, const std::vector<Span>& in, const std::vector<Span>& out,
+                    size_t padded, DType dtype, BucketSlot slot) {
   if (is_own_bucket(out, padded)) {
     if (out[0].data != in[0].data) step_kernels::copy(ctx, out[0].data, in[0].data, in[0].nbytes());
     return out[0];
@@ -200,7 +202,8 @@ void run_prepared(const PreparedStep& call, StepMemory& memory) {
       step_kernels::copy(ctx, call.state_block_out.data, call.state_block_in.data, call.state_block_in.nbytes());
     const StateLayout layout = step.state_layout(call.dtype, call.padded);
     state = state_spans(call.state_block_out.data, layout.spans, layout.span_count, layout.dtype);
-    if (layout.data_shaped) {  // the spans' padding is zeroed as the engine's StepOp does (ByteGrad's residual has some)
+    if (layout
+            .data_shaped) {  // the spans' padding is zeroed as the engine's StepOp does (ByteGrad's residual has some)
       const size_t payload = total_count(call.data_in) * dtype_size(call.dtype);
       for (const Span& sp : state)
         step_kernels::fill_zero(ctx, static_cast<char*>(sp.data) + payload, sp.nbytes() - payload);
@@ -216,13 +219,14 @@ void run_prepared(const PreparedStep& call, StepMemory& memory) {
     scatter(ctx, bucket, call.data_out);
   } else {
     // the weights are only read: one unpadded leaf is used as it is
-    const Span data = is_own_bucket(call.data_in, call.padded)
-                          ? call.data_in[0]
-                          : working_bucket(ctx, buckets, call.data_in, call.data_in, call.padded, call.dtype, kDataSlot);
-    const Span result = is_own_bucket(call.data_out, call.padded)
-                            ? call.data_out[0]
-                            : Span{buckets.get(kResultSlot, call.padded * dtype_size(call.dtype)),
-                                   call.padded, call.dtype};
+    const Span data =
+        is_own_bucket(call.data_in, call.padded)
+            ? call.data_in[0]
+            : working_bucket(ctx, buckets, call.data_in, call.data_in, call.padded, call.dtype, kDataSlot);
+    const Span result =
+        is_own_bucket(call.data_out, call.padded)
+            ? call.data_out[0]
+            : Span{buckets.get(kResultSlot, call.padded * dtype_size(call.dtype)), call.padded, call.dtype};
     // a weight step that did not communicate hands the weights back unchanged
     scatter(ctx, step.run_with_state(ctx, data, result, state, call.number) ? result : data, call.data_out);
   }

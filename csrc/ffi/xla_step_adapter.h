@@ -73,8 +73,8 @@ struct PreparedStep {
   StepPtr step;
   Platform platform;
   DType dtype = DType::kFloat32;
-  size_t padded = 0;  // elements of the gathered bucket
-  int64_t number = 0;  // the step number: set by the platform handler
+  size_t padded = 0;           // elements of the gathered bucket
+  int64_t number = 0;          // the step number: set by the platform handler
   std::vector<Span> data_in;   // the data leaves
   std::vector<Span> data_out;  // their results (may alias data_in)
   // State as one block: its operand and result (may alias); count 0 if none.

@@ -57,9 +57,7 @@ void accumulate_codes(const uint8_t* codes, size_t len, Decoder d, float* acc) {
 }
 
 template <typename T>
-void store_sums(const float* acc, size_t len, float divisor, T* out) {
-  BAGUA_ISA_CALL(store_sums, acc, len, divisor, out)
-}
+void store_sums(const float* acc, size_t len, float divisor, T* out){BAGUA_ISA_CALL(store_sums, acc, len, divisor, out)}
 
 Header read_header(const uint8_t* record) {
   Header h;

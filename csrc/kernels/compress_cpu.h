@@ -48,8 +48,9 @@ void dispatch_float_dtype(DType dtype, F&& f) {
     case DType::kFloat16: f(Half{}); return;
     case DType::kBFloat16: f(BFloat16{}); return;
     default:
-      throw InvalidArgument(std::string("MinMaxUInt8 compression needs float32, float64, float16 or bfloat16 data, got ") +
-                            dtype_name(dtype));
+      throw InvalidArgument(
+          std::string("MinMaxUInt8 compression needs float32, float64, float16 or bfloat16 data, got ") +
+          dtype_name(dtype));
   }
 }
 

@@ -21,8 +21,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kMaxGridY = 65535;
-constexpr size_t kTargetBlocks = 2048;         // enough to fill any current GPU a few times over
-constexpr size_t kMaxSharedDecoders = 2048;    // 32 KiB of shared memory
+constexpr size_t kTargetBlocks = 2048;       // enough to fill any current GPU a few times over
+constexpr size_t kMaxSharedDecoders = 2048;  // 32 KiB of shared memory
 
 // The header's reserved words hold the running Stats while compressing.
 __device__ __forceinline__ Stats* stats_scratch(uint8_t* record) {
@@ -214,8 +214,8 @@ void decompress_cuda(const void* src, size_t n, DType dtype, size_t n_chunks, vo
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   dispatch_float_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    decode_kernel<T><<<chunk_grid(len, n_todo), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), len, first,
-                                                                   n_todo, static_cast<T*>(dst));
+    decode_kernel<T><<<chunk_grid(len, n_todo), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), len, first, n_todo,
+                                                                  static_cast<T*>(dst));
   });
   check_launch("decompress");
 }
@@ -231,9 +231,8 @@ void residual_cuda(const void* src, const void* x, size_t n, DType dtype, size_t
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   dispatch_float_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    residual_kernel<T><<<chunk_grid(len, n_todo), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), len, first,
-                                                                     n_todo, static_cast<const T*>(x),
-                                                                     static_cast<T*>(e));
+    residual_kernel<T><<<chunk_grid(len, n_todo), kThreads, 0, s>>>(
+        static_cast<const uint8_t*>(src), len, first, n_todo, static_cast<const T*>(x), static_cast<T*>(e));
   });
   check_launch("residual");
 }
@@ -251,8 +250,8 @@ void reduce_chunks_cuda(const void* src, size_t chunk_len, size_t n_records, DTy
     T* out = static_cast<T*>(dst);
     const unsigned blocks = flat_blocks(chunk_len);
     if (n_records <= kMaxSharedDecoders) {
-      reduce_chunks_kernel<T, true><<<blocks, kThreads, n_records * sizeof(Decoder), s>>>(in, chunk_len, n_records,
-                                                                                           divisor, out);
+      reduce_chunks_kernel<T, true>
+          <<<blocks, kThreads, n_records * sizeof(Decoder), s>>>(in, chunk_len, n_records, divisor, out);
     } else {
       reduce_chunks_kernel<T, false><<<blocks, kThreads, 0, s>>>(in, chunk_len, n_records, divisor, out);
     }

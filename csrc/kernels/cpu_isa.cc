@@ -38,14 +38,16 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "unknown";
 }
 
-bool cpu_isa_supported(CpuIsa isa) { return static_cast<int>(isa) >= 0 && static_cast<int>(isa) <= static_cast<int>(best()); }
+bool cpu_isa_supported(CpuIsa isa) {
+  return static_cast<int>(isa) >= 0 && static_cast<int>(isa) <= static_cast<int>(best());
+}
 
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(current().load(std::memory_order_relaxed)); }
 
 void set_cpu_isa(CpuIsa isa) {
   if (!cpu_isa_supported(isa))
-    throw InvalidArgument(std::string("CPU kernels for ") + cpu_isa_name(isa) + " cannot run here: this CPU supports up to " +
-                          cpu_isa_name(best()));
+    throw InvalidArgument(std::string("CPU kernels for ") + cpu_isa_name(isa) +
+                          " cannot run here: this CPU supports up to " + cpu_isa_name(best()));
   current().store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 

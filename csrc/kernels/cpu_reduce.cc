@@ -21,14 +21,10 @@ template <typename T>
 ReduceFn pick_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return &reduce_loop<SumOp, T>;
-    case ReduceOp::kProd:
-      return &reduce_loop<ProdOp, T>;
-    case ReduceOp::kMin:
-      return &reduce_loop<MinOp, T>;
-    case ReduceOp::kMax:
-      return &reduce_loop<MaxOp, T>;
+    case ReduceOp::kAvg: return &reduce_loop<SumOp, T>;
+    case ReduceOp::kProd: return &reduce_loop<ProdOp, T>;
+    case ReduceOp::kMin: return &reduce_loop<MinOp, T>;
+    case ReduceOp::kMax: return &reduce_loop<MaxOp, T>;
     case ReduceOp::kBor:
     case ReduceOp::kBand:
     case ReduceOp::kBxor:
@@ -64,8 +60,7 @@ ReduceFn cpu_reduce_fn(DType dtype, ReduceOp op) {
   throw InvalidArgument("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
-void cpu_reduce(void* out, const void* a, const void* b, size_t n, DType dtype,
-                ReduceOp op) {
+void cpu_reduce(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
   cpu_reduce_fn(dtype, op)(out, a, b, n);
 }
 

@@ -142,8 +142,8 @@ void launch_scale(void* data, size_t count, DType dtype, double factor, cudaStre
   if (count == 0) return;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(static_cast<T*>(data), count,
-                                                                 ScaleMath<T>::factor(factor));
+    scale_kernel<T>
+        <<<blocks_for(count), kThreads, 0, stream>>>(static_cast<T*>(data), count, ScaleMath<T>::factor(factor));
   });
   check_launch("scale", dtype);
 }
@@ -151,14 +151,13 @@ void launch_scale(void* data, size_t count, DType dtype, double factor, cudaStre
 void launch_divide(void* data, size_t count, DType dtype, double divisor, cudaStream_t stream) {
   check_args(data, count, dtype);
   if (is_integer_dtype(dtype) && !integer_divisor_ok(divisor)) {
-    throw InvalidArgument("integer division needs a non-zero whole divisor, got " +
-                          std::to_string(divisor));
+    throw InvalidArgument("integer division needs a non-zero whole divisor, got " + std::to_string(divisor));
   }
   if (count == 0) return;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    divide_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(static_cast<T*>(data), count,
-                                                                  ScaleMath<T>::divisor(divisor));
+    divide_kernel<T>
+        <<<blocks_for(count), kThreads, 0, stream>>>(static_cast<T*>(data), count, ScaleMath<T>::divisor(divisor));
   });
   check_launch("divide", dtype);
 }
@@ -168,8 +167,7 @@ void launch_average_into(void* acc, const void* other, size_t count, DType dtype
     using T = std::remove_pointer_t<decltype(tag)>;
     check_buffers(count, {acc, other});
     if (count == 0) return;
-    launch_for_each("average", dtype, count, AverageOp<T>{static_cast<T*>(acc), static_cast<const T*>(other)},
-                    stream);
+    launch_for_each("average", dtype, count, AverageOp<T>{static_cast<T*>(acc), static_cast<const T*>(other)}, stream);
   });
 }
 
@@ -202,8 +200,7 @@ void launch_apply_average(void* w, const void* snapshot, const void* avg, size_t
     check_buffers(count, {w, snapshot, avg});
     if (count == 0) return;
     launch_for_each("apply average", dtype, count,
-                    ApplyAverageOp<T>{static_cast<T*>(w), static_cast<const T*>(snapshot),
-                                      static_cast<const T*>(avg)},
+                    ApplyAverageOp<T>{static_cast<T*>(w), static_cast<const T*>(snapshot), static_cast<const T*>(avg)},
                     stream);
   });
 }

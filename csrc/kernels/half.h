@@ -109,8 +109,12 @@ BAGUA_HD Half to_half(float f) {
 template <typename T>
 BAGUA_HD T from_float(float f);
 template <>
-BAGUA_HD Half from_float<Half>(float f) { return to_half(f); }
+BAGUA_HD Half from_float<Half>(float f) {
+  return to_half(f);
+}
 template <>
-BAGUA_HD BFloat16 from_float<BFloat16>(float f) { return to_bfloat16(f); }
+BAGUA_HD BFloat16 from_float<BFloat16>(float f) {
+  return to_bfloat16(f);
+}
 
 }  // namespace bagua

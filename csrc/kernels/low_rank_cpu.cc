@@ -62,9 +62,13 @@ A* row_buffer(size_t len) {
 
 // The loops of the ISA in use, by name (BAGUA_ISA_CALL needs deduced template arguments).
 template <typename T, typename A>
-void fold_error_loop(T* data, A* error, size_t count) { BAGUA_ISA_CALL(fold_error, data, error, count) }
+void fold_error_loop(T* data, A* error, size_t count) {
+  BAGUA_ISA_CALL(fold_error, data, error, count)
+}
 template <typename T, typename A>
-void finish_error_loop(const T* data, A* error, size_t count) { BAGUA_ISA_CALL(finish_error, data, error, count) }
+void finish_error_loop(const T* data, A* error, size_t count) {
+  BAGUA_ISA_CALL(finish_error, data, error, count)
+}
 template <typename A>
 void orthogonalize_loop(A* cm, size_t rows, size_t cols, A epsilon) {
   BAGUA_ISA_CALL(orthogonalize_columns, cm, rows, cols, epsilon)

@@ -160,8 +160,7 @@ void launch_low_rank_finish_error(const void* data, void* error, size_t count, D
   with_floating(dtype, "low-rank error feedback", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using A = typename LowRankMath<T>::A;
-    launch_for_each("error feedback", count, FinishOp<T>{static_cast<const T*>(data), static_cast<A*>(error)},
-                    stream);
+    launch_for_each("error feedback", count, FinishOp<T>{static_cast<const T*>(data), static_cast<A*>(error)}, stream);
   });
 }
 
@@ -205,15 +204,15 @@ void launch_low_rank_mtp(const void* M, size_t n, size_t m, const void* P, size_
   });
 }
 
-void launch_low_rank_pqt(const void* P, const void* Q, size_t n, size_t m, size_t r, void* M, DType dtype,
-                         void* error, cudaStream_t stream) {
+void launch_low_rank_pqt(const void* P, const void* Q, size_t n, size_t m, size_t r, void* M, DType dtype, void* error,
+                         cudaStream_t stream) {
   with_floating(dtype, "low-rank decompression", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using A = typename LowRankMath<T>::A;
-    launch_for_each("M = P Q^T", n * m,
-                    PqtOp<T>{static_cast<const A*>(P), static_cast<const A*>(Q), static_cast<T*>(M),
-                             static_cast<A*>(error), m, r},
-                    stream);
+    launch_for_each(
+        "M = P Q^T", n * m,
+        PqtOp<T>{static_cast<const A*>(P), static_cast<const A*>(Q), static_cast<T*>(M), static_cast<A*>(error), m, r},
+        stream);
   });
 }
 

@@ -28,8 +28,8 @@ void launch_low_rank_mq(void* M, size_t n, size_t m, const void* Q, size_t r, vo
 void launch_low_rank_mtp(const void* M, size_t n, size_t m, const void* P, size_t r, void* Q, DType dtype,
                          cudaStream_t stream);
 // With `error`: the finish of error feedback on each element of M as it is written.
-void launch_low_rank_pqt(const void* P, const void* Q, size_t n, size_t m, size_t r, void* M, DType dtype,
-                         void* error, cudaStream_t stream);
+void launch_low_rank_pqt(const void* P, const void* Q, size_t n, size_t m, size_t r, void* M, DType dtype, void* error,
+                         cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace bagua

@@ -190,7 +190,7 @@ BAGUA_HD uint8_t encode(float x, Encoder e) {
   float r = round_even(x * e.scale);
   r = r < e.upper ? r : e.upper;
   float q = r - e.lower;
-  q = q > 0.0f ? q : 0.0f;      // also maps NaN to 0
+  q = q > 0.0f ? q : 0.0f;  // also maps NaN to 0
   q = q < 255.0f ? q : 255.0f;
   return static_cast<uint8_t>(static_cast<int32_t>(q));
 }
@@ -199,7 +199,7 @@ BAGUA_HD uint8_t encode(float x, Encoder e) {
 struct Decoder {
   float lower;
   float scale;
-  float constant;     // the chunk's value when is_constant
+  float constant;  // the chunk's value when is_constant
   bool is_constant;
 };
 
@@ -219,9 +219,7 @@ BAGUA_HD float decode(uint8_t code, Decoder d) {
 BAGUA_HD float residual(float x, float x_hat) { return x - x_hat; }
 BAGUA_HD double residual(double x, float x_hat) { return x - static_cast<double>(x_hat); }
 BAGUA_HD Half residual(Half x, float x_hat) { return to_half(to_float(x) - to_float(to_half(x_hat))); }
-BAGUA_HD BFloat16 residual(BFloat16 x, float x_hat) {
-  return to_bfloat16(to_float(x) - to_float(to_bfloat16(x_hat)));
-}
+BAGUA_HD BFloat16 residual(BFloat16 x, float x_hat) { return to_bfloat16(to_float(x) - to_float(to_bfloat16(x_hat))); }
 
 // ---- record access -----------------------------------------------------------------------------
 BAGUA_HD uint8_t* record_ptr(void* base, size_t chunk_len, size_t k) {

@@ -39,33 +39,47 @@ struct ComputeType<BFloat16> {
 
 struct SumOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a + b); }
+  BAGUA_HD static C apply(C a, C b) {
+    return static_cast<C>(a + b);
+  }
 };
 struct ProdOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a * b); }
+  BAGUA_HD static C apply(C a, C b) {
+    return static_cast<C>(a * b);
+  }
 };
 struct MinOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return b < a ? b : a; }
+  BAGUA_HD static C apply(C a, C b) {
+    return b < a ? b : a;
+  }
 };
 struct MaxOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return a < b ? b : a; }
+  BAGUA_HD static C apply(C a, C b) {
+    return a < b ? b : a;
+  }
 };
 
 // Bitwise operators: instantiated for integer types only (cpu_reduce.cc refuses others).
 struct BorOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a | b); }
+  BAGUA_HD static C apply(C a, C b) {
+    return static_cast<C>(a | b);
+  }
 };
 struct BandOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a & b); }
+  BAGUA_HD static C apply(C a, C b) {
+    return static_cast<C>(a & b);
+  }
 };
 struct BxorOp {
   template <typename C>
-  BAGUA_HD static C apply(C a, C b) { return static_cast<C>(a ^ b); }
+  BAGUA_HD static C apply(C a, C b) {
+    return static_cast<C>(a ^ b);
+  }
 };
 
 // out = a (op) b for one element of storage type T.
@@ -94,8 +108,7 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // unknown dtype or op.
 ReduceFn cpu_reduce_fn(DType dtype, ReduceOp op);
 
-void cpu_reduce(void* out, const void* a, const void* b, size_t n, DType dtype,
-                ReduceOp op);
+void cpu_reduce(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op);
 
 // buf[i] /= divisor (AVG's final step; truncating for integers).
 void cpu_average(void* buf, size_t n, DType dtype, int divisor);

@@ -69,9 +69,7 @@ struct ScaleMath<int64_t> : IntScaleMath<int64_t> {};
 template <>
 struct ScaleMath<uint8_t> : IntScaleMath<uint8_t> {};
 
-inline bool is_integer_dtype(DType t) {
-  return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8;
-}
+inline bool is_integer_dtype(DType t) { return t == DType::kInt32 || t == DType::kInt64 || t == DType::kUInt8; }
 
 // Integer division needs a non-zero whole divisor that fits in int64.
 inline bool integer_divisor_ok(double d) {

@@ -30,8 +30,7 @@ void scale_host(void* data, size_t count, DType dtype, double factor) {
 void divide_host(void* data, size_t count, DType dtype, double divisor) {
   check_args(data, count, dtype);
   if (is_integer_dtype(dtype) && !integer_divisor_ok(divisor)) {
-    throw InvalidArgument("integer division needs a non-zero whole divisor, got " +
-                          std::to_string(divisor));
+    throw InvalidArgument("integer division needs a non-zero whole divisor, got " + std::to_string(divisor));
   }
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -38,9 +38,8 @@ void choose_table(const uint32_t* in, size_t n, uint8_t table[kTopByteTableBytes
   for (int b = 0; b < 256; ++b) total[b] = counts[0][b] + counts[1][b] + counts[2][b] + counts[3][b];
   uint8_t order[256];
   for (int b = 0; b < 256; ++b) order[b] = static_cast<uint8_t>(b);
-  std::partial_sort(order, order + kEscape, order + 256, [&](uint8_t a, uint8_t b) {
-    return total[a] != total[b] ? total[a] > total[b] : a < b;
-  });
+  std::partial_sort(order, order + kEscape, order + 256,
+                    [&](uint8_t a, uint8_t b) { return total[a] != total[b] ? total[a] > total[b] : a < b; });
   for (int c = 0; c < kEscape; ++c) table[c] = order[c];
   table[kEscape] = 0;
 }
@@ -51,8 +50,7 @@ inline void put_low3(uint8_t* dst, uint32_t v) {
 }
 
 inline uint32_t get_low3(const uint8_t* src) {
-  return static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 8) |
-         (static_cast<uint32_t>(src[2]) << 16);
+  return static_cast<uint32_t>(src[0]) | (static_cast<uint32_t>(src[1]) << 8) | (static_cast<uint32_t>(src[2]) << 16);
 }
 
 // Checks the segment's size against its codes; returns where the escapes start.
@@ -66,8 +64,8 @@ const uint8_t* check_segment(const uint8_t* packed, size_t bytes, size_t n) {
   for (size_t k = 0; k < n / 2; ++k) escapes += ((codes[k] & 15) == kEscape) + ((codes[k] >> 4) == kEscape);
   if (n % 2) escapes += (codes[n / 2] & 15) == kEscape;
   if (bytes != fixed + escapes)
-    throw Error("packed segment of " + std::to_string(n) + " values has " + std::to_string(escapes) +
-                " escapes but " + std::to_string(bytes - fixed) + " escape bytes");
+    throw Error("packed segment of " + std::to_string(n) + " values has " + std::to_string(escapes) + " escapes but " +
+                std::to_string(bytes - fixed) + " escape bytes");
   return packed + fixed;
 }
 
@@ -135,10 +133,10 @@ __attribute__((target("avx2"))) size_t unpack_avx2(Reader& r, size_t n, void* ds
     const __m128i c = _mm_cvtsi32_si128(static_cast<int>(w));
     const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(c, nibble), _mm_and_si128(_mm_srli_epi16(c, 4), nibble));
     const __m256i top = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_shuffle_epi8(table, codes)), 24);
-    const __m256i low = _mm256_shuffle_epi8(
-        _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.low + 3 * i + 12)),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.low + 3 * i))),
-        spread);
+    const __m256i low =
+        _mm256_shuffle_epi8(_mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.low + 3 * i + 12)),
+                                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.low + 3 * i))),
+                            spread);
     const __m256i bits = _mm256_or_si256(low, top);
     if (kAdd) {
       __m256 a = _mm256_loadu_ps(acc + i);

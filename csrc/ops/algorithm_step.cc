@@ -108,8 +108,7 @@ int64_t StepParams::get_int(const std::string& step, const std::string& key, int
                         value_text(it->second) + ")");
 }
 
-std::string StepParams::get_string(const std::string& step, const std::string& key,
-                                   const std::string& fallback) const {
+std::string StepParams::get_string(const std::string& step, const std::string& key, const std::string& fallback) const {
   auto it = values_.find(key);
   if (it == values_.end()) return fallback;
   if (auto s = std::get_if<std::string>(&it->second)) return *s;

@@ -120,7 +120,7 @@ struct ExecContext {
   DeviceType device = DeviceType::kCPU;
   Stream stream = nullptr;  // cudaStream_t on CUDA, the host device's queue
   Scratch* scratch = nullptr;
-  Device* dev = nullptr;    // null: plain host
+  Device* dev = nullptr;  // null: plain host
 };
 
 // Hyperparameters of a step. Typed getters throw InvalidArgument naming the

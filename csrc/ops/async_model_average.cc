@@ -10,7 +10,8 @@ AsyncModelAverageStep::AsyncModelAverageStep(CommSet comms, const StepParams& pa
   params.check_known(name, {"peer_selection_mode", "sync_interval_ms"});
   const std::string mode = params.get_string(name, "peer_selection_mode", "all");
   if (mode != "all")
-    throw InvalidArgument(name + ": unknown peer_selection_mode '" + mode + "' (asynchronous model average "
+    throw InvalidArgument(name + ": unknown peer_selection_mode '" + mode +
+                          "' (asynchronous model average "
                           "supports 'all' only)");
   interval_ms_ = params.get_int(name, "sync_interval_ms", 500);
   if (interval_ms_ < 0)
@@ -24,7 +25,8 @@ std::string AsyncModelAverageStep::describe() const {
 
 void AsyncModelAverageStep::check(DType dtype, size_t count) const {
   if (!is_floating(dtype))
-    throw InvalidArgument(describe() + ": weights of " + dtype_name(dtype) + "; weight averaging needs a floating dtype");
+    throw InvalidArgument(describe() + ": weights of " + dtype_name(dtype) +
+                          "; weight averaging needs a floating dtype");
 }
 
 bool AsyncModelAverageStep::run(const ExecContext& ctx, Span data, Span result, int64_t step) const {

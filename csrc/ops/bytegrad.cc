@@ -29,8 +29,7 @@ void ByteGradStep::check(DType dtype, size_t count) const {
 }
 
 bool ByteGradStep::run(const ExecContext& ctx, Span data, Span result, int64_t step) const {
-  if (error_feedback_)
-    throw InvalidArgument(describe() + ": needs its residual; run it through run_with_state()");
+  if (error_feedback_) throw InvalidArgument(describe() + ": needs its residual; run it through run_with_state()");
   return run_with_state(ctx, data, result, {}, step);
 }
 
@@ -38,8 +37,9 @@ bool ByteGradStep::run_with_state(const ExecContext& ctx, Span data, Span, const
                                   int64_t) const {
   if (state.size() != static_cast<size_t>(num_state()) ||
       (error_feedback_ && (state[0].count != data.count || state[0].dtype != data.dtype)))
-    throw InvalidArgument(describe() + (error_feedback_ ? ": needs one state span (the residual) of the data's size and dtype"
-                                                        : ": keeps no state"));
+    throw InvalidArgument(describe() + (error_feedback_
+                                            ? ": needs one state span (the residual) of the data's size and dtype"
+                                            : ": keeps no state"));
   const Span* error = error_feedback_ ? &state[0] : nullptr;
   run_centralized(comms_, ctx, hierarchical_, data, average_ ? ReduceOp::kAvg : ReduceOp::kSum,
                   [&](Communicator& c) { compressed_scatter_reduce_gather(c, ctx, data, average_, error); });

@@ -4,8 +4,7 @@
 
 namespace bagua {
 
-CentralizedAllreduceStep::CentralizedAllreduceStep(CommSet comms, const StepParams& params)
-    : comms_(std::move(comms)) {
+CentralizedAllreduceStep::CentralizedAllreduceStep(CommSet comms, const StepParams& params) : comms_(std::move(comms)) {
   const std::string name = "centralized_allreduce";
   params.check_known(name, {"hierarchical", "average"});
   hierarchical_ = params.get_bool(name, "hierarchical", false);
@@ -29,9 +28,8 @@ bool CentralizedAllreduceStep::predict_calls(const Communicator& comm, Span data
 
 bool CentralizedAllreduceStep::run(const ExecContext& ctx, Span data, Span, int64_t) const {
   const ReduceOp op = average_ ? ReduceOp::kAvg : ReduceOp::kSum;
-  run_centralized(comms_, ctx, hierarchical_, data, op, [&](Communicator& c) {
-    c.allreduce(data.data, data.data, data.count, data.dtype, op, ctx.stream);
-  });
+  run_centralized(comms_, ctx, hierarchical_, data, op,
+                  [&](Communicator& c) { c.allreduce(data.data, data.data, data.count, data.dtype, op, ctx.stream); });
   return true;
 }
 

@@ -27,8 +27,9 @@ struct CommSet {
   void check_hierarchical(const std::string& what) const {
     if (!global) throw InvalidArgument(what + ": no global communicator");
     if (!intra)
-      throw InvalidArgument(what + ": hierarchical mode needs an intra-node communicator "
-                                   "(create the engine with intra and inter communicators)");
+      throw InvalidArgument(what +
+                            ": hierarchical mode needs an intra-node communicator "
+                            "(create the engine with intra and inter communicators)");
     if (global->size() % intra->size() != 0)
       throw InvalidArgument(what + ": hierarchical mode needs the same number of processes on every node (" +
                             std::to_string(global->size()) + " processes, " + std::to_string(intra->size()) +

@@ -33,8 +33,7 @@ void compressed_scatter_reduce_gather(Communicator& c, const ExecContext& ctx, S
   for (size_t p = 0; p < n; ++p)
     if (p != r) step_kernels::compress(ctx, data.data, data.count, data.dtype, n, send, static_cast<int64_t>(p));
   run_alongside(
-      ctx, chunk,
-      [&] { c.alltoall_v(send, counts, displs, recv, counts, displs, DType::kUInt8, ctx.stream); },
+      ctx, chunk, [&] { c.alltoall_v(send, counts, displs, recv, counts, displs, DType::kUInt8, ctx.stream); },
       [&] {
         step_kernels::compress(ctx, data.data, data.count, data.dtype, n, recv, static_cast<int64_t>(r));
         // the residual only reads the records the wire sends (and mine, which it does not touch)

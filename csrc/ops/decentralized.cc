@@ -51,7 +51,8 @@ std::string DecentralizedStep::describe() const {
 
 void DecentralizedStep::check(DType dtype, size_t count) const {
   if (!is_floating(dtype))
-    throw InvalidArgument(describe() + ": weights of " + dtype_name(dtype) + "; weight averaging needs a floating dtype");
+    throw InvalidArgument(describe() + ": weights of " + dtype_name(dtype) +
+                          "; weight averaging needs a floating dtype");
 }
 
 // peer <- average of `mine` with the peers. `mine` and `peer` may be the same

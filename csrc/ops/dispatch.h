@@ -22,7 +22,8 @@
 #include <cuda_runtime_api.h>
 #define BAGUA_CUDA_LAUNCH(...) [&](cudaStream_t stream) { __VA_ARGS__; }
 #else
-#define BAGUA_CUDA_LAUNCH(...) ::bagua::step_kernels::NoCudaLaunch{}
+#define BAGUA_CUDA_LAUNCH(...) \
+  ::bagua::step_kernels::NoCudaLaunch {}
 #endif
 
 namespace bagua {

@@ -56,8 +56,7 @@ void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, doub
 void replica_diff_cpu(void* t, const void* w, const void* l, const void* r, size_t count, DType dtype) {
   with_floating(dtype, "the replica difference", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    diff_loop(static_cast<T*>(t), static_cast<const T*>(w), static_cast<const T*>(l), static_cast<const T*>(r),
-              count);
+    diff_loop(static_cast<T*>(t), static_cast<const T*>(w), static_cast<const T*>(l), static_cast<const T*>(r), count);
   });
 }
 
@@ -69,22 +68,16 @@ void add_into_cpu(void* acc, const void* other, size_t count, DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
-         dtype == DType::kBFloat16;
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
 }
 
 void average_into_cpu(void* acc, const void* other, size_t count, DType dtype) {
   switch (dtype) {
-    case DType::kFloat32:
-      return average_loop(static_cast<float*>(acc), static_cast<const float*>(other), count);
-    case DType::kFloat64:
-      return average_loop(static_cast<double*>(acc), static_cast<const double*>(other), count);
-    case DType::kFloat16:
-      return average_loop(static_cast<Half*>(acc), static_cast<const Half*>(other), count);
-    case DType::kBFloat16:
-      return average_loop(static_cast<BFloat16*>(acc), static_cast<const BFloat16*>(other), count);
-    default:
-      throw InvalidArgument(std::string("averaging needs a floating dtype, got ") + dtype_name(dtype));
+    case DType::kFloat32: return average_loop(static_cast<float*>(acc), static_cast<const float*>(other), count);
+    case DType::kFloat64: return average_loop(static_cast<double*>(acc), static_cast<const double*>(other), count);
+    case DType::kFloat16: return average_loop(static_cast<Half*>(acc), static_cast<const Half*>(other), count);
+    case DType::kBFloat16: return average_loop(static_cast<BFloat16*>(acc), static_cast<const BFloat16*>(other), count);
+    default: throw InvalidArgument(std::string("averaging needs a floating dtype, got ") + dtype_name(dtype));
   }
 }
 

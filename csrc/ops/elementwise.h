@@ -24,9 +24,7 @@ struct AverageMath<Half> {
 };
 template <>
 struct AverageMath<BFloat16> {
-  static BAGUA_HD BFloat16 average(BFloat16 a, BFloat16 b) {
-    return to_bfloat16((to_float(a) + to_float(b)) * 0.5f);
-  }
+  static BAGUA_HD BFloat16 average(BFloat16 a, BFloat16 b) { return to_bfloat16((to_float(a) + to_float(b)) * 0.5f); }
 };
 
 // Low-precision decentralized SGD's difference (ops/low_precision_decentralized.h):
@@ -130,8 +128,8 @@ BAGUA_HD void outer_pseudo_gradient(T& d, T a) {
 
 // One element of the outer step: m, a and w from d (the averaged pseudo-gradient).
 template <typename T>
-BAGUA_HD void outer_sgd_element(T& w, T& a, T& m, T d, typename OuterAcc<T>::type lr,
-                                       typename OuterAcc<T>::type mu, bool nesterov, bool fresh) {
+BAGUA_HD void outer_sgd_element(T& w, T& a, T& m, T d, typename OuterAcc<T>::type lr, typename OuterAcc<T>::type mu,
+                                bool nesterov, bool fresh) {
   using A = typename OuterAcc<T>::type;
   const A di = outer_load(d);
   const A mi = OuterSgdMath<A>::momentum(fresh ? A(0) : outer_load(m), di, mu, fresh);
@@ -161,8 +159,9 @@ void with_compute_dtype(DType dtype, const char* what, F&& f) {
   switch (dtype) {
     case DType::kFloat32: return f(static_cast<float*>(nullptr));
     case DType::kFloat64: return f(static_cast<double*>(nullptr));
-    default: throw InvalidArgument(std::string(what) + ": the compute dtype must be float32 or float64, got " +
-                                   dtype_name(dtype));
+    default:
+      throw InvalidArgument(std::string(what) + ": the compute dtype must be float32 or float64, got " +
+                            dtype_name(dtype));
   }
 }
 // As with_floating for QAdam's momentum, which takes float32 and float64 only.

@@ -17,70 +17,76 @@ namespace step_kernels {
 
 void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
               int64_t target_chunk) {
-  on_device(ctx, "MinMaxUInt8 compression",
-            [=] { minmax_uint8::compress_cpu(src, n, dtype, n_chunks, dst, target_chunk); },
-            BAGUA_CUDA_LAUNCH(minmax_uint8::compress_cuda(src, n, dtype, n_chunks, dst, target_chunk, stream)));
+  on_device(
+      ctx, "MinMaxUInt8 compression", [=] { minmax_uint8::compress_cpu(src, n, dtype, n_chunks, dst, target_chunk); },
+      BAGUA_CUDA_LAUNCH(minmax_uint8::compress_cuda(src, n, dtype, n_chunks, dst, target_chunk, stream)));
 }
 
 void decompress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
                 int64_t target_chunk) {
-  on_device(ctx, "MinMaxUInt8 decompression",
-            [=] { minmax_uint8::decompress_cpu(src, n, dtype, n_chunks, dst, target_chunk); },
-            BAGUA_CUDA_LAUNCH(minmax_uint8::decompress_cuda(src, n, dtype, n_chunks, dst, target_chunk, stream)));
+  on_device(
+      ctx, "MinMaxUInt8 decompression",
+      [=] { minmax_uint8::decompress_cpu(src, n, dtype, n_chunks, dst, target_chunk); },
+      BAGUA_CUDA_LAUNCH(minmax_uint8::decompress_cuda(src, n, dtype, n_chunks, dst, target_chunk, stream)));
 }
 
 void residual(const ExecContext& ctx, const void* src, const void* x, size_t n, DType dtype, size_t n_chunks, void* e,
               int64_t target_chunk) {
-  on_device(ctx, "the MinMaxUInt8 residual",
-            [=] { minmax_uint8::residual_cpu(src, x, n, dtype, n_chunks, e, target_chunk); },
-            BAGUA_CUDA_LAUNCH(minmax_uint8::residual_cuda(src, x, n, dtype, n_chunks, e, target_chunk, stream)));
+  on_device(
+      ctx, "the MinMaxUInt8 residual", [=] { minmax_uint8::residual_cpu(src, x, n, dtype, n_chunks, e, target_chunk); },
+      BAGUA_CUDA_LAUNCH(minmax_uint8::residual_cuda(src, x, n, dtype, n_chunks, e, target_chunk, stream)));
 }
 
 void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
                    bool average, void* dst) {
-  on_device(ctx, "MinMaxUInt8 reduction",
-            [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); },
-            BAGUA_CUDA_LAUNCH(
-                minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, stream)));
+  on_device(
+      ctx, "MinMaxUInt8 reduction",
+      [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); },
+      BAGUA_CUDA_LAUNCH(minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, stream)));
 }
 
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
-  on_device(ctx, "weight averaging", [=] { average_into_cpu(acc, other, count, dtype); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_average_into(acc, other, count, dtype, stream)));
+  on_device(
+      ctx, "weight averaging", [=] { average_into_cpu(acc, other, count, dtype); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_average_into(acc, other, count, dtype, stream)));
 }
 
 void replica_diff(const ExecContext& ctx, void* t, const void* w, const void* l, const void* r, size_t count,
                   DType dtype) {
-  on_device(ctx, "the replica difference", [=] { replica_diff_cpu(t, w, l, r, count, dtype); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_replica_diff(t, w, l, r, count, dtype, stream)));
+  on_device(
+      ctx, "the replica difference", [=] { replica_diff_cpu(t, w, l, r, count, dtype); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_replica_diff(t, w, l, r, count, dtype, stream)));
 }
 
 void add_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {
-  on_device(ctx, "adding", [=] { add_into_cpu(acc, other, count, dtype); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_add_into(acc, other, count, dtype, stream)));
+  on_device(
+      ctx, "adding", [=] { add_into_cpu(acc, other, count, dtype); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_add_into(acc, other, count, dtype, stream)));
 }
 
 void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t count, DType dtype, double beta) {
-  on_device(ctx, "QAdam's momentum update", [=] { momentum_update_cpu(m, g, count, dtype, beta); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_momentum_update(m, g, count, dtype, beta, stream)));
+  on_device(
+      ctx, "QAdam's momentum update", [=] { momentum_update_cpu(m, g, count, dtype, beta); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_momentum_update(m, g, count, dtype, beta, stream)));
 }
 
-void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count,
-                   DType dtype) {
-  on_device(ctx, "applying a model average", [=] { apply_average_cpu(w, snapshot, avg, count, dtype); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_apply_average(w, snapshot, avg, count, dtype, stream)));
+void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count, DType dtype) {
+  on_device(
+      ctx, "applying a model average", [=] { apply_average_cpu(w, snapshot, avg, count, dtype); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_apply_average(w, snapshot, avg, count, dtype, stream)));
 }
 
 void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t count, DType dtype) {
-  on_device(ctx, "the pseudo-gradient", [=] { pseudo_gradient_cpu(d, a, count, dtype); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_pseudo_gradient(d, a, count, dtype, stream)));
+  on_device(
+      ctx, "the pseudo-gradient", [=] { pseudo_gradient_cpu(d, a, count, dtype); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_pseudo_gradient(d, a, count, dtype, stream)));
 }
 
 void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
                double mu, bool nesterov, bool fresh) {
-  on_device(ctx, "the outer optimizer step",
-            [=] { outer_sgd_cpu(w, a, m, d, count, dtype, lr, mu, nesterov, fresh); },
-            BAGUA_CUDA_LAUNCH(cuda::launch_outer_sgd(w, a, m, d, count, dtype, lr, mu, nesterov, fresh, stream)));
+  on_device(
+      ctx, "the outer optimizer step", [=] { outer_sgd_cpu(w, a, m, d, count, dtype, lr, mu, nesterov, fresh); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_outer_sgd(w, a, m, d, count, dtype, lr, mu, nesterov, fresh, stream)));
 }
 
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes) {

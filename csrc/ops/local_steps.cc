@@ -96,8 +96,8 @@ bool LocalStepsStep::run_with_state(const ExecContext& ctx, Span data, Span, con
   if (residual && first_outer_step) step_kernels::fill_zero(ctx, residual->data, residual->nbytes());
   step_kernels::pseudo_gradient(ctx, data.data, anchor.data, data.count, data.dtype);
   average(ctx, data, compressed_, residual);
-  step_kernels::outer_sgd(ctx, data.data, anchor.data, momentum.data, data.data, data.count, data.dtype, lr_,
-                          momentum_, nesterov_, first_outer_step);
+  step_kernels::outer_sgd(ctx, data.data, anchor.data, momentum.data, data.data, data.count, data.dtype, lr_, momentum_,
+                          nesterov_, first_outer_step);
   return true;
 }
 

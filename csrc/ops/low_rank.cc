@@ -90,8 +90,8 @@ LowRankStep::LowRankStep(CommSet comms, const StepParams& params, BucketLayout l
 std::string LowRankStep::describe() const {
   return std::string(kName) + "(rank=" + std::to_string(rank_) + ", start_iter=" + std::to_string(start_iter_) +
          ", min_compression_rate=" + min_compression_rate_text_ + ", orthogonalization_epsilon=" + epsilon_text_ +
-         ", error_feedback=" + (error_feedback_ ? "true" : "false") + ", warm_start=" + (warm_start_ ? "true" : "false") +
-         ", seed=" + std::to_string(seed_) + ")";
+         ", error_feedback=" + (error_feedback_ ? "true" : "false") +
+         ", warm_start=" + (warm_start_ ? "true" : "false") + ", seed=" + std::to_string(seed_) + ")";
 }
 
 void LowRankStep::check(DType dtype, size_t count) const {

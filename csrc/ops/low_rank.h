@@ -75,7 +75,7 @@ class LowRankStep : public Step {
     size_t tensor;  // index in the layout
     size_t offset, numel;
     bool compressed;
-    size_t n, m, r;  // compressed matrices only
+    size_t n, m, r;             // compressed matrices only
     size_t p_offset, q_offset;  // in all P, in all Q (compressed only)
   };
   const std::vector<Part>& parts() const { return parts_; }

@@ -26,13 +26,12 @@ void low_rank_finish_error(const ExecContext& ctx, const void* data, void* error
 // q[e] <- the initial Q's element e for `key` (ops/low_rank_math.h), e < count; q of `compute` dtype.
 void low_rank_initial_q(const ExecContext& ctx, void* q, size_t count, DType compute, uint64_t key);
 // Modified Gram-Schmidt of the columns of the rows x cols matrix `mat` (row-major, `compute` dtype).
-void low_rank_orthogonalize(const ExecContext& ctx, void* mat, size_t rows, size_t cols, DType compute,
-                            double epsilon);
+void low_rank_orthogonalize(const ExecContext& ctx, void* mat, size_t rows, size_t cols, DType compute, double epsilon);
 // P = M Q (M: n x m of `dtype`; Q: m x r, P: n x r of its compute dtype; r >= 1). With `error`
 // (M's error memory, n x m, or null): low_rank_fold_error on M first (the host fuses it into the
 // product's pass over M).
-void low_rank_mq(const ExecContext& ctx, void* M, size_t n, size_t m, const void* Q, size_t r, void* P,
-                 DType dtype, void* error = nullptr);
+void low_rank_mq(const ExecContext& ctx, void* M, size_t n, size_t m, const void* Q, size_t r, void* P, DType dtype,
+                 void* error = nullptr);
 // Q = M^T P.
 void low_rank_mtp(const ExecContext& ctx, const void* M, size_t n, size_t m, const void* P, size_t r, void* Q,
                   DType dtype);

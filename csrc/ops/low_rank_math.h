@@ -45,8 +45,8 @@
 namespace bagua {
 namespace low_rank {
 
-constexpr int kLanes = 256;     // the orthogonalisation's lane sums
-constexpr int kDotLanes = 32;   // P = M Q's lane sums (a CUDA warp)
+constexpr int kLanes = 256;    // the orthogonalisation's lane sums
+constexpr int kDotLanes = 32;  // P = M Q's lane sums (a CUDA warp)
 
 // The one step of every sum: s + x * y (never an FMA: see above).
 template <typename A>
@@ -144,7 +144,9 @@ BAGUA_HD uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-BAGUA_HD uint64_t init_key(uint64_t seed, uint64_t step, uint64_t tensor) { return mix(mix(mix(seed) ^ step) ^ tensor); }
+BAGUA_HD uint64_t init_key(uint64_t seed, uint64_t step, uint64_t tensor) {
+  return mix(mix(mix(seed) ^ step) ^ tensor);
+}
 
 // Element e of an initial Q (see above), in double.
 BAGUA_HD double initial_q(uint64_t key, uint64_t e) {

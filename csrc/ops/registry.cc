@@ -47,8 +47,7 @@ const std::map<std::string, Factory>& table() {
 
 }  // namespace
 
-StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params,
-                  const BucketLayout& layout) {
+StepPtr make_step(const std::string& name, const CommSet& comms, const StepParams& params, const BucketLayout& layout) {
   auto it = table().find(name);
   if (it == table().end()) {
     std::string known;

@@ -103,9 +103,9 @@ class AsyncAverager {
   std::vector<BucketPtr> weights_;
   std::vector<std::shared_ptr<void>> snapshots_, averages_;
   CommunicatorPtr control_;
-  DevicePtr device_;               // null: host memory
-  Stream stream_ = nullptr;        // the loop's, on device_
-  DeviceEventPtr training_done_;   // recorded by unlock_weights(producer)
+  DevicePtr device_;              // null: host memory
+  Stream stream_ = nullptr;       // the loop's, on device_
+  DeviceEventPtr training_done_;  // recorded by unlock_weights(producer)
   bool training_recorded_ = false;
   GrowOnlyScratch scratch_;
   const std::chrono::milliseconds timeout_;

@@ -82,7 +82,8 @@ void StepOp::execute(Bucket& bucket) {
   // the same for the state's padding (QAdam's momentum), so the JAX adapter,
   // which rebuilds its buckets from the leaves each step, gets the same numbers
   if (padding && state_layout_.data_shaped)
-    for (const Span& s : state) step_kernels::fill_zero(ctx, static_cast<char*>(s.data) + s.nbytes() - padding, padding);
+    for (const Span& s : state)
+      step_kernels::fill_zero(ctx, static_cast<char*>(s.data) + s.nbytes() - padding, padding);
   last_communicated_.store(step_->run_with_state(ctx, data, result, state, step));
 }
 

@@ -25,8 +25,7 @@ Engine::Engine(std::vector<CommSet> lanes, std::chrono::milliseconds timeout) : 
     if (lanes[l].global->size() != first.size() || lanes[l].global->rank() != first.rank())
       throw InvalidArgument("engine: the communicators of every lane must span the same ranks");
     for (size_t k = 0; k < l; ++k)  // one comm thread per communicator
-      if (lanes[k].global == lanes[l].global)
-        throw InvalidArgument("engine: every lane needs its own communicator");
+      if (lanes[k].global == lanes[l].global) throw InvalidArgument("engine: every lane needs its own communicator");
   }
   if (timeout_.count() <= 0) throw InvalidArgument("engine: timeout must be positive");
   lanes_.resize(lanes.size());
@@ -57,8 +56,7 @@ void Engine::check_usable_locked() const {
 
 void Engine::check_idle_locked(const char* what) const {
   check_usable_locked();
-  if (in_step_)
-    throw InvalidArgument(std::string(what) + " during a step: call wait() first");
+  if (in_step_) throw InvalidArgument(std::string(what) + " during a step: call wait() first");
 }
 
 size_t Engine::add_bucket(BucketPtr bucket) {
@@ -81,8 +79,7 @@ size_t Engine::add_bucket(BucketPtr bucket) {
     throw InvalidArgument("add_bucket: bucket '" + bucket->name() + "' is on " +
                           (bucket->device() ? bucket->device()->describe() : std::string("host memory")) +
                           " but the engine's buckets are on " +
-                          (device_ ? device_->describe() : std::string("host memory")) +
-                          " (one device per engine)");
+                          (device_ ? device_->describe() : std::string("host memory")) + " (one device per engine)");
   }
   Entry e;
   e.bucket = bucket;
@@ -125,8 +122,8 @@ size_t Engine::num_buckets() const {
 BucketPtr Engine::bucket(size_t index) const {
   std::lock_guard<std::mutex> g(mu_);
   if (index >= entries_.size())
-    throw InvalidArgument("no bucket " + std::to_string(index) + " (the engine has " +
-                          std::to_string(entries_.size()) + ")");
+    throw InvalidArgument("no bucket " + std::to_string(index) + " (the engine has " + std::to_string(entries_.size()) +
+                          ")");
   return entries_[index].bucket;
 }
 
@@ -424,10 +421,10 @@ void Engine::await_locked(std::unique_lock<std::mutex>& lk, const std::function<
     const size_t late = first_unfinished_locked();
     if (late < next_launch_ && now >= watchdog_deadline(late)) {
       const Entry& e = entries_[late];
-      fail_locked(std::make_exception_ptr(TimeoutError(
-                      e.bucket->describe(position(late)) + " did not finish within " +
-                      seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
-                      " of its start (a peer may be stuck)")));
+      fail_locked(std::make_exception_ptr(
+          TimeoutError(e.bucket->describe(position(late)) + " did not finish within " +
+                       seconds(std::chrono::duration_cast<std::chrono::milliseconds>(watchdog)) +
+                       " of its start (a peer may be stuck)")));
       raise_failure_locked();
     }
     // else a launch moved the deadlines (launches do not notify done_cv_): look again
@@ -460,16 +457,19 @@ size_t Engine::wait_any(const std::vector<size_t>& buckets, std::optional<Stream
   const size_t lowest = *std::min_element(buckets.begin(), buckets.end());
   if (!in_step_ && !error_) return lowest;
   size_t found = 0;
-  await_locked(lk, [&] {
-    bool any = false;
-    for (size_t b : buckets) {
-      if (b < next_launch_ && entries_[b].finished && (!any || b < found)) {
-        found = b;
-        any = true;
-      }
-    }
-    return any;
-  }, lowest + 1);
+  await_locked(
+      lk,
+      [&] {
+        bool any = false;
+        for (size_t b : buckets) {
+          if (b < next_launch_ && entries_[b].finished && (!any || b < found)) {
+            found = b;
+            any = true;
+          }
+        }
+        return any;
+      },
+      lowest + 1);
   if (device_) finish_on_device_locked(lk, consumer, {entries_[found].done_event});
   return found;
 }

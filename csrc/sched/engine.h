@@ -162,13 +162,13 @@ class Engine {
     std::vector<int64_t> slot_ready_ns;  // filled while record_ready_
     DeviceEventPtr ready_event;          // device buckets: see above
     DeviceEventPtr done_event;
-    bool ready_recorded = false;         // this step
+    bool ready_recorded = false;  // this step
   };
   struct Lane {
     CommSet comms;
     std::deque<size_t> queue;  // launched buckets of this lane, in order
     std::thread thread;
-    Stream stream = nullptr;   // device buckets: the lane's comm stream
+    Stream stream = nullptr;  // device buckets: the lane's comm stream
   };
 
   void check_usable_locked() const;
@@ -187,7 +187,7 @@ class Engine {
   void fail_locked(std::exception_ptr error);
   std::string unready_report_locked() const;
   std::string position(size_t index) const;  // "#i of n"
-  size_t first_unfinished_locked() const;     // lowest launched bucket still running; next_launch_ if none
+  size_t first_unfinished_locked() const;    // lowest launched bucket still running; next_launch_ if none
   void comm_loop(size_t lane);
   std::vector<OpDesc> predict_step_locked(size_t lane) const;
 
@@ -206,9 +206,9 @@ class Engine {
   size_t finished_ = 0;     // how many of them finished
   uint64_t launches_ = 0;
   uint64_t steps_ = 0;
-  std::exception_ptr error_;    // first failure, raised once by wait()
+  std::exception_ptr error_;  // first failure, raised once by wait()
   bool error_raised_ = false;
-  std::string broken_;          // non-empty once broken
+  std::string broken_;  // non-empty once broken
   bool stop_ = false;
   bool closed_ = false;
 };

@@ -17,13 +17,11 @@ class Store {
 
   virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
   // Blocks until the key exists.
-  virtual std::vector<uint8_t> get(const std::string& key,
-                                   std::chrono::milliseconds timeout) = 0;
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Atomically adds delta to an integer counter (created at 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Blocks until every key exists.
-  virtual void wait(const std::vector<std::string>& keys,
-                    std::chrono::milliseconds timeout) = 0;
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   virtual bool check(const std::vector<std::string>& keys) = 0;
 
   virtual std::chrono::milliseconds timeout() const = 0;

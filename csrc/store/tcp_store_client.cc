@@ -340,8 +340,7 @@ std::unique_ptr<TcpStore::Conn> TcpStore::open_conn(Clock::time_point deadline, 
     if (res) freeaddrinfo(res);
 
     if (conn) {
-      std::string frame =
-          proto::Writer().u8(proto::kHello).u32(proto::kMagic).u32(proto::kVersion).i32(rank_).finish();
+      std::string frame = proto::Writer().u8(proto::kHello).u32(proto::kMagic).u32(proto::kVersion).i32(rank_).finish();
       bool sent;
       std::string body;
       try {
@@ -549,8 +548,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
   std::string body = roundtrip(frame, Clock::now() + timeout + kReplyGrace, what);
   uint8_t status = body.empty() ? 255 : uint8_t(body[0]);
   if (status == proto::kTimeout) {
-    throw TimeoutError("store " + what + " timed out after " + seconds_str(timeout) + " (store at " + endpoint() +
-                       ")" + dead_ranks_note());
+    throw TimeoutError("store " + what + " timed out after " + seconds_str(timeout) + " (store at " + endpoint() + ")" +
+                       dead_ranks_note());
   }
   if (status != proto::kOk) lost("protocol error (bad reply to wait)");
 }

@@ -29,8 +29,8 @@ class TcpStore : public Store {
   // TcpStoreServerOptions::secret); a server that refuses it raises Error.
   // A positive `connect_timeout` bounds the first connection instead (short
   // attempts, e.g. to keep Ctrl-C responsive while the server is not up).
-  TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout,
-           std::string secret = "", std::chrono::milliseconds connect_timeout = std::chrono::milliseconds::zero());
+  TcpStore(const std::string& host, int port, int rank, std::chrono::milliseconds timeout, std::string secret = "",
+           std::chrono::milliseconds connect_timeout = std::chrono::milliseconds::zero());
   ~TcpStore() override;  // close()
 
   TcpStore(const TcpStore&) = delete;

@@ -17,7 +17,7 @@ namespace bagua {
 namespace store_protocol {
 
 constexpr uint32_t kMagic = 0x54534742;  // "BGST"
-constexpr uint32_t kVersion = 2;  // 2: challenge-response authentication
+constexpr uint32_t kVersion = 2;         // 2: challenge-response authentication
 
 // Until it has authenticated, a client may send only tiny frames (hello, auth).
 constexpr size_t kMaxHandshakeFrame = 256;
@@ -59,7 +59,10 @@ class Writer {
     buf_.reserve(reserve + 4);
     buf_.resize(4);
   }
-  Writer& u8(uint8_t v) { buf_.push_back(char(v)); return *this; }
+  Writer& u8(uint8_t v) {
+    buf_.push_back(char(v));
+    return *this;
+  }
   Writer& u32(uint32_t v) { return raw(&v, 4); }
   Writer& i32(int32_t v) { return raw(&v, 4); }
   Writer& i64(int64_t v) { return raw(&v, 8); }
@@ -97,10 +100,26 @@ class Reader {
   Reader(const char* data, size_t size) : p_(data), end_(data + size) {}
   bool ok() const { return ok_; }
   bool at_end() const { return p_ == end_; }
-  uint8_t u8() { uint8_t v = 0; raw(&v, 1); return v; }
-  uint32_t u32() { uint32_t v = 0; raw(&v, 4); return v; }
-  int32_t i32() { int32_t v = 0; raw(&v, 4); return v; }
-  int64_t i64() { int64_t v = 0; raw(&v, 8); return v; }
+  uint8_t u8() {
+    uint8_t v = 0;
+    raw(&v, 1);
+    return v;
+  }
+  uint32_t u32() {
+    uint32_t v = 0;
+    raw(&v, 4);
+    return v;
+  }
+  int32_t i32() {
+    int32_t v = 0;
+    raw(&v, 4);
+    return v;
+  }
+  int64_t i64() {
+    int64_t v = 0;
+    raw(&v, 8);
+    return v;
+  }
   std::string str(size_t max_size) {
     uint32_t n = u32();
     if (!ok_ || n > max_size || size_t(end_ - p_) < n) {

@@ -47,19 +47,19 @@ std::string endpoint(const std::string& host, int port) {
 struct Conn {
   int fd = -1;
   uint64_t id = 0;
-  std::string in;       // received, not yet processed
-  size_t in_off = 0;    // processed prefix of `in`
-  std::string out;      // replies not yet sent
+  std::string in;     // received, not yet processed
+  size_t in_off = 0;  // processed prefix of `in`
+  std::string out;    // replies not yet sent
   size_t out_off = 0;
-  bool hello = false;       // authenticated: may make requests
+  bool hello = false;         // authenticated: may make requests
   ServerHandshake handshake;  // until `hello`; names the client's rank
-  bool goodbye = false;      // said goodbye: closes cleanly after the reply
-  bool closed = false;       // to be removed at the end of the loop iteration
+  bool goodbye = false;       // said goodbye: closes cleanly after the reply
+  bool closed = false;        // to be removed at the end of the loop iteration
   Clock::time_point accepted;
   Clock::time_point partial_since;  // last progress of the unfinished frame
   bool partial = false;
-  Clock::time_point out_since;      // last progress sending replies
-  Clock::time_point last_active;    // last bytes received or last reply fully sent
+  Clock::time_point out_since;    // last progress sending replies
+  Clock::time_point last_active;  // last bytes received or last reply fully sent
 
   enum class Pending { kNone, kGet, kWait } pending = Pending::kNone;
   std::vector<std::string> pending_keys;
@@ -107,12 +107,10 @@ struct TcpStoreServer::Impl {
   bool handshake(Conn& c, uint8_t op, proto::Reader& r);
   void reply(Conn& c, std::string frame);
   void reply_status(Conn& c, proto::Status s) { reply(c, proto::Writer().u8(s).finish()); }
-  void reply_error(Conn& c, const std::string& msg) {
-    reply(c, proto::Writer().u8(proto::kError).str(msg).finish());
-  }
+  void reply_error(Conn& c, const std::string& msg) { reply(c, proto::Writer().u8(proto::kError).str(msg).finish()); }
   bool try_complete(Conn& c);  // completes c's pending request if it can
   void wake(const std::string& key);
-  void drop(Conn& c);          // closes c; dirty unless it said goodbye
+  void drop(Conn& c);  // closes c; dirty unless it said goodbye
   void check_timers(Clock::time_point now);
   void process_ready() {
     while (!ready.empty()) {
@@ -179,8 +177,7 @@ void TcpStoreServer::Impl::listen_on(const std::string& h, int p) {
   }
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options)
-    : impl_(new Impl) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options) : impl_(new Impl) {
   impl_->host = host;
   impl_->options = options;
   impl_->data = std::make_unique<StoreTable>(options.max_value_bytes, options.max_total_bytes);
@@ -216,7 +213,8 @@ void TcpStoreServer::close() {
   ssize_t n = write(impl_->wake_fd, &one, sizeof(one));
   (void)n;
   if (impl_->thread.joinable()) impl_->thread.join();
-  for (auto& kv : impl_->conns) if (kv.second->fd >= 0) ::close(kv.second->fd);
+  for (auto& kv : impl_->conns)
+    if (kv.second->fd >= 0) ::close(kv.second->fd);
   impl_->conns.clear();
   ::close(impl_->listen_fd);
   ::close(impl_->wake_fd);
@@ -243,7 +241,7 @@ void TcpStoreServer::Impl::run() {
       }
       int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
       if (n < 0 && errno != EINTR) n = 0;  // nothing sensible to do but retry
-      if (fds[0].revents) return;           // close() asked us to stop
+      if (fds[0].revents) return;          // close() asked us to stop
       if (fds[1].revents) accept_all();
       for (size_t i = 0; i < polled.size(); ++i) {
         Conn& c = *polled[i];
@@ -358,7 +356,7 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
     if (n > 0) {
       c.in.resize(at + size_t(n));
       c.partial_since = c.last_active = Clock::now();  // progress: the stall and idle clocks restart
-      continue;  // until EAGAIN
+      continue;                                        // until EAGAIN
     }
     c.in.resize(at);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -529,8 +527,7 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       reply_status(c, proto::kOk);  // flush() closes once it is sent
       return true;
     }
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -538,11 +535,8 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
 bool TcpStoreServer::Impl::handshake(Conn& c, uint8_t op, proto::Reader& r) {
   ServerHandshake::Step step = c.handshake.step(op, r, options.secret, options.idle_timeout.count());
   switch (step.outcome) {
-    case ServerHandshake::Outcome::kMalformed:
-      return false;
-    case ServerHandshake::Outcome::kChallenged:
-      reply(c, std::move(step.reply));
-      return true;
+    case ServerHandshake::Outcome::kMalformed: return false;
+    case ServerHandshake::Outcome::kChallenged: reply(c, std::move(step.reply)); return true;
     case ServerHandshake::Outcome::kRefused:
       reply(c, std::move(step.reply));
       c.goodbye = true;  // a stranger or another Bagua, not a rank that died

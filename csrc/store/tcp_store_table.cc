@@ -18,8 +18,7 @@ StoreTable::SetResult StoreTable::set(const std::string& key, std::string value)
   }
   if (stored_bytes_ + key.size() + value.size() > max_total_bytes_) {
     return {false, "set: the store holds " + std::to_string(stored_bytes_) + " bytes; key '" + key +
-                       "' would exceed its limit of " + std::to_string(max_total_bytes_) +
-                       " (BAGUA_STORE_MAX_BYTES)"};
+                       "' would exceed its limit of " + std::to_string(max_total_bytes_) + " (BAGUA_STORE_MAX_BYTES)"};
   }
   stored_bytes_ += key.size() + value.size();
   data_.emplace(key, std::move(value));

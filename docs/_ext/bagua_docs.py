@@ -52,6 +52,7 @@ class DocsError(Exception):
 
 # ---------------------------------------------------------------- API pages
 
+
 def public_names(package: str) -> list[tuple[str, object]]:
     module = importlib.import_module(package)
     return [(name, getattr(module, name)) for name in module.__all__]
@@ -62,8 +63,11 @@ def undocumented(package: str) -> list[str]:
     missing = []
     for name, obj in public_names(package):
         doc = getattr(obj, "__doc__", None)
-        if inspect.isclass(obj) and doc is not None and any(doc is getattr(b, "__doc__", None)
-                                                            for b in obj.__mro__[1:]):
+        if (
+            inspect.isclass(obj)
+            and doc is not None
+            and any(doc is getattr(b, "__doc__", None) for b in obj.__mro__[1:])
+        ):
             doc = None
         if not (isinstance(doc, str) and doc.strip()):
             missing.append(f"{package}.{name}")
@@ -76,11 +80,14 @@ def api_page(package: str) -> str:
     lines = [title, "=" * len(title), "", f".. automodule:: {package}", ""]
     for name, obj in public_names(package):
         if inspect.ismodule(obj):
-            lines += [f".. rubric:: ``{package}.{name}``", "",
-                      f".. automodule:: {obj.__name__}", "   :no-index:", ""]
+            lines += [f".. rubric:: ``{package}.{name}``", "", f".. automodule:: {obj.__name__}", "   :no-index:", ""]
         elif inspect.isclass(obj):
-            lines += [f".. autoclass:: {package}::{name}", "   :members:", "   :no-index:"
-                      if _documented_elsewhere(package, obj) else "", ""]
+            lines += [
+                f".. autoclass:: {package}::{name}",
+                "   :members:",
+                "   :no-index:" if _documented_elsewhere(package, obj) else "",
+                "",
+            ]
         elif callable(obj):
             lines += [f".. autofunction:: {package}::{name}", ""]
         else:
@@ -102,12 +109,16 @@ def _documented_elsewhere(package: str, obj) -> bool:
 
 # ---------------------------------------------------------------- algorithms
 
+
 def check_algorithms_page() -> None:
     import bagua_core.algorithms as algorithms
 
     text = open(os.path.join(DOCS, "algorithms.md"), encoding="utf-8").read()
-    missing = [name for name in algorithms.names()
-               if f"bagua_core.algorithms.{type(algorithms.as_description(name)).__name__}" not in text]
+    missing = [
+        name
+        for name in algorithms.names()
+        if f"bagua_core.algorithms.{type(algorithms.as_description(name)).__name__}" not in text
+    ]
     if missing:
         raise DocsError(f"docs/algorithms.md has no section for the registered algorithm(s) {missing}")
 
@@ -116,8 +127,10 @@ def algorithms_table() -> str:
     """The table of algorithms, from each registered description's plan."""
     import bagua_core.algorithms as algorithms
 
-    rows = ["| algorithm (`init(name)`) | torch / JAX class | what travels | when | where in `optax.chain` |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| algorithm (`init(name)`) | torch / JAX class | what travels | when | where in `optax.chain` |",
+        "|---|---|---|---|---|",
+    ]
     for name in algorithms.names():
         description = algorithms.as_description(name)
         plan = description.plan()
@@ -134,6 +147,7 @@ def algorithms_table() -> str:
 
 
 # ---------------------------------------------------------------- benchmarks
+
 
 def result_folders() -> list[str]:
     return sorted(d for d in glob.glob(os.path.join(RESULTS, "*")) if os.path.isdir(d))
@@ -158,8 +172,11 @@ def result_section(folder: str, page_dir: str) -> str:
     meta_path = os.path.join(folder, "meta.json")
     meta = _load(meta_path) if os.path.exists(meta_path) else {}
     out = [f"### {meta.get('title', name)}", ""]
-    data = [_load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json")))
-            if not os.path.basename(p).startswith(("meta.", "trace."))]
+    data = [
+        _load(p)
+        for p in sorted(glob.glob(os.path.join(folder, "*.json")))
+        if not os.path.basename(p).startswith(("meta.", "trace."))
+    ]
     facts = [f"folder `benchmarks/results/{name}`"]
     for d in [meta, *(d for d in data if isinstance(d, dict))]:
         if any(d.get(k) for k in ("date", "machine", "commit")):
@@ -216,8 +233,11 @@ def trace_autotune_figures() -> str:
         return "No trace or autotune run is stored.\n"
     folder = folders[-1]
     meta = _load(os.path.join(folder, "meta.json"))
-    lines = [f"From `benchmarks/results/{os.path.basename(folder)}` ({meta.get('title', '')}; "
-             "the numbers are on [Benchmarks](benchmarks.md)):", ""]
+    lines = [
+        f"From `benchmarks/results/{os.path.basename(folder)}` ({meta.get('title', '')}; "
+        "the numbers are on [Benchmarks](benchmarks.md)):",
+        "",
+    ]
     for figure in drawn_figures(folder, meta):
         lines += [f"![{figure['alt']}]({os.path.relpath(figure['path'], DOCS)})", ""]
     return "\n".join(lines)
@@ -261,17 +281,25 @@ def tta_rows() -> list[dict]:
                 for workload, tracks in workloads.items():
                     for track, result in tracks.items():
                         methods = result["methods"]
-                        reached = {m: v["median_seconds_to_target"] for m, v in methods.items()
-                                   if v.get("median_seconds_to_target") is not None}
+                        reached = {
+                            m: v["median_seconds_to_target"]
+                            for m, v in methods.items()
+                            if v.get("median_seconds_to_target") is not None
+                        }
                         bagua = {m: s for m, s in reached.items() if m.startswith("Bagua")}
                         best = min(bagua, key=bagua.get) if bagua else None
-                        rows.append({
-                            "link": link.replace("2 hosts, ", ""), "workload": workload, "track": track,
-                            "first": min(reached, key=reached.get) if reached else None,
-                            "best": best, "best_s": bagua.get(best),
-                            "vs_powersgd": methods[best].get("speedup_vs_powersgd") if best else None,
-                            "powersgd_reached": "DDP+PowerSGD" in reached,
-                        })
+                        rows.append(
+                            {
+                                "link": link.replace("2 hosts, ", ""),
+                                "workload": workload,
+                                "track": track,
+                                "first": min(reached, key=reached.get) if reached else None,
+                                "best": best,
+                                "best_s": bagua.get(best),
+                                "vs_powersgd": methods[best].get("speedup_vs_powersgd") if best else None,
+                                "powersgd_reached": "DDP+PowerSGD" in reached,
+                            }
+                        )
     return rows
 
 
@@ -283,24 +311,35 @@ def _link_order(row: dict) -> tuple:
 
 
 def tta_summary() -> str:
-    rows = ["| link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD |",
-            "|---|---|---|---|---|---:|"]
+    rows = [
+        "| link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD |",
+        "|---|---|---|---|---|---:|",
+    ]
     for r in sorted(tta_rows(), key=_link_order):
         if r["best"] is None:
             best, ratio = "none reached", "n/a"
         else:
             best = f"{r['best'].removeprefix('Bagua ')}, {r['best_s']:.1f} s"
-            ratio = (f"{r['vs_powersgd']:.2f}" if r["vs_powersgd"] is not None
-                     else "PowerSGD never reached")
+            ratio = f"{r['vs_powersgd']:.2f}" if r["vs_powersgd"] is not None else "PowerSGD never reached"
         rows.append(f"| {r['link']} | {r['workload']} | {r['track']} | {r['first'] or 'none'} | {best} | {ratio} |")
     return "\n".join(rows) + "\n"
 
 
 def benchmarks_page() -> str:
     page_dir = DOCS  # the page that includes it
-    parts = ["## Scripts", "", scripts_table(), "", "## Time to accuracy: summary", "",
-             "Median seconds to the target over 3 seeds; × DDP+PowerSGD above 1 means sooner than tuned "
-             "DDP+PowerSGD.", "", tta_summary(), "## Stored results", ""]
+    parts = [
+        "## Scripts",
+        "",
+        scripts_table(),
+        "",
+        "## Time to accuracy: summary",
+        "",
+        "Median seconds to the target over 3 seeds; × DDP+PowerSGD above 1 means sooner than tuned DDP+PowerSGD.",
+        "",
+        tta_summary(),
+        "## Stored results",
+        "",
+    ]
     parts += [result_section(folder, page_dir) for folder in result_folders()]
     return "\n".join(parts)
 
@@ -319,7 +358,7 @@ def readme_block(readme: str, name: str) -> str:
     start, end = readme.find(start_marker), readme.find(end_marker)
     if start < 0 or end < start:
         raise DocsError(f"README.md lacks the markers {start_marker!r} ... {end_marker!r}")
-    return readme[start + len(start_marker):end].strip("\n") + "\n"
+    return readme[start + len(start_marker) : end].strip("\n") + "\n"
 
 
 def write_readme() -> None:
@@ -329,7 +368,7 @@ def write_readme() -> None:
         readme_block(readme, name)  # both markers are there
         start_marker, end_marker = _markers(name)
         start = readme.index(start_marker) + len(start_marker)
-        readme = readme[:start] + "\n" + make() + readme[readme.index(end_marker):]
+        readme = readme[:start] + "\n" + make() + readme[readme.index(end_marker) :]
     with open(path, "w", encoding="utf-8") as f:
         f.write(readme)
 
@@ -338,11 +377,14 @@ def check_readme() -> None:
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     for name, make in readme_blocks().items():
         if readme_block(readme, name) != make():
-            raise DocsError(f"README.md's {name} block differs from what the code and benchmarks/results "
-                            "give: run  python docs/_ext/bagua_docs.py --write-readme")
+            raise DocsError(
+                f"README.md's {name} block differs from what the code and benchmarks/results "
+                "give: run  python docs/_ext/bagua_docs.py --write-readme"
+            )
 
 
 # ---------------------------------------------------------------- Sphinx
+
 
 def _copy(source: str, target: str) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)

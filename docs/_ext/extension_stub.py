@@ -35,7 +35,7 @@ def bindings() -> dict:
     for path in sorted(glob.glob(os.path.join(BINDINGS, "*.cc"))):
         text = open(path, encoding="utf-8").read()
         for m in _DEFINITION.finditer(text):
-            after = text[m.end():]
+            after = text[m.end() :]
             raw = _RAW.match(after.lstrip(", \n"))
             plain = _PLAIN.search(after.split("\n", 1)[0])
             if not (raw or plain):

@@ -17,10 +17,10 @@ def load_rows(paths: Sequence[str], steps: range) -> dict:
     for path in paths:
         with open(path, encoding="utf-8") as f:
             events = json.load(f)
-        process = {e["pid"]: e["args"]["name"] for e in events
-                   if e.get("ph") == "M" and e["name"] == "process_name"}
-        thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-                  if e.get("ph") == "M" and e["name"] == "thread_name"}
+        process = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+        thread = {
+            (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"
+        }
         for e in events:
             if e.get("ph") == "X" and e.get("args", {}).get("step") in steps:
                 key = (process.get(e["pid"], str(e["pid"])), thread.get((e["pid"], e["tid"]), str(e["tid"])))
@@ -65,8 +65,13 @@ def draw(paths: Sequence[str], out: str, steps: Optional[range] = None) -> str:
     fig, ax = plt.subplots(figsize=(11, 0.42 * len(keys) + 1.6))
     for y, key in enumerate(keys):
         for start, dur, name in rows[key]:
-            ax.broken_barh([((start - t0) / 1000, max(dur, 1) / 1000)], (y - 0.35, 0.7),
-                           color=colours[name], edgecolor="black", linewidth=0.3)
+            ax.broken_barh(
+                [((start - t0) / 1000, max(dur, 1) / 1000)],
+                (y - 0.35, 0.7),
+                color=colours[name],
+                edgecolor="black",
+                linewidth=0.3,
+            )
     ax.set_yticks(range(len(keys)), [f"{rank}: {row}" for rank, row in keys], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms")

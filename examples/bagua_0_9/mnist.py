@@ -57,7 +57,7 @@ def synthetic_mnist(n, seed):
     data = 0.3 * torch.randn(n, 1, 28, 28, generator=g)
     for i, t in enumerate(target.tolist()):
         r, c = divmod(t, 5)
-        data[i, 0, 4 + 10 * r:12 + 10 * r, 1 + 5 * c:5 + 5 * c] += 1.0
+        data[i, 0, 4 + 10 * r : 12 + 10 * r, 1 + 5 * c : 5 + 5 * c] += 1.0
     return torch.utils.data.TensorDataset(data, target)
 
 
@@ -72,8 +72,13 @@ def train(args, model, train_loader, optimizer, epoch):
         if batch_idx % args.log_interval == 0:
             logging.info(
                 "Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
-                    epoch, batch_idx * len(data), len(train_loader.dataset),
-                    100.0 * batch_idx / len(train_loader), loss.item()))
+                    epoch,
+                    batch_idx * len(data),
+                    len(train_loader.dataset),
+                    100.0 * batch_idx / len(train_loader),
+                    loss.item(),
+                )
+            )
 
 
 def test(model, test_loader):
@@ -87,8 +92,11 @@ def test(model, test_loader):
             pred = output.argmax(dim=1, keepdim=True)
             correct += pred.eq(target.view_as(pred)).sum().item()
     test_loss /= len(test_loader.dataset)
-    logging.info("Test set: Average loss: {:.4f}, Accuracy: {}/{} ({:.0f}%)".format(
-        test_loss, correct, len(test_loader.dataset), 100.0 * correct / len(test_loader.dataset)))
+    logging.info(
+        "Test set: Average loss: {:.4f}, Accuracy: {}/{} ({:.0f}%)".format(
+            test_loss, correct, len(test_loader.dataset), 100.0 * correct / len(test_loader.dataset)
+        )
+    )
     return test_loss
 
 
@@ -103,8 +111,12 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=4, metavar="N")
     parser.add_argument("--seed", type=int, default=1, metavar="S")
     parser.add_argument("--save-model", default="", help="path to save rank 0's model state dict to")
-    parser.add_argument("--algorithm", type=str, default="gradient_allreduce",
-                        help="gradient_allreduce, bytegrad, decentralized, low_precision_decentralized, qadam, async")
+    parser.add_argument(
+        "--algorithm",
+        type=str,
+        default="gradient_allreduce",
+        help="gradient_allreduce, bytegrad, decentralized, low_precision_decentralized, qadam, async",
+    )
     parser.add_argument("--async-sync-interval", default=500, type=int)
     return parser.parse_args(argv)
 
@@ -120,8 +132,10 @@ def main():
 
     bagua.init_process_group()
 
-    logging.basicConfig(format="rank-{} %(asctime)s %(levelname)s: %(message)s".format(bagua.get_rank()),
-                        level=logging.INFO if bagua.get_rank() == 0 else logging.ERROR)
+    logging.basicConfig(
+        format="rank-{} %(asctime)s %(levelname)s: %(message)s".format(bagua.get_rank()),
+        level=logging.INFO if bagua.get_rank() == 0 else logging.ERROR,
+    )
 
     train_kwargs = {"batch_size": args.batch_size}
     test_kwargs = {"batch_size": args.test_batch_size}
@@ -135,8 +149,9 @@ def main():
         dataset1, dataset2 = datasets(args)
 
     train_sampler = torch.utils.data.distributed.DistributedSampler(dataset1)
-    train_kwargs.update({"sampler": train_sampler, "batch_size": args.batch_size // bagua.get_world_size() or 1,
-                         "shuffle": False})
+    train_kwargs.update(
+        {"sampler": train_sampler, "batch_size": args.batch_size // bagua.get_world_size() or 1, "shuffle": False}
+    )
     train_loader = torch.utils.data.DataLoader(dataset1, **train_kwargs)
     test_loader = torch.utils.data.DataLoader(dataset2, **test_kwargs)
 
@@ -145,22 +160,28 @@ def main():
 
     if args.algorithm == "gradient_allreduce":
         from bagua.torch_api.algorithms import gradient_allreduce
+
         algorithm = gradient_allreduce.GradientAllReduceAlgorithm()
     elif args.algorithm == "bytegrad":
         from bagua.torch_api.algorithms import bytegrad
+
         algorithm = bytegrad.ByteGradAlgorithm()
     elif args.algorithm == "decentralized":
         from bagua.torch_api.algorithms import decentralized
+
         algorithm = decentralized.DecentralizedAlgorithm()
     elif args.algorithm == "low_precision_decentralized":
         from bagua.torch_api.algorithms import decentralized
+
         algorithm = decentralized.LowPrecisionDecentralizedAlgorithm()
     elif args.algorithm == "qadam":
         from bagua.torch_api.algorithms import q_adam
+
         optimizer = q_adam.QAdamOptimizer(model.parameters(), lr=args.lr, warmup_steps=100)
         algorithm = q_adam.QAdamAlgorithm(optimizer)
     elif args.algorithm == "async":
         from bagua.torch_api.algorithms import async_model_average
+
         algorithm = async_model_average.AsyncModelAverageAlgorithm(sync_interval_ms=args.async_sync_interval)
     else:
         raise NotImplementedError

@@ -10,14 +10,40 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("optuna")
 
-from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script
 
 
 def _run(tmp_path, *extra):
     out = tmp_path / "results.json"
-    args = ["--layers", "3", "--width", "32", "--batch-size", "4", "--rounds", "2", "--steps", "1",
-            "--max-samples", "2", "--confidence", "0", "--warmup", "0", "--interval", "2", "--confirm-pairs", "2",
-            "--max-tune-steps", "80", "--json", str(out), "--timeout", "90", *extra]
+    args = [
+        "--layers",
+        "3",
+        "--width",
+        "32",
+        "--batch-size",
+        "4",
+        "--rounds",
+        "2",
+        "--steps",
+        "1",
+        "--max-samples",
+        "2",
+        "--confidence",
+        "0",
+        "--warmup",
+        "0",
+        "--interval",
+        "2",
+        "--confirm-pairs",
+        "2",
+        "--max-tune-steps",
+        "80",
+        "--json",
+        str(out),
+        "--timeout",
+        "90",
+        *extra,
+    ]
     p = run_script("autotune.py", *args, timeout=110)
     assert p.returncode == 0, explain(p)
     assert "autotuned plan:" in p.stdout and ", completed;" in p.stdout, p.stdout

@@ -16,9 +16,18 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.harness.benchmark_scripts import (REPO, _hosts, driver_env, explain, needs_netns, run_script,  # noqa: E402
-                                     script_path, start_script)
 from bandwidth import CONFIGS  # every configuration the script runs by default
+
+from tests.harness.benchmark_scripts import (
+    REPO,
+    _hosts,
+    driver_env,
+    explain,
+    needs_netns,
+    run_script,
+    script_path,
+    start_script,
+)
 
 SCRIPT = "bandwidth.py"
 
@@ -56,8 +65,22 @@ def test_smoke_run_unshaped_writes_table_json_and_png(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_time_to_loss_smoke_writes_curves(tmp_path):
-    p = _run("--smoke", "--no-shaping", "--time-to-loss", "--configs", "DDP,Bagua ByteGrad", "--target-loss", "0.0",
-             "--max-steps", "3", "--out-dir", str(tmp_path), "--timeout", "50", timeout=58)
+    p = _run(
+        "--smoke",
+        "--no-shaping",
+        "--time-to-loss",
+        "--configs",
+        "DDP,Bagua ByteGrad",
+        "--target-loss",
+        "0.0",
+        "--max-steps",
+        "3",
+        "--out-dir",
+        str(tmp_path),
+        "--timeout",
+        "50",
+        timeout=58,
+    )
     assert p.returncode == 0, explain(p)
     doc = json.loads((tmp_path / "time_to_loss.json").read_text())
     for name in ("DDP", "Bagua ByteGrad"):
@@ -78,8 +101,9 @@ def test_without_root_it_says_so(tmp_path):
         if shutil.which("setpriv") is None:
             pytest.skip("root, and setpriv (util-linux) is missing to drop CAP_NET_ADMIN")
         cmd = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", *cmd]
-    p = subprocess.run(cmd, cwd=REPO, env=driver_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                       timeout=25)
+    p = subprocess.run(
+        cmd, cwd=REPO, env=driver_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=25
+    )
     assert p.returncode == 2, explain(p)
     assert "CAP_NET_ADMIN" in p.stderr and "--no-shaping" in p.stderr, explain(p)
     assert not (tmp_path / "bandwidth.json").exists()
@@ -111,6 +135,7 @@ def test_overlap_and_one_lane_suffixes_and_extra_configurations_parse():
 
 # ------------------------------------------------------------ as root ---
 
+
 def _own_netns(pid):
     return sorted(n for n in _hosts.list_netns() if n.startswith(f"{_hosts.NETNS_PREFIX}{pid}-"))
 
@@ -125,8 +150,11 @@ def _wait_for_workers(proc, timeout=40):
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         names = _own_netns(proc.pid)
-        pids = [int(x) for n in names for x in subprocess.run(["ip", "netns", "pids", n], capture_output=True,
-                                                              text=True).stdout.split()]
+        pids = [
+            int(x)
+            for n in names
+            for x in subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
+        ]
         if len(names) == 2 and len(pids) >= 4:  # a launcher and a worker on each host
             return names, pids
         time.sleep(0.2)
@@ -155,8 +183,17 @@ def _gone_soon(pids, timeout=15):
 @needs_netns
 @pytest.mark.timeout(90)
 def test_shaped_run_creates_and_removes_its_hosts(tmp_path):
-    proc = _start("--smoke", "--rates", "100mbit", "--configs", "DDP,Bagua ByteGrad", "--out-dir", str(tmp_path),
-                  "--timeout", "70")
+    proc = _start(
+        "--smoke",
+        "--rates",
+        "100mbit",
+        "--configs",
+        "DDP,Bagua ByteGrad",
+        "--out-dir",
+        str(tmp_path),
+        "--timeout",
+        "70",
+    )
     try:
         names, _ = _wait_for_workers(proc)
         assert names == [f"{_hosts.NETNS_PREFIX}{proc.pid}-a", f"{_hosts.NETNS_PREFIX}{proc.pid}-b"]
@@ -181,8 +218,9 @@ LONG_TINY_RUN = ("--batch-size", "4", "--features", "16", "--hidden", "32", "--w
 @needs_netns
 @pytest.mark.timeout(60)
 def test_interrupted_run_removes_its_hosts_and_workers(tmp_path):
-    proc = _start(*LONG_TINY_RUN, "--rates", "100mbit,10mbit", "--configs", "DDP",
-                  "--out-dir", str(tmp_path), "--timeout", "50")
+    proc = _start(
+        *LONG_TINY_RUN, "--rates", "100mbit,10mbit", "--configs", "DDP", "--out-dir", str(tmp_path), "--timeout", "50"
+    )
     try:
         _, pids = _wait_for_workers(proc)
         proc.send_signal(signal.SIGINT)
@@ -197,8 +235,9 @@ def test_interrupted_run_removes_its_hosts_and_workers(tmp_path):
 @needs_netns
 @pytest.mark.timeout(60)
 def test_run_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path):
-    proc = _start(*LONG_TINY_RUN, "--rates", "100mbit", "--configs", "DDP", "--out-dir", str(tmp_path),
-                  "--timeout", "50")
+    proc = _start(
+        *LONG_TINY_RUN, "--rates", "100mbit", "--configs", "DDP", "--out-dir", str(tmp_path), "--timeout", "50"
+    )
     try:
         names, pids = _wait_for_workers(proc)
         proc.kill()

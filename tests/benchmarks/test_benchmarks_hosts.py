@@ -52,16 +52,16 @@ c.close()
 
 def _measure(hosts, client_host):
     """(median round trip in ms, Mbit/s received by host 0) between host 0 and ``client_host``."""
-    server = subprocess.Popen(hosts.exec_prefix(0) + [sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(hosts.exec_prefix(0) + [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
     try:
         for _ in range(50):  # until it listens
             probe = subprocess.run(hosts.exec_prefix(0) + ["ss", "-ltn"], capture_output=True, text=True)
             if f":{PORT}" in probe.stdout:
                 break
             time.sleep(0.1)
-        client = subprocess.run(hosts.exec_prefix(client_host) + [sys.executable, "-c", CLIENT],
-                                capture_output=True, text=True, timeout=40)
+        client = subprocess.run(
+            hosts.exec_prefix(client_host) + [sys.executable, "-c", CLIENT], capture_output=True, text=True, timeout=40
+        )
         assert client.returncode == 0, client.stderr
         out, _ = server.communicate(timeout=20)
         return float(client.stdout.split()[0]), float(out.split()[0])

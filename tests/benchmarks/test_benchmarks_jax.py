@@ -11,10 +11,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("flax")
 
-from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script
 
-CONFIGS = ("JAX bagua_jax.transform", "JAX jax.distributed (gloo)", "torch with_bagua", "JAX no communication",
-           "torch no communication")
+CONFIGS = (
+    "JAX bagua_jax.transform",
+    "JAX jax.distributed (gloo)",
+    "torch with_bagua",
+    "JAX no communication",
+    "torch no communication",
+)
 
 
 @pytest.mark.timeout(150)

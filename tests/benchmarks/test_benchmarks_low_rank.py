@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.harness.benchmark_scripts import explain, run_script  # noqa: E402
+from tests.harness.benchmark_scripts import explain, run_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,8 +28,13 @@ def test_smoke_run_reports_both_systems_per_rank(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["ranks"] == [1, 2] and doc["world_size"] == 2 and doc["torch_threads"] == 1
     results = doc["results"]
-    assert set(results) == {"no communication", "DDP+PowerSGD 1", "Bagua LowRank 1", "DDP+PowerSGD 2",
-                            "Bagua LowRank 2"}
+    assert set(results) == {
+        "no communication",
+        "DDP+PowerSGD 1",
+        "Bagua LowRank 1",
+        "DDP+PowerSGD 2",
+        "Bagua LowRank 2",
+    }
     for name, r in results.items():
         assert len(r["rounds"]) == doc["rounds"] and r["ms_per_step"] > 0, (name, r)
     for rank in (1, 2):

@@ -9,9 +9,9 @@ import json
 import math
 
 import pytest
+import time_to_accuracy as tta  # benchmarks/time_to_accuracy.py (benchmarks/ is on pytest's pythonpath)
 
 from tests.harness.benchmark_scripts import _hosts, explain, needs_netns, run_script
-import time_to_accuracy as tta  # benchmarks/time_to_accuracy.py (benchmarks/ is on pytest's pythonpath)
 
 
 def _run(*args, timeout=60):
@@ -19,6 +19,7 @@ def _run(*args, timeout=60):
 
 
 # ------------------------------------------------------------ pure logic ---
+
 
 def _tune(lr_grid, grid, budget, score):
     tuner, seen = tta.Tuner(lr_grid, grid, budget), []
@@ -40,8 +41,12 @@ def test_every_method_gets_the_same_number_of_trials():
 
 def test_tuning_finds_the_best_knobs_at_the_best_lr_then_refines_the_lr():
     grid = [{"sync_interval": h} for h in (4, 8, 16, 32)]
-    best, seen = _tune([0.3, 0.1, 0.03, 0.01], grid, 12,
-                       lambda hp: -abs(math.log(hp["lr"] / 0.05)) - abs(math.log(hp["sync_interval"] / 32)))
+    best, seen = _tune(
+        [0.3, 0.1, 0.03, 0.01],
+        grid,
+        12,
+        lambda hp: -abs(math.log(hp["lr"] / 0.05)) - abs(math.log(hp["sync_interval"] / 32)),
+    )
     assert all(hp["sync_interval"] == 16 for hp in seen[:4])  # the middle of the grid while the lr is tuned
     assert seen[4:7] == [{"lr": 0.03, "sync_interval": h} for h in (4, 8, 32)]  # stage 2 at the best lr
     assert all(hp["sync_interval"] == 32 for hp in seen[7:])  # stage 3: lr refined with the best knobs
@@ -59,13 +64,18 @@ def test_target_time_and_metric_at_budget():
     assert tta.median_time([3.0, None, 1.0]) == 3.0 and tta.median_time([None, None, 1.0]) is None
 
     def run(times_metrics, bytes_per_step=None):
-        return {"curve": [(t, 10 * (i + 1), m, 0.0) for i, (t, m) in enumerate(times_metrics)],
-                "bytes": None if bytes_per_step is None else 1, "bytes_per_step": bytes_per_step}
+        return {
+            "curve": [(t, 10 * (i + 1), m, 0.0) for i, (t, m) in enumerate(times_metrics)],
+            "bytes": None if bytes_per_step is None else 1,
+            "bytes_per_step": bytes_per_step,
+        }
 
-    cases = {"DDP": {"tuned": {"lr": 0.1}, "runs": [run([(2, 0.5), (4, 1.0)], 100)] * 3},
-             "DDP+PowerSGD": {"tuned": {"lr": 0.1}, "runs": [run([(1, 0.5), (8, 0.99)], 10)] * 3},
-             "Bagua ByteGrad": {"tuned": {"lr": 0.1}, "runs": [run([(1, 0.995)], 25)] * 2 + [run([(1, 0.2)], 25)]},
-             "Bagua LowRank": {"skipped": "no LowRankAlgorithm"}}
+    cases = {
+        "DDP": {"tuned": {"lr": 0.1}, "runs": [run([(2, 0.5), (4, 1.0)], 100)] * 3},
+        "DDP+PowerSGD": {"tuned": {"lr": 0.1}, "runs": [run([(1, 0.5), (8, 0.99)], 10)] * 3},
+        "Bagua ByteGrad": {"tuned": {"lr": 0.1}, "runs": [run([(1, 0.995)], 25)] * 2 + [run([(1, 0.2)], 25)]},
+        "Bagua LowRank": {"skipped": "no LowRankAlgorithm"},
+    }
     s = tta.summarize(cases, list(cases), 0.99, budget=5.0)
     assert s["target"] == pytest.approx(0.99)
     m = s["methods"]
@@ -77,14 +87,20 @@ def test_target_time_and_metric_at_budget():
 
 
 def test_bad_options_are_refused():
-    for bad, says in ((["--methods", "Bagua ByteGrad"], "sets the target"), (["--links", "3 parsecs"], "kbit"),
-                      (["--hosts", "3"], "not divisible by 3 hosts"), (["--tune-trials", "2"], "cover"),
-                      (["--powersgd-starts", "1"], "at least 2"), (["--workloads", "gan"], "unknown")):
+    for bad, says in (
+        (["--methods", "Bagua ByteGrad"], "sets the target"),
+        (["--links", "3 parsecs"], "kbit"),
+        (["--hosts", "3"], "not divisible by 3 hosts"),
+        (["--tune-trials", "2"], "cover"),
+        (["--powersgd-starts", "1"], "at least 2"),
+        (["--workloads", "gan"], "unknown"),
+    ):
         p = _run(*bad, timeout=30)
         assert p.returncode == 2 and says in p.stderr, (bad, explain(p))
 
 
 # ------------------------------------------------------------ smoke runs ---
+
 
 def _check_outputs(out_dir, tracks=("sgd", "adamw")):
     doc = json.loads((out_dir / "time_to_accuracy.json").read_text())
@@ -130,8 +146,24 @@ def test_smoke_run_unshaped(tmp_path):
 @pytest.mark.timeout(120)
 def test_tiny_shaped_run_counts_the_bytes_on_the_wire(tmp_path):
     before = set(_hosts.list_netns())
-    p = _run("--smoke", "--hosts", "2,4", "--links", "1gbit", "--tracks", "sgd", "--methods",
-             "DDP,Bagua ByteGrad", "--seeds", "1", "--out-dir", str(tmp_path), "--timeout", "50", timeout=115)
+    p = _run(
+        "--smoke",
+        "--hosts",
+        "2,4",
+        "--links",
+        "1gbit",
+        "--tracks",
+        "sgd",
+        "--methods",
+        "DDP,Bagua ByteGrad",
+        "--seeds",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--timeout",
+        "50",
+        timeout=115,
+    )
     assert p.returncode == 0, explain(p)
     assert set(_hosts.list_netns()) == before  # every namespace, the switch's too, removed
     doc, table = _check_outputs(tmp_path, tracks=("sgd",))

@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.harness.benchmark_scripts import explain, run_script
 from train_throughput import CONFIGS  # every configuration the script runs by default
+
+from tests.harness.benchmark_scripts import explain, run_script
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -21,15 +21,53 @@ import pytest
 from tests.harness.mp import REPO, launch
 
 ORIGINAL_TOP_LEVEL = [
-    "get_backend", "init_process_group", "send", "recv", "allgather", "allgather_inplace", "allreduce",
-    "allreduce_inplace", "alltoall", "alltoall_inplace", "alltoall_v", "alltoall_v_inplace", "barrier",
-    "broadcast", "gather", "gather_inplace", "reduce", "reduce_inplace", "reduce_scatter",
-    "reduce_scatter_inplace", "scatter", "scatter_inplace", "ReduceOp", "BaguaModule", "BaguaTensor",
-    "get_local_rank", "get_local_size", "get_rank", "get_world_size",
-    "communication", "algorithms", "checkpoint", "contrib", "data_parallel", "env",
+    "get_backend",
+    "init_process_group",
+    "send",
+    "recv",
+    "allgather",
+    "allgather_inplace",
+    "allreduce",
+    "allreduce_inplace",
+    "alltoall",
+    "alltoall_inplace",
+    "alltoall_v",
+    "alltoall_v_inplace",
+    "barrier",
+    "broadcast",
+    "gather",
+    "gather_inplace",
+    "reduce",
+    "reduce_inplace",
+    "reduce_scatter",
+    "reduce_scatter_inplace",
+    "scatter",
+    "scatter_inplace",
+    "ReduceOp",
+    "BaguaModule",
+    "BaguaTensor",
+    "get_local_rank",
+    "get_local_size",
+    "get_rank",
+    "get_world_size",
+    "communication",
+    "algorithms",
+    "checkpoint",
+    "contrib",
+    "data_parallel",
+    "env",
 ]
-ORIGINAL_COMMUNICATION = ["new_group", "from_torch_group", "is_initialized", "broadcast_object", "get_backend",
-                          "allreduce_inplace", "ReduceOp", "init_process_group", "barrier"]
+ORIGINAL_COMMUNICATION = [
+    "new_group",
+    "from_torch_group",
+    "is_initialized",
+    "broadcast_object",
+    "get_backend",
+    "allreduce_inplace",
+    "ReduceOp",
+    "init_process_group",
+    "barrier",
+]
 
 
 # ---------------------------------------------------------------- one process, no job
@@ -37,18 +75,27 @@ ORIGINAL_COMMUNICATION = ["new_group", "from_torch_group", "is_initialized", "br
 
 def test_original_module_paths_and_names():
     import bagua.torch_api as bagua
+    import bagua_torch
     from bagua.torch_api import algorithms, checkpoint, communication, data_parallel, env
     from bagua.torch_api.algorithms import async_model_average, bytegrad, decentralized, gradient_allreduce, q_adam
     from bagua.torch_api.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from bagua.torch_api.data_parallel.distributed import DistributedDataParallel_V1_9_0  # noqa: F401
 
-    import bagua_torch
     for name in ORIGINAL_TOP_LEVEL:
         assert hasattr(bagua, name), name
     for name in ORIGINAL_COMMUNICATION:
         assert hasattr(communication, name), name
-    for name in ("get_rank", "get_local_rank", "get_world_size", "get_local_size", "get_node_rank",
-                 "get_default_bucket_size", "get_master_addr", "get_bagua_service_port", "get_autotune_level"):
+    for name in (
+        "get_rank",
+        "get_local_rank",
+        "get_world_size",
+        "get_local_size",
+        "get_node_rank",
+        "get_default_bucket_size",
+        "get_master_addr",
+        "get_bagua_service_port",
+        "get_autotune_level",
+    ):
         assert callable(getattr(env, name)), name
     # the same objects as bagua_torch's: no second implementation
     assert gradient_allreduce.GradientAllReduceAlgorithm is bagua_torch.algorithms.GradientAllReduceAlgorithm
@@ -62,14 +109,19 @@ def test_original_module_paths_and_names():
     assert data_parallel.BaguaDistributedDataParallel is bagua_torch.BaguaDistributedDataParallel
     assert checkpoint.save_checkpoint is bagua_torch.checkpoint.save_checkpoint
     assert q_adam.QAdamAlgorithm and async_model_average.AsyncModelAverageAlgorithm
-    from bagua.torch_api.contrib import CacheLoader, CachedDataset, LoadBalancingDistributedSampler
+    import bagua_torch.contrib as tc
+    from bagua.torch_api.contrib import CachedDataset, CacheLoader, LoadBalancingDistributedSampler
     from bagua.torch_api.contrib.fuse.optimizer import fuse_optimizer
     from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
     from bagua.torch_api.contrib.utils.redis_store import RedisStore
 
-    import bagua_torch.contrib as tc
-    assert (CacheLoader, CachedDataset, LoadBalancingDistributedSampler, fuse_optimizer, SyncBatchNorm) == \
-        (tc.CacheLoader, tc.CachedDataset, tc.LoadBalancingDistributedSampler, tc.fuse_optimizer, tc.SyncBatchNorm)
+    assert (CacheLoader, CachedDataset, LoadBalancingDistributedSampler, fuse_optimizer, SyncBatchNorm) == (
+        tc.CacheLoader,
+        tc.CachedDataset,
+        tc.LoadBalancingDistributedSampler,
+        tc.fuse_optimizer,
+        tc.SyncBatchNorm,
+    )
     assert RedisStore is bagua_torch.contrib.utils.redis_store.RedisStore
 
 
@@ -98,10 +150,15 @@ def test_algorithm_init_knows_every_name_of_bagua_0_9():
     assert set(ORIGINAL_NAMES) <= set(Algorithm.registered())
 
 
-@pytest.mark.parametrize("module,name", [
-    ("q_adam", "QAdamAlgorithm"), ("q_adam", "QAdamOptimizer"),
-    ("async_model_average", "AsyncModelAverageAlgorithm"), ("decentralized", "LowPrecisionDecentralizedAlgorithm"),
-])
+@pytest.mark.parametrize(
+    "module,name",
+    [
+        ("q_adam", "QAdamAlgorithm"),
+        ("q_adam", "QAdamOptimizer"),
+        ("async_model_average", "AsyncModelAverageAlgorithm"),
+        ("decentralized", "LowPrecisionDecentralizedAlgorithm"),
+    ],
+)
 def test_original_module_paths_give_the_real_classes(module, name):
     import importlib
 
@@ -121,8 +178,16 @@ def test_bagua_tensor_not_built():
 def test_env_getters_read_the_environment_through_config(monkeypatch):
     from bagua.torch_api import env
 
-    for k, v in dict(RANK="2", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1",
-                     MASTER_PORT="29400", BAGUA_DEFAULT_BUCKET_SIZE="4096", BAGUA_SERVICE_PORT="31000").items():
+    for k, v in dict(
+        RANK="2",
+        WORLD_SIZE="4",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="10.0.0.1",
+        MASTER_PORT="29400",
+        BAGUA_DEFAULT_BUCKET_SIZE="4096",
+        BAGUA_SERVICE_PORT="31000",
+    ).items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("BAGUA_BUCKET_SIZE", raising=False)
     monkeypatch.delenv("BAGUA_STORE_PORT", raising=False)
@@ -137,8 +202,10 @@ def test_env_getters_read_the_environment_through_config(monkeypatch):
 
 def test_light_imports():
     # `import bagua` and the launchers load neither torch nor the engine
-    code = ("import sys, bagua, bagua.distributed.launch, bagua.distributed.run; "
-            "bad = [m for m in ('torch', 'jax', 'bagua_core._C') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, bagua, bagua.distributed.launch, bagua.distributed.run; "
+        "bad = [m for m in ('torch', 'jax', 'bagua_core._C') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
@@ -250,8 +317,11 @@ class Worker:
         torch, b = self.torch, self.bagua
         values = [[1 << r, 0xF0 | r, 3 * r + 1] for r in range(self.world)]  # every rank's data
         for dtype in (torch.int64, torch.int32, torch.uint8):
-            for op, fn in ((b.ReduceOp.BOR, operator.or_), (b.ReduceOp.BAND, operator.and_),
-                           (b.ReduceOp.BXOR, operator.xor)):
+            for op, fn in (
+                (b.ReduceOp.BOR, operator.or_),
+                (b.ReduceOp.BAND, operator.and_),
+                (b.ReduceOp.BXOR, operator.xor),
+            ):
                 want = torch.tensor([functools.reduce(fn, col) for col in zip(*values)], dtype=dtype)
                 x = torch.tensor(values[self.rank], dtype=dtype)
                 b.allreduce_inplace(x, op=op)
@@ -385,11 +455,16 @@ class Worker:
 
         def mine():
             g = torch.Generator().manual_seed(self.rank)
+
             def exact(*shape):  # eighths: every summation order gives the same float
                 return torch.randint(-99, 99, shape, generator=g).float() / 8
 
-            return [exact(2, 3), torch.randint(-9, 9, (4,), generator=g), exact(5),
-                    torch.randint(0, 200, (3,), generator=g).to(torch.uint8)]
+            return [
+                exact(2, 3),
+                torch.randint(-9, 9, (4,), generator=g),
+                exact(5),
+                torch.randint(0, 200, (3,), generator=g).to(torch.uint8),
+            ]
 
         got, ref = mine(), mine()
         c.allreduce_coalesced_inplace(got)
@@ -427,8 +502,13 @@ class Worker:
 
         model = self.mlp(7)
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        ddp = DistributedDataParallel(model, optimizers=[opt], algorithm=GradientAllReduceAlgorithm(),
-                                      find_unused_parameters=False, gradient_as_bucket_view=True)
+        ddp = DistributedDataParallel(
+            model,
+            optimizers=[opt],
+            algorithm=GradientAllReduceAlgorithm(),
+            find_unused_parameters=False,
+            gradient_as_bucket_view=True,
+        )
         self.train(ddp, opt)
         got, want = self.flat(model), self.ddp_reference(7)
         assert self.torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
@@ -451,8 +531,9 @@ class Worker:
 
         model = self.mlp(11)
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        ddp = DistributedDataParallel_V1_9_0(model, [opt], bytegrad.ByteGradAlgorithm(),
-                                             process_group=self.dist.group.WORLD)
+        ddp = DistributedDataParallel_V1_9_0(
+            model, [opt], bytegrad.ByteGradAlgorithm(), process_group=self.dist.group.WORLD
+        )
         self.train(ddp, opt)
         allv = self.bagua.allgather(self.flat(model))
         for r in range(self.world):  # ByteGrad: every rank applies the same decompressed gradient
@@ -613,8 +694,9 @@ def test_init_uses_a_torch_group_the_user_made_first():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["tcp", "file"])
 def test_init_with_a_store_and_layout_arguments(kind, tmp_path):
-    run = launch(STORE_AND_LAYOUT_ARGUMENTS, 3, timeout=90,
-                 env={"STORE_KIND": kind, "STORE_FILE": str(tmp_path / "store")})
+    run = launch(
+        STORE_AND_LAYOUT_ARGUMENTS, 3, timeout=90, env={"STORE_KIND": kind, "STORE_FILE": str(tmp_path / "store")}
+    )
     assert run.ok() and all("OK" in w.stdout for w in run.workers), run.summary()
     if kind == "file":  # no MASTER_ADDR: rank 0 published a store port through the user's store
         ports = {w.stdout.split()[1] for w in run.workers}

@@ -16,8 +16,18 @@ import torch
 from tests.harness.mp import REPO, launch
 
 MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
-CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "BAGUA_BUCKET_SIZE", "BAGUA_STORE_PORT")
+CONTRACT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "BAGUA_BUCKET_SIZE",
+    "BAGUA_STORE_PORT",
+)
 
 
 def _env():
@@ -30,8 +40,15 @@ def _env():
 
 
 def _run(module, *args, timeout=150, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
 
 
 def _script(tmp_path, source):
@@ -46,6 +63,7 @@ def _state(path):
 
 # ---------------------------------------------------------------- MNIST, original style
 
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3])
 def test_mnist_example_under_launch_equals_torch_ddp(world, tmp_path):
@@ -53,8 +71,12 @@ def test_mnist_example_under_launch_equals_torch_ddp(world, tmp_path):
     got = _run("bagua.distributed.launch", "--nproc_per_node", world, MNIST, *flags, tmp_path / "bagua.pt")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert "Test set: Average loss" in got.stderr  # logging goes to stderr, rank 0 only at INFO
-    ref = launch(os.path.join(REPO, "tests", "harness", "reference", "mnist_ddp.py"), world, timeout=150,
-                 args=[*flags, str(tmp_path / "ddp.pt")])
+    ref = launch(
+        os.path.join(REPO, "tests", "harness", "reference", "mnist_ddp.py"),
+        world,
+        timeout=150,
+        args=[*flags, str(tmp_path / "ddp.pt")],
+    )
     assert ref.ok(), ref.summary()
     bagua_state, ddp_state = _state(tmp_path / "bagua.pt"), _state(tmp_path / "ddp.pt")
     assert sorted(bagua_state) == sorted(ddp_state)  # with_bagua keeps the plain model state dict
@@ -66,11 +88,13 @@ def test_mnist_example_under_launch_equals_torch_ddp(world, tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algorithm,world", [("bytegrad", 3), ("decentralized", 2)])
 def test_mnist_example_under_run_trains(algorithm, world, tmp_path):
-    got = _run("bagua.distributed.run", "--nproc_per_node", world, MNIST, "--algorithm", algorithm,
-               "--epochs", "2")
+    got = _run("bagua.distributed.run", "--nproc_per_node", world, MNIST, "--algorithm", algorithm, "--epochs", "2")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
-    losses = [float(line.split("Average loss: ")[1].split(",")[0]) for line in got.stderr.splitlines()
-              if "Average loss" in line]
+    losses = [
+        float(line.split("Average loss: ")[1].split(",")[0])
+        for line in got.stderr.splitlines()
+        if "Average loss" in line
+    ]
     assert len(losses) == 2 and losses[1] < 2.0, got.stderr[-3000:]  # chance level is ln(10) = 2.30
 
 
@@ -87,16 +111,34 @@ print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.ar
 def _envs(out):
     import json
 
-    return sorted((json.loads(line.split("ENV ", 1)[1]) for line in out.splitlines() if "ENV " in line),
-                  key=lambda e: int(e["RANK"]))
+    return sorted(
+        (json.loads(line.split("ENV ", 1)[1]) for line in out.splitlines() if "ENV " in line),
+        key=lambda e: int(e["RANK"]),
+    )
 
 
 @pytest.mark.timeout(60)
 def test_launch_flags(tmp_path):
     script = _script(tmp_path, SHOW)
-    got = _run("bagua.distributed.launch", "--nproc_per_node", 3, "--master_port", 29950,
-               "--set_additional_flag", "--bagua_service_port", 29960, "--default_bucket_size", 4096,
-               "--autotune_level", 1, "--enable_bagua_net", script, "--lr", "0.1", timeout=50)
+    got = _run(
+        "bagua.distributed.launch",
+        "--nproc_per_node",
+        3,
+        "--master_port",
+        29950,
+        "--set_additional_flag",
+        "--bagua_service_port",
+        29960,
+        "--default_bucket_size",
+        4096,
+        "--autotune_level",
+        1,
+        "--enable_bagua_net",
+        script,
+        "--lr",
+        "0.1",
+        timeout=50,
+    )
     assert got.returncode == 0, got.stderr
     envs = _envs(got.stdout)
     assert [e["RANK"] for e in envs] == ["0", "1", "2"]
@@ -113,8 +155,18 @@ def test_launch_flags(tmp_path):
 @pytest.mark.timeout(60)
 def test_launch_logdir_and_no_python(tmp_path):
     logdir = tmp_path / "logs"
-    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, "--no_python", "--logdir", logdir,
-               "sh", "-c", "echo out $RANK; echo err $LOCAL_RANK >&2", timeout=50)
+    got = _run(
+        "bagua.distributed.launch",
+        "--nproc_per_node",
+        2,
+        "--no_python",
+        "--logdir",
+        logdir,
+        "sh",
+        "-c",
+        "echo out $RANK; echo err $LOCAL_RANK >&2",
+        timeout=50,
+    )
     assert got.returncode == 0, got.stderr
     for r in range(2):
         assert (logdir / f"node_0_local_rank_{r}_stdout").read_text() == f"out {r}\n"
@@ -123,22 +175,28 @@ def test_launch_logdir_and_no_python(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_launch_failure_stops_the_job(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys, time
         if os.environ["RANK"] == "1":
             sys.exit(3)
         time.sleep(60)
-    """)
+    """,
+    )
     got = _run("bagua.distributed.launch", "--nproc_per_node", 3, script, timeout=50)
     assert got.returncode == 3 and "rank 1 (local rank 1) failed with exit code 3" in got.stderr
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("args,message", [
-    (["--nnodes", "1:4"], "not elastic"),
-    (["--nproc_per_node", "many"], "not a number, auto or cpu"),
-    (["--master_port", "70000"], "1..65534"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--nnodes", "1:4"], "not elastic"),
+        (["--nproc_per_node", "many"], "not a number, auto or cpu"),
+        (["--master_port", "70000"], "1..65534"),
+    ],
+)
 def test_run_bad_flags(args, message, tmp_path):
     got = _run("bagua.distributed.run", *args, _script(tmp_path, SHOW), timeout=50)
     assert got.returncode == 2 and message in got.stderr, got.stderr
@@ -146,9 +204,22 @@ def test_run_bad_flags(args, message, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_run_flags(tmp_path):
-    got = _run("bagua.distributed.run", "--nnodes", "1:1", "--nproc_per_node", 2, "--rdzv_endpoint",
-               "127.0.0.1:29970", "--max_restarts", 3, "--rdzv_backend", "c10d", _script(tmp_path, SHOW), "x",
-               timeout=50)
+    got = _run(
+        "bagua.distributed.run",
+        "--nnodes",
+        "1:1",
+        "--nproc_per_node",
+        2,
+        "--rdzv_endpoint",
+        "127.0.0.1:29970",
+        "--max_restarts",
+        3,
+        "--rdzv_backend",
+        "c10d",
+        _script(tmp_path, SHOW),
+        "x",
+        timeout=50,
+    )
     assert got.returncode == 0, got.stderr
     envs = _envs(got.stdout)
     assert [(e["RANK"], e["MASTER_PORT"], e["argv"]) for e in envs] == [("0", "29970", ["x"]), ("1", "29970", ["x"])]
@@ -168,13 +239,32 @@ def test_info_log_says_layout_algorithm_and_buckets():
     env_extra = {"BAGUA_LOG_LEVEL": "INFO"}
     env = _env()
     env.update(env_extra)
-    got = subprocess.run([sys.executable, "-m", "bagua.distributed.launch", "--nproc_per_node", "2", MNIST,
-                          "--epochs", "1", "--algorithm", "bytegrad"], cwd=REPO, env=env, capture_output=True,
-                         text=True, stdin=subprocess.DEVNULL, timeout=100)
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bagua.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            MNIST,
+            "--epochs",
+            "1",
+            "--algorithm",
+            "bytegrad",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=100,
+    )
     assert got.returncode == 0, got.stderr[-3000:]
     for r in range(2):
-        for text in (f"bagua INFO rank {r}: rank {r} of 2: 1 node(s), ranks per node [2]",
-                     f"bagua INFO rank {r}: engine on 'world': hierarchical",
-                     f"bagua INFO rank {r}: algorithm step 'bytegrad' (average=true;hierarchical=true)",
-                     f"bagua INFO rank {r}: 1 bucket(s), bytes ["):
+        for text in (
+            f"bagua INFO rank {r}: rank {r} of 2: 1 node(s), ranks per node [2]",
+            f"bagua INFO rank {r}: engine on 'world': hierarchical",
+            f"bagua INFO rank {r}: algorithm step 'bytegrad' (average=true;hierarchical=true)",
+            f"bagua INFO rank {r}: 1 bucket(s), bytes [",
+        ):
             assert got.stderr.count(text) == 1, (text, got.stderr[-3000:])

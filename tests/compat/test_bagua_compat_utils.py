@@ -42,8 +42,12 @@ def test_apply_flattened_call_per_type():
 
 
 def test_to_bagua_datatype():
-    assert [utils.to_bagua_datatype(t) for t in (torch.float32, torch.float16, torch.uint8, torch.long)] == \
-        ["f32", "f16", "u8", "i64"]
+    assert [utils.to_bagua_datatype(t) for t in (torch.float32, torch.float16, torch.uint8, torch.long)] == [
+        "f32",
+        "f16",
+        "u8",
+        "i64",
+    ]
     with pytest.raises(ValueError, match="unsupported data type"):
         utils.to_bagua_datatype(torch.bool)
 
@@ -59,13 +63,20 @@ def test_average_by_removing_extreme_values_against_numpy():
 
 def test_statistical_average_the_original_values():
     """The original's tests/torch_api/test_utils.py, same numbers and tolerance."""
-    m = utils.StatisticalAverage(last_update_time=time.time(), records=[5.0, 4.5005175, 3.5034241850204078],
-                                 record_tail=(2.0166309999999985, 2.499061185570463))
+    m = utils.StatisticalAverage(
+        last_update_time=time.time(),
+        records=[5.0, 4.5005175, 3.5034241850204078],
+        record_tail=(2.0166309999999985, 2.499061185570463),
+    )
     time.sleep(1)
     m.record(6.0)
-    for n, want in [(1.0, 6.0), (2.0, (6.0 + 5.0) / 2.0), (3.0, (6.0 + 4.5005175 * 2.0) / 3.0),
-                    (5.0, (6.0 + 3.5034241850204078 * 4.0) / 5.0),
-                    (7.0, (6.0 + 2.499061185570463 * (4.0 + 2.0166309999999985)) / 7.0)]:
+    for n, want in [
+        (1.0, 6.0),
+        (2.0, (6.0 + 5.0) / 2.0),
+        (3.0, (6.0 + 4.5005175 * 2.0) / 3.0),
+        (5.0, (6.0 + 3.5034241850204078 * 4.0) / 5.0),
+        (7.0, (6.0 + 2.499061185570463 * (4.0 + 2.0166309999999985)) / 7.0),
+    ]:
         assert np.isclose(m.get_records_mean(n), want, atol=0.1), (n, m.get_records_mean(n), want, str(m))
     assert np.isclose(m.total_recording_time(), 4.0 + 2.0166309999999985 + 1, atol=0.1)
 

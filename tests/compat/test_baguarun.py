@@ -29,7 +29,8 @@ SECRET = "s3cret-" + uuid.uuid4().hex
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None,
-    reason="needs root and openssh-server: run  sudo apt-get install -y openssh-server")
+    reason="needs root and openssh-server: run  sudo apt-get install -y openssh-server",
+)
 
 WORKER = """
     import os, sys, time
@@ -60,7 +61,8 @@ def sshd(tmp_path_factory):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
     port = _free_port()
-    (d / "sshd_config").write_text(textwrap.dedent(f"""\
+    (d / "sshd_config").write_text(
+        textwrap.dedent(f"""\
         Port {port}
         ListenAddress 127.0.0.1
         HostKey {d}/host_key
@@ -71,7 +73,8 @@ def sshd(tmp_path_factory):
         PasswordAuthentication no
         KbdInteractiveAuthentication no
         UsePAM no
-        """))
+        """)
+    )
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
     try:
@@ -83,8 +86,10 @@ def sshd(tmp_path_factory):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "sshd did not start"
                 time.sleep(0.1)
-        ssh = (f"ssh -i {d}/client_key -o BatchMode=yes -o StrictHostKeyChecking=no "
-               "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+        ssh = (
+            f"ssh -i {d}/client_key -o BatchMode=yes -o StrictHostKeyChecking=no "
+            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+        )
         yield port, ssh
     finally:
         proc.terminate()
@@ -96,13 +101,44 @@ def _baguarun(sshd, tmp_path, *args, env_extra=None, mode="ok", hosts=None):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
     marker = "baguarun-test-" + uuid.uuid4().hex
-    env = {**os.environ, "BAGUA_SSH_COMMAND": ssh, "BAGUA_STORE_SECRET": SECRET, "PYTHONPATH": REPO,
-           **(env_extra or {})}
+    env = {
+        **os.environ,
+        "BAGUA_SSH_COMMAND": ssh,
+        "BAGUA_STORE_SECRET": SECRET,
+        "PYTHONPATH": REPO,
+        **(env_extra or {}),
+    }
     hosts = hosts or f"127.0.0.1:{port},127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "bagua.script.baguarun", "--host_list", hosts, "--nproc_per_node", "2",
-            "-x", "FOO=bar", "-x", "BAGUA_TIMEOUT=60", "-x", "PYTHONPATH", *args, str(script), mode, SECRET, marker]
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True), marker
+    argv = [
+        sys.executable,
+        "-m",
+        "bagua.script.baguarun",
+        "--host_list",
+        hosts,
+        "--nproc_per_node",
+        "2",
+        "-x",
+        "FOO=bar",
+        "-x",
+        "BAGUA_TIMEOUT=60",
+        "-x",
+        "PYTHONPATH",
+        *args,
+        str(script),
+        mode,
+        SECRET,
+        marker,
+    ]
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    ), marker
 
 
 def _cmdlines():
@@ -139,8 +175,7 @@ def test_two_hosts_run_the_job(sshd, tmp_path):
     proc, marker = _baguarun(sshd, tmp_path)
     seen_secret_in_argv = False
     while proc.poll() is None:
-        seen_secret_in_argv |= any(SECRET in c and "baguarun" not in c and "worker.py" not in c
-                                   for c in _cmdlines())
+        seen_secret_in_argv |= any(SECRET in c and "baguarun" not in c and "worker.py" not in c for c in _cmdlines())
         time.sleep(0.2)
     rc, out = _finish(proc)
     assert rc == 0, out[-4000:]
@@ -181,8 +216,15 @@ def test_bad_input_is_refused(sshd, tmp_path):
         env = {**os.environ, **(env_extra or {})}
         env.pop("BAGUA_NODE_DOMAIN_NAMES", None)
         env.update(env_extra or {})
-        return subprocess.run([sys.executable, "-m", "bagua.script.baguarun", *argv], cwd=REPO, env=env,
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+        return subprocess.run(
+            [sys.executable, "-m", "bagua.script.baguarun", *argv],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
 
     got = run("--nproc_per_node", "1", "x.py")
     assert got.returncode == 2 and "no hosts" in got.stderr
@@ -210,11 +252,35 @@ def test_unreachable_host_is_named(sshd, tmp_path):
 def test_bagua_flags_reach_every_host_launcher():
     from bagua.script import baguarun
 
-    a = baguarun.build_parser().parse_args(["--host_list", "h1,h2", "--nproc_per_node", "3", "--master_port", "1234",
-                                            "--autotune_level", "1", "--default_bucket_size", "4096",
-                                            "--is_output_autotune_log", "train.py", "--lr", "0.1"])
+    a = baguarun.build_parser().parse_args(
+        [
+            "--host_list",
+            "h1,h2",
+            "--nproc_per_node",
+            "3",
+            "--master_port",
+            "1234",
+            "--autotune_level",
+            "1",
+            "--default_bucket_size",
+            "4096",
+            "--is_output_autotune_log",
+            "train.py",
+            "--lr",
+            "0.1",
+        ]
+    )
     script = baguarun.remote_script(1, 2, "h1", a, [("FOO", "a b")])
-    for part in ("--nnodes=2", "--node_rank=1", "--master_addr=h1", "--nproc_per_node=3", "--master_port=1234",
-                 "--autotune_level=1", "--default_bucket_size=4096", "--is_output_autotune_log",
-                 "train.py --lr 0.1", "export FOO="):
+    for part in (
+        "--nnodes=2",
+        "--node_rank=1",
+        "--master_addr=h1",
+        "--nproc_per_node=3",
+        "--master_port=1234",
+        "--autotune_level=1",
+        "--default_bucket_size=4096",
+        "--is_output_autotune_log",
+        "train.py --lr 0.1",
+        "export FOO=",
+    ):
         assert part in script, (part, script)

@@ -20,16 +20,16 @@ import warnings
 
 import numpy as np
 import pytest
-
-
-import torch  # noqa: E402
+import torch
 
 from tests.harness.mp import launch, repo_env
 from tests.harness.paths import REPO
 
 HAVE_REDIS = shutil.which("redis-server") is not None
-needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed: run "
-                                 "`sudo apt-get install -y redis-server` (make system does it as root)")
+needs_redis = pytest.mark.skipif(
+    not HAVE_REDIS,
+    reason="redis-server is not installed: run `sudo apt-get install -y redis-server` (make system does it as root)",
+)
 MARKER = "/tmp/bagua-cache-test-pickle-ran"
 
 
@@ -45,8 +45,12 @@ class Samples(torch.utils.data.Dataset):
     def __getitem__(self, i):
         self.loads += 1
         g = torch.Generator().manual_seed(i)
-        return {"x": torch.randn(self.size, generator=g), "y": i % 3, "a": np.arange(i, i + 4, dtype=np.int16),
-                "name": f"s{i}"}
+        return {
+            "x": torch.randn(self.size, generator=g),
+            "y": i % 3,
+            "a": np.arange(i, i + 4, dtype=np.int16),
+            "name": f"s{i}",
+        }
 
 
 def same_sample(a, b):
@@ -66,16 +70,24 @@ class Evil:
 def test_format_round_trip():
     from bagua_torch.contrib.utils.serialization import dumps, loads
 
-    value = {"t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "f16": np.ones((2, 2), np.float16),
-             "empty": torch.empty(0, 3), "scalar": torch.tensor(2.5, dtype=torch.float64), "b": b"\x00raw",
-             "nums": [1, -2**70, float("nan"), float("-inf"), 0.1, True, None], "tup": (np.int64(7), np.bool_(True)),
-             3: "int key", ("k", 1): [np.zeros((0,), np.uint8)], "u": "ünïcode"}
+    value = {
+        "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "f16": np.ones((2, 2), np.float16),
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "b": b"\x00raw",
+        "nums": [1, -(2**70), float("nan"), float("-inf"), 0.1, True, None],
+        "tup": (np.int64(7), np.bool_(True)),
+        3: "int key",
+        ("k", 1): [np.zeros((0,), np.uint8)],
+        "u": "ünïcode",
+    }
     back = loads(dumps(value))
     assert torch.equal(back["t"], value["t"]) and back["t"].dtype == torch.bfloat16
     assert back["f16"].dtype == np.float16 and np.array_equal(back["f16"], value["f16"])
     assert back["empty"].shape == (0, 3) and back["scalar"].dtype == torch.float64 and back["scalar"].item() == 2.5
     assert back["b"] == b"\x00raw" and back[3] == "int key" and back["u"] == "ünïcode"
-    assert back["nums"][:2] == [1, -2**70] and np.isnan(back["nums"][2]) and back["nums"][3] == float("-inf")
+    assert back["nums"][:2] == [1, -(2**70)] and np.isnan(back["nums"][2]) and back["nums"][3] == float("-inf")
     assert back["nums"][4:] == [0.1, True, None] and type(back["nums"][5]) is bool
     assert type(back["tup"]) is tuple and back["tup"][0] == 7 and back["tup"][0].dtype == np.int64
     assert back[("k", 1)][0].dtype == np.uint8
@@ -131,8 +143,9 @@ def test_lmdb_with_dataloader_workers_and_batched_reads(tmp_path):
 
     ds = CachedDataset(Samples(), writer_buffer_size=16, path=str(tmp_path / "db"))
     for epoch in range(2):
-        loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True,
-                                             generator=torch.Generator().manual_seed(epoch))
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=8, num_workers=2, shuffle=True, generator=torch.Generator().manual_seed(epoch)
+        )
         seen = {}
         for batch in loader:
             for i, name in enumerate(batch["name"]):
@@ -160,7 +173,7 @@ def test_lmdb_full_cache_evicts_randomly_and_serves_everything(tmp_path):
 
 
 def test_bad_input(tmp_path):
-    from bagua_torch.contrib import CacheLoader, CachedDataset
+    from bagua_torch.contrib import CachedDataset, CacheLoader
 
     with pytest.raises(ValueError, match="invalid backend"):
         CacheLoader(backend="memcached")
@@ -173,6 +186,7 @@ def test_bad_input(tmp_path):
 
         def __getitem__(self, i):
             return Evil()
+
     with pytest.raises(TypeError, match="allow_pickle=True"):
         CachedDataset(Objects(), path=str(tmp_path / "b"))[0]
     if os.path.exists(MARKER):
@@ -216,8 +230,9 @@ def _worker():
 
     def servers():
         if backend == "redis":
-            nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]) + \
-                (1 if int(os.environ["WORLD_SIZE"]) % int(os.environ["LOCAL_WORLD_SIZE"]) else 0)
+            nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]) + (
+                1 if int(os.environ["WORLD_SIZE"]) % int(os.environ["LOCAL_WORLD_SIZE"]) else 0
+            )
             assert len(store.hosts) == nodes, store.hosts
             for c in store.clients:
                 assert c.dbsize() > 0, "a server got no key: keys are not sharded"
@@ -311,8 +326,14 @@ def test_start_redis_server_cli_serves_until_the_process_exits():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = subprocess.run([sys.executable, "-c", START_CLI, str(port)], capture_output=True, text=True, timeout=50,
-                         env=repo_env(), cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", START_CLI, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=repo_env(),
+        cwd=REPO,
+    )
     assert out.returncode == 0 and "SERVED" in out.stdout, out.stdout + out.stderr[-2000:]
     deadline = time.monotonic() + 10
     while _port_open("127.0.0.1", port) and time.monotonic() < deadline:
@@ -329,8 +350,12 @@ def two_servers():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        procs.append(subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                       "--appendonly", "no"], stdout=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+            )
+        )
         hosts.append({"host": "127.0.0.1", "port": port})
     deadline = time.monotonic() + 10
     while not all(_port_open(h["host"], h["port"]) for h in hosts):
@@ -347,13 +372,20 @@ def test_redis_given_hosts_shards_and_survives_a_dead_server(two_servers):
 
     procs, hosts = two_servers
     base = Samples()
-    ds = CachedDataset(base, backend="redis", hosts=[hosts[0], f"127.0.0.1:{hosts[1]['port']}"], writer_buffer_size=4,
-                       retry_after_s=0.2, socket_timeout_s=1.0)
+    ds = CachedDataset(
+        base,
+        backend="redis",
+        hosts=[hosts[0], f"127.0.0.1:{hosts[1]['port']}"],
+        writer_buffer_size=4,
+        retry_after_s=0.2,
+        socket_timeout_s=1.0,
+    )
     for i in range(40):
         ds[i]
     ds.cache_loader.flush()
     assert [c.dbsize() for c in ds.cache_loader.store.clients] and all(
-        c.dbsize() > 0 for c in ds.cache_loader.store.clients)
+        c.dbsize() > 0 for c in ds.cache_loader.store.clients
+    )
     assert ds.cache_loader.num_keys() == 40
     procs[1].kill()  # one server dies mid-epoch
     procs[1].wait()

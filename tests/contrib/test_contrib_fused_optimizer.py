@@ -14,9 +14,7 @@ import sys
 import warnings
 
 import pytest
-
-
-import torch  # noqa: E402
+import torch
 
 from tests.harness.mp import launch
 
@@ -48,15 +46,17 @@ CONFIGS = [
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)
+    )
 
 
 def _optimizer(model, name, kwargs):
     params = list(model.parameters())
     # two groups, the second with its own learning rate: fusion is per group
-    return getattr(torch.optim, name)([{"params": params[:4]}, {"params": params[4:], "lr": kwargs["lr"] * 0.5}],
-                                      **kwargs)
+    return getattr(torch.optim, name)(
+        [{"params": params[:4]}, {"params": params[4:], "lr": kwargs["lr"] * 0.5}], **kwargs
+    )
 
 
 def _train_step(model, opt, step, use_fuse, set_to_none):
@@ -161,6 +161,7 @@ def test_lr_scheduler_and_closure_and_hooks():
             loss = m(x).square().mean()
             loss.backward()
             return loss
+
         return closure
 
     for _ in range(10):
@@ -219,8 +220,11 @@ def test_unfusable_layout_warns_once_and_still_matches():
 # ---------------------------------------------------------------- with a wrapped model
 
 
-WRAPPED_CASES = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)), ("Adam", dict(lr=1e-3, amsgrad=True)),
-                 ("RMSprop", dict(lr=1e-3, centered=True, momentum=0.9))]
+WRAPPED_CASES = [
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+    ("Adam", dict(lr=1e-3, amsgrad=True)),
+    ("RMSprop", dict(lr=1e-3, centered=True, momentum=0.9)),
+]
 
 
 def _wrapped_worker():
@@ -258,6 +262,7 @@ def _wrapped_worker():
             flat = torch.cat([p.detach().reshape(-1) for p in models[1].parameters()])
             allv = bagua_torch.allgather(flat)
             assert all(torch.equal(allv[r], flat) for r in range(group.size)), "ranks differ"
+
         return run
 
     def counted(algorithm, fuse_first, opt_flattens, bagua_flattens):
@@ -291,14 +296,19 @@ def _wrapped_worker():
             assert opts[1]._bagua_fused_count == want, (opts[1]._bagua_fused_count, want)
             for m in models:
                 m.bagua_ddp.close()
+
         return run
 
-    cases = [(f"{n}-{'bagua' if bf else 'fuse'}_flattens", case(n, k, bf))
-             for n, k in WRAPPED_CASES for bf in (False, True)]
-    cases += [(f"count-{a}-{'fuse_first' if ff else 'wrap_first'}-opt{int(of)}-bagua{int(bf)}",
-               counted(a, ff, of, bf))
-              for a in ("allreduce", "decentralized") for ff in (True, False) for of in (True, False)
-              for bf in (True, False)]
+    cases = [
+        (f"{n}-{'bagua' if bf else 'fuse'}_flattens", case(n, k, bf)) for n, k in WRAPPED_CASES for bf in (False, True)
+    ]
+    cases += [
+        (f"count-{a}-{'fuse_first' if ff else 'wrap_first'}-opt{int(of)}-bagua{int(bf)}", counted(a, ff, of, bf))
+        for a in ("allreduce", "decentralized")
+        for ff in (True, False)
+        for of in (True, False)
+        for bf in (True, False)
+    ]
     sys.exit(1 if run_cases(cases) else 0)
 
 

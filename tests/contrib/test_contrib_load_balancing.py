@@ -52,7 +52,7 @@ def test_ranks_get_neighbouring_complexities_at_each_position(world, shuffle):
     assert n == -(-37 // world) and all(len(p) == n for p in per_rank)
     ranked = sorted(range(37), key=lambda i: ds.lengths[i])  # stable, as the sampler's
     cyclic = [ranked[k % 37] for k in range(n * world)]
-    chunks = [tuple(cyclic[k:k + world]) for k in range(0, n * world, world)]  # consecutive in complexity
+    chunks = [tuple(cyclic[k : k + world]) for k in range(0, n * world, world)]  # consecutive in complexity
     positions = [tuple(per_rank[r][pos] for r in range(world)) for pos in range(n)]
     if shuffle:
         assert sorted(positions) == sorted(chunks)  # the chunks, in a shuffled order
@@ -112,7 +112,7 @@ def test_batch_sampler_growing_batches():
     def batch_fn(indices):
         batches, k, size = [], 0, 1
         while k < len(indices):
-            batches.append(indices[k:k + size])
+            batches.append(indices[k : k + size])
             k += size
             size += 1
         return batches
@@ -136,8 +136,9 @@ def test_batch_sampler_pads_and_truncates_to_the_same_count():
         return batches + ([cur] if cur else [])
 
     for drop_last in (False, True):
-        per_rank = [LoadBalancingDistributedBatchSampler(s, uneven, drop_last=drop_last)
-                    for s in samplers(ds, 3, shuffle=True)]
+        per_rank = [
+            LoadBalancingDistributedBatchSampler(s, uneven, drop_last=drop_last) for s in samplers(ds, 3, shuffle=True)
+        ]
         raw = [len(uneven(list(s.sampler))) for s in per_rank]
         expect = min(raw) if drop_last else max(raw)
         assert all(len(b) == expect and len(list(b)) == expect for b in per_rank)
@@ -154,8 +155,12 @@ def test_complexity_as_a_tensor_or_numpy_scalar():
     the plain ints (the original accepts them: it only sorts and subtracts)."""
     ds = Lengths(10)
     plain = LoadBalancingDistributedSampler(ds, len, num_replicas=2, rank=1, seed=3)
-    for fn in (lambda s: torch.tensor(len(s)), lambda s: np.int64(len(s)), lambda s: np.float32(len(s)),
-               lambda s: np.array(len(s))):
+    for fn in (
+        lambda s: torch.tensor(len(s)),
+        lambda s: np.int64(len(s)),
+        lambda s: np.float32(len(s)),
+        lambda s: np.array(len(s)),
+    ):
         other = LoadBalancingDistributedSampler(ds, fn, num_replicas=2, rank=1, seed=3)
         assert other.complexities == plain.complexities
         assert all(type(c) in (int, float) for c in other.complexities)
@@ -173,6 +178,7 @@ def test_bad_input():
         if len(sample) > 20:
             raise KeyError("no")
         return len(sample)
+
     with pytest.raises(ValueError, match="complexity_fn failed on sample"):
         LoadBalancingDistributedSampler(ds, broken, num_replicas=2, rank=0)
     for bad in ("long", True, float("nan"), torch.tensor([1, 2]), torch.tensor(True), np.array([3.0])):

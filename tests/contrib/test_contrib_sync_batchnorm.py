@@ -18,8 +18,18 @@ import pytest
 
 from tests.harness.mp import launch
 
-CASES = ["bn1d_flat", "bn1d_sequence", "bn2d", "bn3d", "bn2d_no_affine", "bn2d_cumulative_momentum",
-         "bn2d_float64", "eval_mode_is_local", "converted_net_trains_like_one_process", "bad_input"]
+CASES = [
+    "bn1d_flat",
+    "bn1d_sequence",
+    "bn2d",
+    "bn3d",
+    "bn2d_no_affine",
+    "bn2d_cumulative_momentum",
+    "bn2d_float64",
+    "eval_mode_is_local",
+    "converted_net_trains_like_one_process",
+    "bad_input",
+]
 
 
 def _batch_sizes(world):
@@ -38,6 +48,7 @@ class Worker:
         self.group = bagua_torch.init_process_group()
         self.rank, self.world = self.group.rank, self.group.size
         from bagua_torch.contrib import SyncBatchNorm, convert_sync_batchnorm
+
         self.SyncBatchNorm, self.convert = SyncBatchNorm, convert_sync_batchnorm
 
     def inputs(self, step, shape, dtype=None):
@@ -70,7 +81,7 @@ class Worker:
             x = xs[self.rank].clone().requires_grad_()
             y = mine(x)
             y.backward(gs[self.rank])
-            lo = sum(len(t) for t in xs[:self.rank])
+            lo = sum(len(t) for t in xs[: self.rank])
             own = slice(lo, lo + len(x))
             close(y, y_ref[own], tol, "output")
             close(x.grad, x_all.grad[own], tol, "input gradient")
@@ -120,8 +131,14 @@ class Worker:
 
         def net():
             torch.manual_seed(0)
-            return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-                                       torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+            return torch.nn.Sequential(
+                torch.nn.Conv2d(2, 4, 3),
+                torch.nn.BatchNorm2d(4),
+                torch.nn.ReLU(),
+                torch.nn.Flatten(),
+                torch.nn.Linear(4 * 4 * 4, 3),
+            )
+
         ref = net()
         model = self.convert(net())
         assert isinstance(model[1], self.SyncBatchNorm) and model[1].weight is not None
@@ -157,6 +174,7 @@ class Worker:
 
 def close(got, ref, tol, what):
     import torch
+
     err = (got.detach() - ref.detach()).abs().max().item() if got.numel() else 0.0
     assert torch.allclose(got.detach(), ref.detach(), rtol=tol, atol=tol), f"{what}: max abs difference {err:.3g}"
 

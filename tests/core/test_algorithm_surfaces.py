@@ -83,8 +83,9 @@ def build(surface: str, name: str, *args, **kwargs):
         derived = OWN_ARGUMENTS.get(name, ([], {}))[1]
         if len(args) > len(public_fields(name)):  # the dataclass refuses them itself
             return core.description_type(name)(*args, **kwargs, **derived)
-        return core.description_type(name)(**dict(zip([f.name for f in public_fields(name)], args)), **kwargs,
-                                           **derived)
+        return core.description_type(name)(
+            **dict(zip([f.name for f in public_fields(name)], args)), **kwargs, **derived
+        )
     return frontend_class(surface, name)(*own_arguments(surface, name), *args, **kwargs).to_core()
 
 
@@ -115,8 +116,12 @@ def non_default(name: str, field: dataclasses.Field):
 
 # Values of the wrong type for a field of each type (the description refuses
 # them), and values at or past the edges (every surface must do as it does).
-WRONG_TYPE = {bool: [1, 0, None, "yes"], int: [1.5, True, "1", None], float: ["0.5", True, None],
-              str: [8, None, b"all"]}
+WRONG_TYPE = {
+    bool: [1, 0, None, "yes"],
+    int: [1.5, True, "1", None],
+    float: ["0.5", True, None],
+    str: [8, None, b"all"],
+}
 EDGES = {bool: [], int: [-1, 0, 1], float: [-1.0, 0.0, 1.0, float("nan"), float("inf")], str: ["", "nope"]}
 
 
@@ -127,8 +132,13 @@ def test_every_surface_lists_the_registered_algorithms_under_one_class_name():
     assert NAMES
     for surface, module in SURFACES.items():
         assert module.Algorithm.registered() == list(NAMES), surface
-        listed = [n for n in module.__all__ if isinstance(getattr(module, n), type)
-                  and issubclass(getattr(module, n), module.Algorithm) and getattr(module, n) is not module.Algorithm]
+        listed = [
+            n
+            for n in module.__all__
+            if isinstance(getattr(module, n), type)
+            and issubclass(getattr(module, n), module.Algorithm)
+            and getattr(module, n) is not module.Algorithm
+        ]
         assert sorted(listed) == sorted(c.__name__ for c in module.Algorithm.classes().values()), surface
         assert len(listed) == len(NAMES), surface
     assert [n for n in bagua_jax.__all__ if n.endswith("Algorithm")] == list(ja.Algorithm.classes())
@@ -145,9 +155,16 @@ def test_every_surface_lists_the_registered_algorithms_under_one_class_name():
 
 
 def test_the_original_public_names_are_there():
-    for name in ("GradientAllReduceAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-                 "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "AsyncModelAverageAlgorithm",
-                 "LocalStepsAlgorithm", "LowRankAlgorithm"):
+    for name in (
+        "GradientAllReduceAlgorithm",
+        "ByteGradAlgorithm",
+        "DecentralizedAlgorithm",
+        "LowPrecisionDecentralizedAlgorithm",
+        "QAdamAlgorithm",
+        "AsyncModelAverageAlgorithm",
+        "LocalStepsAlgorithm",
+        "LowRankAlgorithm",
+    ):
         for module in (ta, ja, api, bagua_jax):
             assert isinstance(getattr(module, name), type), (module.__name__, name)
     assert api.QAdamOptimizer is ta.QAdamOptimizer
@@ -164,9 +181,9 @@ def test_signatures_are_the_description_fields(name):
     for surface in SURFACES:
         cls = frontend_class(surface, name)
         params = list(inspect.signature(cls).parameters.values())
-        assert [p.name for p in params[:len(own)]] == own, (surface, name)
-        assert all(p.default is inspect.Parameter.empty for p in params[:len(own)])
-        got = [(p.name, p.default, p.annotation) for p in params[len(own):]]
+        assert [p.name for p in params[: len(own)]] == own, (surface, name)
+        assert all(p.default is inspect.Parameter.empty for p in params[: len(own)])
+        got = [(p.name, p.default, p.annotation) for p in params[len(own) :]]
         assert got == want, (surface, name)
         assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params), (surface, name)
         init = list(inspect.signature(cls.__init__).parameters.values())
@@ -221,7 +238,8 @@ def test_calls_that_do_not_fit_the_signature_raise_the_same_type_error(name):
         got = {surface: outcome(surface, name, *args, **kwargs) for surface in SURFACES}
         assert len(set(got.values())) == 1, got
         assert got["torch"][0] is TypeError and got["torch"][1].startswith(
-            f"{frontend_class('torch', name).__name__}.__init__() "), got
+            f"{frontend_class('torch', name).__name__}.__init__() "
+        ), got
     if name in OWN_ARGUMENTS:  # the frontend's own arguments are required
         for surface in SURFACES:
             with pytest.raises(TypeError, match=r"__init__\(\) missing a required argument"):
@@ -235,8 +253,9 @@ def test_calls_that_do_not_fit_the_signature_raise_the_same_type_error(name):
 def test_help_lists_every_argument_with_the_description_text(name):
     description = core.description_type(name)
     _, documented = split_arguments(description.__doc__)
-    assert list(documented) == [f.name for f in dataclasses.fields(description)], \
+    assert list(documented) == [f.name for f in dataclasses.fields(description)], (
         f"{description.__name__}'s Args section must document each field once, in order"
+    )
     own = OWN_ARGUMENTS.get(name, ([], {}))[0]
     for surface in SURFACES:
         cls = frontend_class(surface, name)
@@ -254,14 +273,16 @@ def test_a_frontend_class_may_not_repeat_a_description_field():
         _classes: dict = {}
 
     with pytest.raises(TypeError, match="must end with \\*\\*fields"):
-        class Retyped(Base):  # noqa: F841
+
+        class Retyped(Base):
             core_type = core.ByteGrad
 
             def __init__(self, hierarchical: bool = True):
                 super().__init__(hierarchical=hierarchical)
 
     with pytest.raises(TypeError, match="repeats the description's average"):
-        class Redocumented(Base):  # noqa: F841
+
+        class Redocumented(Base):
             """Retyped docs.
 
             Args:

@@ -83,8 +83,15 @@ def test_same_buckets_are_not_measured_twice():
 def _search_then_confirm(step_s, confirm_pairs=5, max_samples=2):
     """Runs a tuner whose search nominates the first asked plan; ``step_s(label,
     window)`` gives the step time of the confirmation windows. Returns the tuner."""
-    t = Tuner(10 * MiB, 8 * MiB, max_samples=max_samples, warmup_s=0, confidence_s=0, partition=_partition,
-              confirm_pairs=confirm_pairs)
+    t = Tuner(
+        10 * MiB,
+        8 * MiB,
+        max_samples=max_samples,
+        warmup_s=0,
+        confidence_s=0,
+        partition=_partition,
+        confirm_pairs=confirm_pairs,
+    )
     t.started(0.0)
     _feed(t, 0.3)  # default plan, busy machine
     first = t.decide(1.0, 10)
@@ -114,7 +121,9 @@ def test_load_drift_during_the_search_keeps_the_default():
     assert t.current_is_default and t.current_bytes == 10 * MiB and t.chosen.bucket_bytes == 10 * MiB
     # the candidate runs first (no switch), then ABBA: c d | d c | c d | d c | c d, then back to the default
     assert [label for label, _ in t.confirmations] == ["candidate", "default", "default", "candidate"] * 2 + [
-        "candidate", "default"]
+        "candidate",
+        "default",
+    ]
     assert [d for _, d in switches] == [True, False, True, False, True]
     assert t.decide(1e6, 10**6) is None
 
@@ -170,20 +179,46 @@ def test_confidence_bound_table():
 
 
 def test_settings_parse():
-    env = {"BAGUA_AUTOTUNE": "1", "BAGUA_AUTOTUNE_MAX_SAMPLES": "7", "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": "0.5",
-           "BAGUA_AUTOTUNE_WARMUP_TIME_S": "0", "BAGUA_IS_OUTPUT_AUTOTUNE_LOG": "0",
-           "BAGUA_AUTOTUNE_INTERVAL_STEPS": "20", "BAGUA_TRACE": "/tmp/x.json", "BAGUA_AUTOTUNE_CONFIRM_PAIRS": "3"}
+    env = {
+        "BAGUA_AUTOTUNE": "1",
+        "BAGUA_AUTOTUNE_MAX_SAMPLES": "7",
+        "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": "0.5",
+        "BAGUA_AUTOTUNE_WARMUP_TIME_S": "0",
+        "BAGUA_IS_OUTPUT_AUTOTUNE_LOG": "0",
+        "BAGUA_AUTOTUNE_INTERVAL_STEPS": "20",
+        "BAGUA_TRACE": "/tmp/x.json",
+        "BAGUA_AUTOTUNE_CONFIRM_PAIRS": "3",
+    }
     s = config.load(env)
-    assert (s.autotune_level, s.autotune_max_samples, s.autotune_sampling_confidence_time_s,
-            s.autotune_warmup_time_s, s.autotune_log, s.autotune_interval_steps, s.trace_path,
-            s.autotune_confirm_pairs) == (1, 7, 0.5, 0.0, False, 20, "/tmp/x.json", 3)
+    assert (
+        s.autotune_level,
+        s.autotune_max_samples,
+        s.autotune_sampling_confidence_time_s,
+        s.autotune_warmup_time_s,
+        s.autotune_log,
+        s.autotune_interval_steps,
+        s.trace_path,
+        s.autotune_confirm_pairs,
+    ) == (1, 7, 0.5, 0.0, False, 20, "/tmp/x.json", 3)
     d = config.load({})
-    assert (d.autotune_level, d.autotune_max_samples, d.autotune_sampling_confidence_time_s,
-            d.autotune_warmup_time_s, d.autotune_log, d.autotune_interval_steps, d.trace_path,
-            d.autotune_confirm_pairs) == (0, 60, 5.0, 30.0, False, 100, None, 5)
-    for name, bad in (("BAGUA_AUTOTUNE_WARMUP_TIME_S", "-1"), ("BAGUA_AUTOTUNE_MAX_SAMPLES", "0"),
-                      ("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", "maybe"), ("BAGUA_AUTOTUNE", "x"),
-                      ("BAGUA_AUTOTUNE_INTERVAL_STEPS", "0"), ("BAGUA_AUTOTUNE_CONFIRM_PAIRS", "1")):
+    assert (
+        d.autotune_level,
+        d.autotune_max_samples,
+        d.autotune_sampling_confidence_time_s,
+        d.autotune_warmup_time_s,
+        d.autotune_log,
+        d.autotune_interval_steps,
+        d.trace_path,
+        d.autotune_confirm_pairs,
+    ) == (0, 60, 5.0, 30.0, False, 100, None, 5)
+    for name, bad in (
+        ("BAGUA_AUTOTUNE_WARMUP_TIME_S", "-1"),
+        ("BAGUA_AUTOTUNE_MAX_SAMPLES", "0"),
+        ("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", "maybe"),
+        ("BAGUA_AUTOTUNE", "x"),
+        ("BAGUA_AUTOTUNE_INTERVAL_STEPS", "0"),
+        ("BAGUA_AUTOTUNE_CONFIRM_PAIRS", "1"),
+    ):
         with pytest.raises(config.ConfigError, match=name):
             config.load({name: bad})
 

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from tests.harness import mp
 from tests.gpu.available import gpu_skip_reason
+from tests.harness import mp
 from tests.harness.paths import GPU_WORKERS
 
 WS = 2
@@ -58,8 +58,7 @@ def case_forced_nccl_raises_everywhere():
     from bagua_core.backend import NcclUnavailableError
 
     bc.destroy_process_group()
-    e = expect_raises(NcclUnavailableError, ("rank 0:", "rank 1:") + THREE_WAYS,
-                      bc.init_process_group, backend="nccl")
+    e = expect_raises(NcclUnavailableError, ("rank 0:", "rank 1:") + THREE_WAYS, bc.init_process_group, backend="nccl")
     assert "init_process_group" in str(e)
     assert not bc.is_initialized()
     bc.init_process_group()  # the job goes on
@@ -69,16 +68,21 @@ def case_backend_requests_differ():
     from bagua_core.config import ConfigError
 
     bc.destroy_process_group()
-    expect_raises(ConfigError, ("rank 1 asked for backend 'gloo' while rank 0 asked for 'auto'",),
-                  bc.init_process_group, backend="gloo" if RANK == 1 else "auto")
+    expect_raises(
+        ConfigError,
+        ("rank 1 asked for backend 'gloo' while rank 0 asked for 'auto'",),
+        bc.init_process_group,
+        backend="gloo" if RANK == 1 else "auto",
+    )
     bc.init_process_group()
 
 
 def case_new_group_forced_nccl():
     from bagua_core.backend import NcclUnavailableError
 
-    expect_raises(NcclUnavailableError, ("new_group", "rank 0:", "rank 1:") + THREE_WAYS,
-                  bc.new_group, [0, 1], backend="nccl")
+    expect_raises(
+        NcclUnavailableError, ("new_group", "rank 0:", "rank 1:") + THREE_WAYS, bc.new_group, [0, 1], backend="nccl"
+    )
     g = bc.new_group([0, 1])  # the world's backend
     assert g.backend == "gloo"
     g.close()
@@ -86,8 +90,13 @@ def case_new_group_forced_nccl():
 
 
 def case_new_group_backends_differ():
-    expect_raises(bc.MismatchError, ("rank 1 asked for backend 'gloo' while rank 0 asked for 'auto'",),
-                  bc.new_group, [0, 1], backend="gloo" if RANK == 1 else "auto")
+    expect_raises(
+        bc.MismatchError,
+        ("rank 1 asked for backend 'gloo' while rank 0 asked for 'auto'",),
+        bc.new_group,
+        [0, 1],
+        backend="gloo" if RANK == 1 else "auto",
+    )
 
 
 def main_cases():
@@ -116,6 +125,7 @@ ALLREDUCE, BROADCAST = 1, 3  # OpKind codes (csrc/comm/op_desc.h)
 
 def code(name):
     from bagua_core.dtypes import as_dtype
+
     return int(as_dtype(name))
 
 
@@ -142,14 +152,21 @@ def case_control_agreement_helpers():
     assert bc.broadcast_object({"rank": RANK}, 1, g) == {"rank": 1}
     agreement.check_same_everywhere([("param", "w", (2, 3), "float32")], g, "the model")
     sig = [("param", "w", (2, 3 + RANK), "float32")]
-    expect_raises(ValueError, ("the model differs across ranks", "rank 1 has param 'w' (2, 4)"),
-                  agreement.check_same_everywhere, sig, g, "the model")
+    expect_raises(
+        ValueError,
+        ("the model differs across ranks", "rank 1 has param 'w' (2, 4)"),
+        agreement.check_same_everywhere,
+        sig,
+        g,
+        "the model",
+    )
 
 
 def case_control_mismatch():
     g = bc.get_default_group()
-    e = expect_raises(bc.MismatchError, ("ranks disagree", "allreduce(float32, count=4"),
-                      bc.allreduce, np.ones(3 + RANK, np.float32))
+    e = expect_raises(
+        bc.MismatchError, ("ranks disagree", "allreduce(float32, count=4"), bc.allreduce, np.ones(3 + RANK, np.float32)
+    )
     assert "world" in str(e)
     x = np.ones(4, np.float32)
     bc.allreduce_inplace(x, group=g)  # still in step
@@ -171,10 +188,16 @@ def case_control_promises():
     c.comm._expect_calls(calls)
     bc.allreduce_inplace(np.ones(4, np.float32), group=c)
     if RANK == 1:  # rank 0 keeps its promise (and is left waiting in the call, then times out)
-        expect_raises(bc.BaguaError, ("where it had promised broadcast(float32, count=2, root=0)",),
-                      bc.allreduce_inplace, np.ones(4, np.float32), group=c)
-        expect_raises(bc.BaguaError, ("broken by an earlier failure",), bc.allreduce_inplace,
-                      np.ones(4, np.float32), group=c)
+        expect_raises(
+            bc.BaguaError,
+            ("where it had promised broadcast(float32, count=2, root=0)",),
+            bc.allreduce_inplace,
+            np.ones(4, np.float32),
+            group=c,
+        )
+        expect_raises(
+            bc.BaguaError, ("broken by an earlier failure",), bc.allreduce_inplace, np.ones(4, np.float32), group=c
+        )
     else:
         expect_raises(bc.BaguaError, (), bc.broadcast, np.ones(2, np.float32), 0, group=c)
     c.close()
@@ -188,8 +211,9 @@ def case_control_engine():
     for hierarchical in (False, True):
         eng = Engine.for_group(bc.get_default_group(), hierarchical=hierarchical)
         assert eng.num_lanes == 2 and eng.group.control_group is not eng.group
-        buckets = eng.create_buckets([("a", (5,), "float32"), ("b", (7,), "float32"), ("c", (3,), "float32")],
-                                     bucket_bytes=6 * 4)
+        buckets = eng.create_buckets(
+            [("a", (5,), "float32"), ("b", (7,), "float32"), ("c", (3,), "float32")], bucket_bytes=6 * 4
+        )
         assert len(buckets) >= 2
         for b in buckets:
             b.append_op("centralized_allreduce", hierarchical=hierarchical, average=False)
@@ -249,6 +273,7 @@ def worker_main(mode: str) -> int:
         cases = [("env_nccl_raises_on_every_rank", case_env_nccl)]
     elif mode == "control":
         from bagua_core import process_group
+
         process_group._separate_control = True
         cases = control_cases()
     else:
@@ -386,6 +411,7 @@ def test_sessions_exit_cleanly():
 
 # --- GPU: NCCL groups at world size 1 (tests/gpu/nccl_group_worker.py) --------------------
 
+
 def _nccl_world_skip_reason():
     why = gpu_skip_reason()
     if why:
@@ -396,6 +422,7 @@ def _nccl_world_skip_reason():
 
 def _gpu_cases():
     from tests.gpu.nccl_group_worker import case_names
+
     return case_names()
 
 
@@ -407,8 +434,12 @@ def test_nccl_group_world_size_1(case):
     if why:
         pytest.skip(why)
     if "gpu1" not in _runs:
-        _runs["gpu1"] = mp.launch(os.path.join(GPU_WORKERS, "nccl_group_worker.py"), 1, timeout=240,
-                                  env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "60"})
+        _runs["gpu1"] = mp.launch(
+            os.path.join(GPU_WORKERS, "nccl_group_worker.py"),
+            1,
+            timeout=240,
+            env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "60"},
+        )
     _runs["gpu1"].check_case(case, 1)
 
 
@@ -420,8 +451,13 @@ def test_nccl_group_mismatch_two_gpus():
         pytest.skip(why)
     if _C.cuda_device_count() < 2:
         pytest.skip("a cross-rank mismatch needs 2 ranks, and NCCL refuses two ranks on one GPU: needs 2 GPUs")
-    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_group_worker.py"), 2, timeout=240, args=["mismatch"],
-                    env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "30"})
+    run = mp.launch(
+        os.path.join(GPU_WORKERS, "nccl_group_worker.py"),
+        2,
+        timeout=240,
+        args=["mismatch"],
+        env={"BAGUA_BACKEND": "nccl", "BAGUA_TIMEOUT": "30"},
+    )
     run.check_case("nccl_mismatch_raises_everywhere", 2)
     run.check()
 

@@ -36,9 +36,15 @@ BEFORE, AFTER = 3, 3  # JAX checkpoint: steps before the save and after it
 
 
 def case_names(session: str):
-    return ["torch_matches_reference_avg", "torch_matches_reference_sum", "torch_matches_reference_float64",
-            "jax_matches_reference_avg",
-            "jax_matches_reference_sum", "jax_checkpoint_resumes_bitwise", "off_is_stateless"]
+    return [
+        "torch_matches_reference_avg",
+        "torch_matches_reference_sum",
+        "torch_matches_reference_float64",
+        "jax_matches_reference_avg",
+        "jax_matches_reference_sum",
+        "jax_checkpoint_resumes_bitwise",
+        "off_is_stateless",
+    ]
 
 
 class Worker(JaxWorker):
@@ -76,7 +82,7 @@ class Worker(JaxWorker):
             for k, bucket in enumerate(layout):
                 xs = [flatten(self.grads(r, step, dtype), bucket) for r in range(self.world)]
                 for e in es[k]:
-                    e[payload(bucket, SHAPES):] = 0  # the adapters zero the state's padding before each step
+                    e[payload(bucket, SHAPES) :] = 0  # the adapters zero the state's padding before each step
                 out, es[k] = scatter_reduce_gather(xs, average, dtype, es[k])
                 unflatten(out, bucket, SHAPES, leaves)
             results.append(leaves)
@@ -153,8 +159,10 @@ class Worker(JaxWorker):
         params0 = {"w": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32), "b": jnp.zeros(3, jnp.float32)}
 
         def make():
-            return optax.chain(bagua_jax.transform(bagua_jax.ByteGradAlgorithm(**self.algorithm_args(True))),
-                               optax.sgd(0.1, momentum=0.9))
+            return optax.chain(
+                bagua_jax.transform(bagua_jax.ByteGradAlgorithm(**self.algorithm_args(True))),
+                optax.sgd(0.1, momentum=0.9),
+            )
 
         def loss(p, x, y):
             return optax.softmax_cross_entropy_with_integer_labels(x @ p["w"] + p["b"], y).mean()
@@ -196,9 +204,8 @@ class Worker(JaxWorker):
 
     def off_is_stateless(self):
         import bagua_jax
-        from bagua_core import algorithm_steps
-
         import bagua_torch
+        from bagua_core import algorithm_steps
 
         torch = self.torch.torch
         algo = bagua_jax.ByteGradAlgorithm(hierarchical=False)
@@ -210,13 +217,15 @@ class Worker(JaxWorker):
         on_plan = bagua_jax.ByteGradAlgorithm(hierarchical=False, error_feedback=True).to_core().plan()
         on = algorithm_steps.check_plan(on_plan, group)
         assert on.num_state == 1 and "error_feedback=true" in on.description, on
-        layout = algorithm_steps.state_layout(on_plan, algorithm_steps.communicators(group, False), "float32",
-                                              [(6,)], 6)
+        layout = algorithm_steps.state_layout(
+            on_plan, algorithm_steps.communicators(group, False), "float32", [(6,)], 6
+        )
         assert layout == (1, 6, layout.dtype, "zero", True) and layout.dtype.name == "float32", layout
         assert bagua_jax.transform(algo).init([self.jnp.zeros(5)]).step_state == ()
         model = torch.nn.Linear(3, 2)
-        model.with_bagua([torch.optim.SGD(model.parameters(), lr=0.1)],
-                         bagua_torch.algorithms.ByteGradAlgorithm(hierarchical=False))
+        model.with_bagua(
+            [torch.optim.SGD(model.parameters(), lr=0.1)], bagua_torch.algorithms.ByteGradAlgorithm(hierarchical=False)
+        )
         assert all(op.num_state == 0 for op in model.bagua_algorithm.ops)
         assert "step_state" not in model.bagua_ddp.state_dict()["state"]
         model.bagua_ddp.close()
@@ -226,8 +235,13 @@ class Worker(JaxWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}) for name, world in SESSIONS.items()},
-    case_names, timeout=180, test_timeout=240, requires=("jax", "optax", "torch"))
+    __file__,
+    {name: Session(world, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}) for name, world in SESSIONS.items()},
+    case_names,
+    timeout=180,
+    test_timeout=240,
+    requires=("jax", "optax", "torch"),
+)
 
 
 def test_error_feedback_must_be_a_bool():
@@ -241,7 +255,9 @@ def test_error_feedback_must_be_a_bool():
             core.ByteGrad(error_feedback=bad)
     assert core.ByteGrad().error_feedback is False
     assert core.ByteGrad().plan().params == {"hierarchical": True, "average": True}  # as without the option
-    assert core.ByteGrad(error_feedback=True).plan().params_text() == "average=true;error_feedback=true;hierarchical=true"
+    assert (
+        core.ByteGrad(error_feedback=True).plan().params_text() == "average=true;error_feedback=true;hierarchical=true"
+    )
 
 
 if __name__ == "__main__":

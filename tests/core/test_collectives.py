@@ -31,8 +31,18 @@ def cases(ws: int):
     """(name, fn) of every case at world size ws; fns only run in workers."""
     out = []
     for fw in FRAMEWORKS:
-        for prim in ("allreduce", "reduce", "allgather", "gather", "scatter", "reduce_scatter",
-                     "alltoall", "alltoall_v", "broadcast", "send_recv"):
+        for prim in (
+            "allreduce",
+            "reduce",
+            "allgather",
+            "gather",
+            "scatter",
+            "reduce_scatter",
+            "alltoall",
+            "alltoall_v",
+            "broadcast",
+            "send_recv",
+        ):
             if prim == "send_recv" and ws == 1:
                 continue
             out.append((f"{prim}[{fw}]", functools.partial(globals()[f"case_{prim}"], fw)))
@@ -194,11 +204,11 @@ def case_scatter(fw):
         recv = f.zeros(n, dtype) if f.inplace else bc.empty(n, dtype)
         out = bc.scatter(send, recv, src)
         assert out is recv
-        expect(f.read(out), full[RANK * n:(RANK + 1) * n], f"scatter {dtype}")
+        expect(f.read(out), full[RANK * n : (RANK + 1) * n], f"scatter {dtype}")
         if f.inplace:
             t = f.make(full if RANK == src else np.zeros(n), dtype)
             bc.scatter_inplace(t, n, src)
-            expect(f.read(t), full if RANK == src else full[RANK * n:(RANK + 1) * n], f"scatter_inplace {dtype}")
+            expect(f.read(t), full if RANK == src else full[RANK * n : (RANK + 1) * n], f"scatter_inplace {dtype}")
 
 
 def case_reduce_scatter(fw):
@@ -208,13 +218,13 @@ def case_reduce_scatter(fw):
             n = 2
             full = reference(op, WS * n)
             want = avg_ref(dtype, full) if op == "AVG" else full
-            mine = want[RANK * n:(RANK + 1) * n]
+            mine = want[RANK * n : (RANK + 1) * n]
             x = f.make(value(RANK, WS * n), dtype)
             out = bc.reduce_scatter(x, f.zeros(n, dtype), op=op)
             expect(f.read(out), mine, f"reduce_scatter {dtype} {op}")
             if f.inplace:
                 bc.reduce_scatter_inplace(x, op=op)
-                got = f.read(x)[RANK * n:(RANK + 1) * n]
+                got = f.read(x)[RANK * n : (RANK + 1) * n]
                 expect(got, mine, f"reduce_scatter_inplace {dtype} {op}")
 
 
@@ -263,8 +273,7 @@ def case_alltoall_v(fw):
         d = list(np.cumsum([0] + c[:-1]))
         t = f.make(np.concatenate([np.full(c[j], 10 * RANK + j + 1) for j in range(WS)]), "float32")
         bc.alltoall_v_inplace(t, c, d)
-        expect(f.read(t), np.concatenate([np.full(c[i], 10 * i + RANK + 1) for i in range(WS)]),
-               "alltoall_v_inplace")
+        expect(f.read(t), np.concatenate([np.full(c[i], 10 * i + RANK + 1) for i in range(WS)]), "alltoall_v_inplace")
 
 
 def case_broadcast(fw):
@@ -327,8 +336,15 @@ def case_empty(_=None):
 
 def case_op_names(_=None):
     x = np.full(3, RANK + 1, np.int64)
-    for name, want in [("sum", WS * (WS + 1) // 2), ("max", WS), ("min", 1), ("avg", (WS + 1) // 2),
-                       ("prod", int(np.prod(np.arange(1, WS + 1)))), (3, WS), (bc.ReduceOp.PRODUCT, None)]:
+    for name, want in [
+        ("sum", WS * (WS + 1) // 2),
+        ("max", WS),
+        ("min", 1),
+        ("avg", (WS + 1) // 2),
+        ("prod", int(np.prod(np.arange(1, WS + 1)))),
+        (3, WS),
+        (bc.ReduceOp.PRODUCT, None),
+    ]:
         out = bc.allreduce(x, op=name)
         if want is not None:
             expect(out.numpy(), np.full(3, want), f"op {name!r}")
@@ -373,8 +389,9 @@ def case_bad_input(_=None):
         raises(ValueError, "not a multiple", bc.reduce_scatter, np.zeros(4 * WS + 1, np.float32))
         raises(ValueError, "not a multiple", bc.allgather_inplace, np.zeros(4 * WS + 1, np.float32))
         raises(ValueError, "not a multiple", bc.alltoall, np.zeros(4 * WS + 1, np.float32))
-    raises(ValueError, "one entry per rank", bc.alltoall_v, f32, [1] * (WS + 1), [0] * (WS + 1), None,
-           [1] * WS, [0] * WS)
+    raises(
+        ValueError, "one entry per rank", bc.alltoall_v, f32, [1] * (WS + 1), [0] * (WS + 1), None, [1] * WS, [0] * WS
+    )
     raises(ValueError, "negative", bc.alltoall_v, f32, [-1] * WS, [0] * WS, None, [1] * WS, [0] * WS)
     raises(ValueError, "reach element", bc.alltoall_v, f32, [5] * WS, [4 * WS] * WS, None, [1] * WS, [0] * WS)
     if RANK == 0:
@@ -411,8 +428,12 @@ def case_new_group():
         assert not odd.is_member and odd.rank == -1 and odd.comm is None and odd.handle is None
         assert out is None
         y = np.full(3, RANK, np.float64)
-        for call in (lambda: bc.allreduce_inplace(y, group=odd), lambda: bc.barrier(odd),
-                     lambda: bc.broadcast(y, 0, odd), lambda: bc.send(y, 0, odd)):
+        for call in (
+            lambda: bc.allreduce_inplace(y, group=odd),
+            lambda: bc.barrier(odd),
+            lambda: bc.broadcast(y, 0, odd),
+            lambda: bc.send(y, 0, odd),
+        ):
             assert call() is None
         expect(y, np.full(3, RANK), "non-member untouched")
     single = bc.new_group([WS - 1])
@@ -463,11 +484,11 @@ def case_hierarchical():
 
 def worker_main(ws: int) -> int:
     global np, torch, jax, jnp, ml_dtypes, bc, RANK, WS
-    import numpy
-    import torch as _torch
     import jax as _jax
     import jax.numpy as _jnp
     import ml_dtypes as _ml
+    import numpy
+    import torch as _torch
 
     import bagua_core
     from tests.harness.worker import run_cases
@@ -482,15 +503,19 @@ def worker_main(ws: int) -> int:
     return 0 if failures == 0 else 1
 
 
-
 # --- the parent: one session per world size -----------------------------------
 
 
 @functools.lru_cache(maxsize=None)
 def session(ws: int) -> mp.Run:
-    return mp.launch(os.path.abspath(__file__), ws, timeout=150, args=[str(ws)],
-                     local_world_size=2 if ws == 4 else None,
-                     env={"JAX_ENABLE_X64": "1", "BAGUA_TIMEOUT": "30"})
+    return mp.launch(
+        os.path.abspath(__file__),
+        ws,
+        timeout=150,
+        args=[str(ws)],
+        local_world_size=2 if ws == 4 else None,
+        env={"JAX_ENABLE_X64": "1", "BAGUA_TIMEOUT": "30"},
+    )
 
 
 @pytest.mark.parametrize("ws,case", [(ws, c) for ws in WORLD_SIZES for c in case_names(ws)])

@@ -22,9 +22,27 @@ STEPS = 50
 
 
 def run_compare(out, *args):
-    proc = subprocess.run([sys.executable, "-m", "bagua_core.compare", "--nproc", "3", "--steps", str(STEPS),
-                           "--out", str(out), "--timeout", "240", *args],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bagua_core.compare",
+            "--nproc",
+            "3",
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+            "--timeout",
+            "240",
+            *args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:]
     with open(os.path.join(out, "compare.json")) as f:
         return json.load(f), proc.stdout
@@ -42,8 +60,9 @@ def compared(tmp_path_factory):
 def compared_float64(tmp_path_factory):
     pytest.importorskip("jax")
     pytest.importorskip("matplotlib")
-    return run_compare(tmp_path_factory.mktemp("compare64"), "--algorithm", "qadam,low_precision_decentralized",
-                       "--dtype", "float64")
+    return run_compare(
+        tmp_path_factory.mktemp("compare64"), "--algorithm", "qadam,low_precision_decentralized", "--dtype", "float64"
+    )
 
 
 def check_run(name, r, dtype):
@@ -121,15 +140,24 @@ def test_problem_in_float64_holds_the_float32_values():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("args,fragment", [
-    (["--algorithm", "nope"], "unknown algorithm(s) ['nope']"),
-    (["--algorithm", "qadam,nope"], "unknown algorithm(s) ['nope']"),
-    (["--nproc", "0"], "--nproc must be >= 1"),
-    (["--steps", "2"], "--steps must be >"),
-    (["--dtype", "float16"], "invalid choice"),
-    (["--async-average-every", "-1"], "async_average_every must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--algorithm", "nope"], "unknown algorithm(s) ['nope']"),
+        (["--algorithm", "qadam,nope"], "unknown algorithm(s) ['nope']"),
+        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--steps", "2"], "--steps must be >"),
+        (["--dtype", "float16"], "invalid choice"),
+        (["--async-average-every", "-1"], "async_average_every must be >= 0"),
+    ],
+)
 def test_bad_arguments(args, fragment):
-    proc = subprocess.run([sys.executable, "-m", "bagua_core.compare", *args], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bagua_core.compare", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 2 and fragment in proc.stdout, proc.stdout

@@ -376,7 +376,9 @@ def test_read_only_and_overlapping_outputs():
 def test_immutable_jax_output_is_refused():
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(ValueError, match="writable"):
-        compression.compress(np.zeros(12, np.float32), 3, out=jnp.zeros(compression.compressed_nbytes(12, 3), jnp.uint8))
+        compression.compress(
+            np.zeros(12, np.float32), 3, out=jnp.zeros(compression.compressed_nbytes(12, 3), jnp.uint8)
+        )
 
 
 def test_unaligned_arrays_are_refused():

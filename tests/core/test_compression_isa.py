@@ -28,8 +28,32 @@ def isa(request):
 def edge_values(n, seed):
     """float64 values mixing normal numbers with the edge cases, n of them."""
     rng = np.random.default_rng(seed)
-    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-40, 5e-324, 0.5, 1.5, 2.5, -0.5, -2.5, 254.5, 127.5, 1e30,
-                        -1e30, 3.4e38, -3.4e38, 65504.0, 65520.0, 1e-8, 7.0, 7.0])
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            1e-45,
+            -1e-45,
+            1e-40,
+            5e-324,
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -2.5,
+            254.5,
+            127.5,
+            1e30,
+            -1e30,
+            3.4e38,
+            -3.4e38,
+            65504.0,
+            65520.0,
+            1e-8,
+            7.0,
+            7.0,
+        ]
+    )
     x = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6)
     k = min(n, len(special))
     x[rng.choice(n, k, replace=False)] = special[:k]
@@ -113,11 +137,19 @@ def arbitrary_records(chunk_len, n_records, seed):
     rng = np.random.default_rng(seed)
     rb = compression.record_nbytes(chunk_len)
     c = rng.integers(0, 256, n_records * rb, dtype=np.uint8)
-    headers = [(-1.0, 2.0), (3.0, 3.0), (np.nan, np.nan), (0.0, np.inf), (5.0, -5.0), (-1e38, 1e38), (-0.0, 0.0),
-               (1e-40, 2e-40)]
+    headers = [
+        (-1.0, 2.0),
+        (3.0, 3.0),
+        (np.nan, np.nan),
+        (0.0, np.inf),
+        (5.0, -5.0),
+        (-1e38, 1e38),
+        (-0.0, 0.0),
+        (1e-40, 2e-40),
+    ]
     for r in range(n_records):
         lo, hi = headers[(seed + r) % len(headers)] if r % 2 == 0 else sorted(rng.standard_normal(2) * 100)
-        c[r * rb:r * rb + 8] = np.array([lo, hi], np.float32).view(np.uint8)
+        c[r * rb : r * rb + 8] = np.array([lo, hi], np.float32).view(np.uint8)
     return c
 
 
@@ -159,8 +191,13 @@ def test_throughput_benchmark_reports_each_isa_against_memcpy():
     from tests.harness.mp import repo_env
     from tests.harness.paths import BENCHMARKS
 
-    p = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "compression_throughput.py"), "--mib", "1",
-                        "--repeat", "1"], capture_output=True, text=True, env=repo_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, os.path.join(BENCHMARKS, "compression_throughput.py"), "--mib", "1", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        env=repo_env(),
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert "memcpy of 1 MiB" in p.stdout
     for name in compression.supported_cpu_isas():

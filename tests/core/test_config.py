@@ -6,8 +6,9 @@ from bagua_core import config
 
 
 def torchrun_env(**extra):
-    env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
-               MASTER_ADDR="10.1.2.3", MASTER_PORT="29400")
+    env = dict(
+        RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.1.2.3", MASTER_PORT="29400"
+    )
     env.update(extra)
     return env
 
@@ -37,35 +38,50 @@ def test_node_rank_and_group_rank():
 
 
 def test_slurm_fallback():
-    s = config.load(dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1",
-                         SLURM_NTASKS_PER_NODE="4(x2)", SLURM_NODEID="1"))
+    s = config.load(
+        dict(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)", SLURM_NODEID="1")
+    )
     assert (s.rank, s.world_size, s.local_rank, s.local_world_size, s.node_rank) == (5, 8, 1, 4, 1)
 
 
-@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("YES", True), ("on", True),
-                                            ("0", False), ("false", False), ("No", False), ("off", False)])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        ("off", False),
+    ],
+)
 def test_booleans(value, expected):
     assert config.load({"BAGUA_DEBUG_CHECKS": value}).debug_checks is expected
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"BAGUA_DEBUG_CHECKS": "maybe"}, "not a boolean"),
-    ({"BAGUA_TIMEOUT": "soon"}, "not a number"),
-    ({"BAGUA_TIMEOUT": "0"}, "must be >"),
-    ({"BAGUA_TIMEOUT": "inf"}, "BAGUA_TIMEOUT=inf must be at most"),
-    ({"BAGUA_TIMEOUT": "1e300"}, "BAGUA_TIMEOUT=1e300 must be at most"),
-    ({"BAGUA_TIMEOUT": "nan"}, "BAGUA_TIMEOUT"),
-    ({"BAGUA_STORE_MAX_BYTES": "0"}, "BAGUA_STORE_MAX_BYTES=0 must be >= 1"),
-    ({"BAGUA_ENGINE_LANES": "0"}, "BAGUA_ENGINE_LANES=0 must be >= 1"),
-    ({"BAGUA_ENGINE_LANES": "two"}, "BAGUA_ENGINE_LANES"),
-    ({"BAGUA_STORE_IDLE_TIMEOUT": "0"}, "BAGUA_STORE_IDLE_TIMEOUT=0.0 must be >"),
-    ({"BAGUA_STORE_IDLE_TIMEOUT": "inf"}, "BAGUA_STORE_IDLE_TIMEOUT=inf must be at most"),
-    ({"RANK": "0"}, "WORLD_SIZE"),
-    ({"RANK": "4", "WORLD_SIZE": "4"}, "out of range"),
-    ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}, "exceeds"),
-    ({"MASTER_PORT": "70000"}, "port out of range"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"BAGUA_DEBUG_CHECKS": "maybe"}, "not a boolean"),
+        ({"BAGUA_TIMEOUT": "soon"}, "not a number"),
+        ({"BAGUA_TIMEOUT": "0"}, "must be >"),
+        ({"BAGUA_TIMEOUT": "inf"}, "BAGUA_TIMEOUT=inf must be at most"),
+        ({"BAGUA_TIMEOUT": "1e300"}, "BAGUA_TIMEOUT=1e300 must be at most"),
+        ({"BAGUA_TIMEOUT": "nan"}, "BAGUA_TIMEOUT"),
+        ({"BAGUA_STORE_MAX_BYTES": "0"}, "BAGUA_STORE_MAX_BYTES=0 must be >= 1"),
+        ({"BAGUA_ENGINE_LANES": "0"}, "BAGUA_ENGINE_LANES=0 must be >= 1"),
+        ({"BAGUA_ENGINE_LANES": "two"}, "BAGUA_ENGINE_LANES"),
+        ({"BAGUA_STORE_IDLE_TIMEOUT": "0"}, "BAGUA_STORE_IDLE_TIMEOUT=0.0 must be >"),
+        ({"BAGUA_STORE_IDLE_TIMEOUT": "inf"}, "BAGUA_STORE_IDLE_TIMEOUT=inf must be at most"),
+        ({"RANK": "0"}, "WORLD_SIZE"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "out of range"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}, "exceeds"),
+        ({"MASTER_PORT": "70000"}, "port out of range"),
+    ],
+)
 def test_bad_values_raise_clear_errors(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)
@@ -92,12 +108,15 @@ def test_bagua_0_9_names_are_aliases():
     assert config.load(torchrun_env(BAGUA_SERVICE_PORT="0", BAGUA_STORE_PORT="31000")).store_port == 31000
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "8192"}, "disagree"),
-    ({"BAGUA_STORE_PORT": "31000", "BAGUA_SERVICE_PORT": "31001"}, "disagree"),
-    ({"BAGUA_DEFAULT_BUCKET_SIZE": "big"}, "BAGUA_DEFAULT_BUCKET_SIZE='big' is not an integer"),
-    ({"BAGUA_SERVICE_PORT": "x"}, "BAGUA_SERVICE_PORT='x' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"BAGUA_BUCKET_SIZE": "4096", "BAGUA_DEFAULT_BUCKET_SIZE": "8192"}, "disagree"),
+        ({"BAGUA_STORE_PORT": "31000", "BAGUA_SERVICE_PORT": "31001"}, "disagree"),
+        ({"BAGUA_DEFAULT_BUCKET_SIZE": "big"}, "BAGUA_DEFAULT_BUCKET_SIZE='big' is not an integer"),
+        ({"BAGUA_SERVICE_PORT": "x"}, "BAGUA_SERVICE_PORT='x' is not an integer"),
+    ],
+)
 def test_bad_aliases(env, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(env)

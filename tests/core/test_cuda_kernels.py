@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bagua_core import _C
-from tests.harness.built_with import needs_test_bindings
 from tests.gpu.available import gpu_skip_reason
+from tests.harness.built_with import needs_test_bindings
 from tests.harness.reference import minmax_uint8 as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -21,8 +21,12 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 K = getattr(_C, "kernels", None)  # absent without BAGUA_TEST_BINDINGS
 pytestmark = needs_test_bindings
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = {"float32": (0, np.dtype(np.float32)), "float64": (1, np.dtype(np.float64)),
-          "float16": (2, np.dtype(np.float16)), "bfloat16": (3, BF16)}
+DTYPES = {
+    "float32": (0, np.dtype(np.float32)),
+    "float64": (1, np.dtype(np.float64)),
+    "float16": (2, np.dtype(np.float16)),
+    "bfloat16": (3, BF16),
+}
 BETA = 0.9
 
 # op -> (number of arrays, the first written, numpy reference in the compute type A)
@@ -53,8 +57,16 @@ def data(n, dtype, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n) * 10.0 ** rng.integers(-4, 5, n)
     fi = finfo(dtype)
-    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, float(fi.smallest_subnormal) * 3,
-                -float(fi.smallest_normal), float(fi.max) / 2]
+    specials = [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        float(fi.smallest_subnormal) * 3,
+        -float(fi.smallest_normal),
+        float(fi.max) / 2,
+    ]
     k = min(n, 24)
     x[rng.choice(n, k, replace=False)] = rng.choice(specials, k)
     return x.astype(dtype)
@@ -219,8 +231,9 @@ def test_cuda_momentum_rejects_16_bit_dtypes():
 
 @gpu
 @pytest.mark.parametrize("dname", list(DTYPES))
-@pytest.mark.parametrize("n_chunks,chunk_len,target", [(1, 0, -1), (1, 1, -1), (3, 257, -1), (3, 257, 1),
-                                                       (4, 70001, -1)])
+@pytest.mark.parametrize(
+    "n_chunks,chunk_len,target", [(1, 0, -1), (1, 1, -1), (3, 257, -1), (3, 257, 1), (4, 70001, -1)]
+)
 def test_cuda_minmax_uint8_matches_host(dname, n_chunks, chunk_len, target):
     code, dtype = DTYPES[dname]
     x = data(n_chunks * chunk_len, dtype, chunk_len)

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from bagua_core import _C, _nccl
-from tests.harness import mp
-from tests.harness.built_with import needs_test_bindings
 from tests.gpu.available import gpu_skip_reason
 from tests.gpu.nccl_cases import DTYPES, case_names
+from tests.harness import mp
+from tests.harness.built_with import needs_test_bindings
 from tests.harness.paths import GPU_WORKERS, REPO
 
 CODE = dict(DTYPES)
@@ -34,6 +34,7 @@ def _nvcc_available():
 
 # ---------------------------------------------------------------------------
 # Build and device discovery
+
 
 def test_built_with_cuda_when_nvcc_exists():
     if not _nvcc_available():
@@ -53,12 +54,14 @@ def test_cuda_device_count_without_gpu_is_zero():
 
 def test_module_imports_without_torch():
     code = "import sys, bagua_core._nccl; assert 'torch' not in sys.modules and 'jax' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60,
-                   env={**os.environ, "PYTHONPATH": REPO})
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, env={**os.environ, "PYTHONPATH": REPO}
+    )
 
 
 # ---------------------------------------------------------------------------
 # Library resolution (bagua_core/_nccl.py)
+
 
 def _fake_lib(directory):
     os.makedirs(directory, exist_ok=True)
@@ -89,8 +92,7 @@ def test_find_library_explicit_path(tmp_path):
 
 def test_find_library_in_wheel_layout(tmp_path):
     lib = _fake_lib(str(tmp_path / "site" / "nvidia" / "nccl" / "lib"))
-    found = _nccl.find_library(env={}, search_path=[str(tmp_path / "empty"), str(tmp_path / "site")],
-                               maps_text="")
+    found = _nccl.find_library(env={}, search_path=[str(tmp_path / "empty"), str(tmp_path / "site")], maps_text="")
     assert found == lib
 
 
@@ -123,8 +125,10 @@ def test_library_order_is_process_then_setting_then_wheel(tmp_path, caplog):
     assert "BAGUA_NCCL_LIBRARY" in caplog.text and "is ignored" in caplog.text and torch_lib in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="bagua"):  # the setting naming torch's own file: no warning
-        assert _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": torch_lib}, search_path=site,
-                                  maps_text=_maps_with(torch_lib)) == torch_lib
+        assert (
+            _nccl.find_library(env={"BAGUA_NCCL_LIBRARY": torch_lib}, search_path=site, maps_text=_maps_with(torch_lib))
+            == torch_lib
+        )
     assert "ignored" not in caplog.text
     assert _nccl.find_library(env=env, search_path=site, maps_text="") == setting
     assert _nccl.find_library(env={}, search_path=site, maps_text="") == wheel
@@ -160,7 +164,6 @@ def test_library_refused_before_it_is_remembered(tmp_path, monkeypatch):
 # Loading the library (C++: dlopen + dlsym of every function)
 
 
-
 @needs_cuda_build
 def test_nccl_version_errors_name_the_problem():
     with pytest.raises(_C.BaguaError, match="cannot load the NCCL library '/nonexistent/libnccl.so.2'"):
@@ -183,10 +186,29 @@ def _stub_library(tmpdir, version, full):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    names = ["ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommFinalize", "ncclCommDestroy",
-             "ncclCommAbort", "ncclCommGetAsyncError", "ncclGetErrorString", "ncclGetLastError",
-             "ncclAllReduce", "ncclReduce", "ncclBroadcast", "ncclAllGather", "ncclReduceScatter",
-             "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd"] if full else []
+    names = (
+        [
+            "ncclGetUniqueId",
+            "ncclCommInitRankConfig",
+            "ncclCommFinalize",
+            "ncclCommDestroy",
+            "ncclCommAbort",
+            "ncclCommGetAsyncError",
+            "ncclGetErrorString",
+            "ncclGetLastError",
+            "ncclAllReduce",
+            "ncclReduce",
+            "ncclBroadcast",
+            "ncclAllGather",
+            "ncclReduceScatter",
+            "ncclSend",
+            "ncclRecv",
+            "ncclGroupStart",
+            "ncclGroupEnd",
+        ]
+        if full
+        else []
+    )
     src = f"int ncclGetVersion(int* v) {{ *v = {version}; return 0; }}\n"
     src += "".join(f"int {n}(void) {{ return 0; }}\n" for n in names)
     c_path = os.path.join(tmpdir, f"stub_{version}_{int(full)}.c")
@@ -201,7 +223,9 @@ def _stub_library(tmpdir, version, full):
 def test_nccl_library_checks_with_stub(tmp_path):
     old = _stub_library(str(tmp_path), 21300, False)
     assert _C.nccl_version(old) == 21300
-    with pytest.raises(_C.BaguaError, match=r"no symbol 'ncclGetUniqueId' \(it is NCCL 2.13.0; Bagua needs NCCL >= 2.14.0\)"):
+    with pytest.raises(
+        _C.BaguaError, match=r"no symbol 'ncclGetUniqueId' \(it is NCCL 2.13.0; Bagua needs NCCL >= 2.14.0\)"
+    ):
         _C.nccl_check_library(old)
     too_old = _stub_library(str(tmp_path), 21300, True)
     with pytest.raises(_C.BaguaError, match="is NCCL 2.13.0; Bagua needs NCCL >= 2.14.0"):
@@ -235,6 +259,7 @@ def test_real_nccl_library_loads_without_gpu():
 
 # ---------------------------------------------------------------------------
 # The communicator without a GPU: clear exceptions, no crash
+
 
 @pytest.fixture
 def store():
@@ -286,6 +311,7 @@ def test_cuda_kernels_reject_host_memory_without_crash():
 # ---------------------------------------------------------------------------
 # The element functions on the CPU (the same BAGUA_HD code as the CUDA kernels)
 
+
 def _torch():
     return pytest.importorskip("torch")
 
@@ -336,6 +362,7 @@ def test_host_divide_rejects_bad_integer_divisor():
 # ---------------------------------------------------------------------------
 # GPU: every operation on torch CUDA tensors (skipped without a GPU)
 
+
 def _gpu_world():
     """Ranks for the GPU tests (one per GPU, at most 4), or a skip reason."""
     why = gpu_skip_reason()
@@ -361,8 +388,7 @@ def _need_gpu(min_gpus=1):
 @functools.lru_cache(maxsize=None)
 def _gpu_session():
     world = _need_gpu()
-    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_worker.py"), world, timeout=600,
-                    env={"BAGUA_TEST_TIMEOUT": "120"})
+    run = mp.launch(os.path.join(GPU_WORKERS, "nccl_worker.py"), world, timeout=600, env={"BAGUA_TEST_TIMEOUT": "120"})
     return world, run
 
 

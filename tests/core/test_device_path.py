@@ -100,10 +100,13 @@ def test_buckets_live_on_the_device(comm):
     eng.close()
 
 
-@pytest.mark.parametrize("step,params,alignment", [
-    ("bytegrad", {"hierarchical": False, "average": True}, 1),
-    ("centralized_allreduce", {"hierarchical": False, "average": True}, 1),
-])
+@pytest.mark.parametrize(
+    "step,params,alignment",
+    [
+        ("bytegrad", {"hierarchical": False, "average": True}, 1),
+        ("centralized_allreduce", {"hierarchical": False, "average": True}, 1),
+    ],
+)
 def test_comm_stream_waits_for_the_producer(comm, step, params, alignment):
     """The gradient is written by a slow task on the producer stream; the
     engine must communicate what that task wrote (ByteGrad quantizes it),

@@ -34,22 +34,33 @@ STEPS = {  # case -> (step, params, weights?)
     "centralized": ("centralized_allreduce", {"hierarchical": False, "average": True}, False),
     "bytegrad": ("bytegrad", {"hierarchical": False, "average": True}, False),
     "qadam": ("qadam", {"hierarchical": False, "warmup_steps": 1, "beta1": "0.9"}, False),
-    "decentralized_all": ("decentralized", {"hierarchical": False, "peer_selection_mode": "all",
-                                            "communication_interval": 1}, True),
-    "low_precision_decentralized": ("low_precision_decentralized", {"hierarchical": False,
-                                                                    "communication_interval": 1}, True),
+    "decentralized_all": (
+        "decentralized",
+        {"hierarchical": False, "peer_selection_mode": "all", "communication_interval": 1},
+        True,
+    ),
+    "low_precision_decentralized": (
+        "low_precision_decentralized",
+        {"hierarchical": False, "communication_interval": 1},
+        True,
+    ),
 }
 HIER_STEPS = {
     "hierarchical_centralized": ("centralized_allreduce", {"hierarchical": True, "average": True}, False),
     "hierarchical_bytegrad": ("bytegrad", {"hierarchical": True, "average": False}, False),
-    "decentralized_shift_one": ("decentralized", {"hierarchical": False, "peer_selection_mode": "shift_one",
-                                                  "communication_interval": 1}, True),
+    "decentralized_shift_one": (
+        "decentralized",
+        {"hierarchical": False, "peer_selection_mode": "shift_one", "communication_interval": 1},
+        True,
+    ),
 }
 
 
 def case_names(session: str):
     steps = dict(STEPS, **HIER_STEPS) if SESSIONS[session][1] else STEPS
-    return ["staged_allreduce_matches_numpy"] + [f"{c}_{slow}" for c in steps for slow in ("slow_producer", "slow_comm")]
+    return ["staged_allreduce_matches_numpy"] + [
+        f"{c}_{slow}" for c in steps for slow in ("slow_producer", "slow_comm")
+    ]
 
 
 # ---------------------------------------------------------------- worker side
@@ -122,7 +133,9 @@ class Worker:
         got = self.run(case, step_name, params, weights, device, stream)
         assert len(got) == len(want)
         for i, (g, w) in enumerate(zip(got, want)):
-            assert g == w, f"step {i // (len(want) // N_STEPS)}, bucket {i % (len(want) // N_STEPS)} differs from the host path"
+            assert g == w, (
+                f"step {i // (len(want) // N_STEPS)}, bucket {i % (len(want) // N_STEPS)} differs from the host path"
+            )
 
     def staged_allreduce(self):
         np, _C = self.np, self._C
@@ -162,7 +175,8 @@ def worker_main():
 # ---------------------------------------------------------------- pytest side
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names)
+    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names
+)
 
 if __name__ == "__main__":
     worker_main()

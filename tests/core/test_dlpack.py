@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 
 import bagua_core as bc
-from tests.harness.dlpack_structs import (DELETER, DLDataType, DLDevice, DLManagedTensor, DLTensor,
-                                   FakeDeviceArray, legacy_capsule)
+from tests.harness.dlpack_structs import (
+    DELETER,
+    DLDataType,
+    DLDevice,
+    DLManagedTensor,
+    DLTensor,
+    FakeDeviceArray,
+    legacy_capsule,
+)
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -50,15 +57,18 @@ def test_import_numpy_torch_jax_every_dtype(dtype):
     assert (v.address, v.dtype.name, v.read_only) == (j.unsafe_buffer_pointer(), dtype, True)
 
 
-@pytest.mark.parametrize("bad,name", [
-    (np.zeros(3, np.complex64), "complex64"),
-    (np.zeros(3, np.bool_), "bool"),
-    (np.zeros(3, np.int8), "int8"),
-    (np.zeros(3, np.uint16), "uint16"),
-    (torch.zeros(3, dtype=torch.complex128), "complex128"),
-    (torch.zeros(3, dtype=torch.int16), "int16"),
-    (np.zeros(3, ml_dtypes.float8_e4m3fn), "float8"),
-])
+@pytest.mark.parametrize(
+    "bad,name",
+    [
+        (np.zeros(3, np.complex64), "complex64"),
+        (np.zeros(3, np.bool_), "bool"),
+        (np.zeros(3, np.int8), "int8"),
+        (np.zeros(3, np.uint16), "uint16"),
+        (torch.zeros(3, dtype=torch.complex128), "complex128"),
+        (torch.zeros(3, dtype=torch.int16), "int16"),
+        (np.zeros(3, ml_dtypes.float8_e4m3fn), "float8"),
+    ],
+)
 def test_unsupported_dtype_is_type_error_naming_it(bad, name):
     with pytest.raises(TypeError, match=name):
         bc.import_array(bad)
@@ -69,12 +79,15 @@ def test_not_an_array():
         bc.import_array([1.0, 2.0])
 
 
-@pytest.mark.parametrize("make", [
-    lambda: np.arange(12.0).reshape(3, 4)[:, ::2],
-    lambda: np.arange(12.0).reshape(3, 4).T,
-    lambda: np.arange(6.0)[::-1],
-    lambda: torch.arange(12.0).reshape(3, 4).t(),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(12.0).reshape(3, 4)[:, ::2],
+        lambda: np.arange(12.0).reshape(3, 4).T,
+        lambda: np.arange(6.0)[::-1],
+        lambda: torch.arange(12.0).reshape(3, 4).t(),
+    ],
+)
 def test_non_contiguous_rejected(make):
     with pytest.raises(ValueError, match="not C-contiguous"):
         bc.import_array(make())
@@ -165,8 +178,7 @@ def test_byte_offset_and_deleter_of_a_hand_made_capsule():
     deleted = []
     deleter = DELETER(lambda p: deleted.append(True))
     m = DLManagedTensor()
-    m.dl_tensor = DLTensor(storage.ctypes.data, DLDevice(1, 0), 1, DLDataType(2, 32, 1),
-                           shape, None, 3 * 4)
+    m.dl_tensor = DLTensor(storage.ctypes.data, DLDevice(1, 0), 1, DLDataType(2, 32, 1), shape, None, 3 * 4)
     m.deleter = deleter
     cap = legacy_capsule(m)
     v = bc.DLPackView(cap)
@@ -237,6 +249,7 @@ def test_buffer_dlpack_protocol():
 
 def _engine_view():
     from bagua_core._loader import _C
+
     bucket = _C.Bucket("b", int(bc.DType.float32), [("x", (2, 2))], 1)
     return bucket.view("x")
 
@@ -258,8 +271,14 @@ def test_every_producer_answers_the_protocol_alike(producer):
     x.__dlpack__(dl_device=(1, 0), copy=False)
     with pytest.raises(BufferError, match="another device"):
         x.__dlpack__(dl_device=(2, 0))
-    for bad in ({"max_version": 1}, {"max_version": "1.0"}, {"max_version": (1, 0, 0)},
-                {"dl_device": "cpu"}, {"dl_device": (1.5, 0)}, {"copy": "yes"}):
+    for bad in (
+        {"max_version": 1},
+        {"max_version": "1.0"},
+        {"max_version": (1, 0, 0)},
+        {"dl_device": "cpu"},
+        {"dl_device": (1.5, 0)},
+        {"copy": "yes"},
+    ):
         with pytest.raises(TypeError, match=next(iter(bad))):
             x.__dlpack__(**bad)
     t = torch.from_dlpack(x)
@@ -293,9 +312,11 @@ def test_buffer_misc():
 
 
 def test_core_imports_neither_torch_nor_jax():
-    code = ("import sys, bagua_core, bagua_core.comm, bagua_core.process_group, bagua_core.buffer; "
-            "bad = [m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, bagua_core, bagua_core.comm, bagua_core.process_group, bagua_core.buffer; "
+        "bad = [m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 

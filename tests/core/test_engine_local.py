@@ -78,8 +78,13 @@ def test_plan_greedy_single_dtype():
 
 
 def test_plan_interleaved_dtypes_never_mix():
-    decls = [("h0", 10, "float16"), ("f0", 10, "float32"), ("f1", 10, "float32"), ("h1", 10, "float16"),
-             ("i0", 3, "int64")]
+    decls = [
+        ("h0", 10, "float16"),
+        ("f0", 10, "float32"),
+        ("f1", 10, "float32"),
+        ("h1", 10, "float16"),
+        ("i0", 3, "int64"),
+    ]
     plan = E.plan_buckets(decls, 1 << 20)
     assert plan == [["f0", "f1"], ["h0", "h1"], ["i0"]]
 
@@ -315,10 +320,18 @@ def test_never_ready_tensor_raises_naming_it(comm):
 
 
 @needs_test_bindings
-@pytest.mark.parametrize("kind,cls,text", [
-    ("timeout", CommTimeoutError, "late"), ("peer", PeerError, "gone"), ("mismatch", MismatchError, "differs"),
-    ("error", BaguaError, "failed"), ("invalid", ValueError, "bad"), ("std", BaguaError, "foreign"),
-    ("other", BaguaError, "unknown error")])
+@pytest.mark.parametrize(
+    "kind,cls,text",
+    [
+        ("timeout", CommTimeoutError, "late"),
+        ("peer", PeerError, "gone"),
+        ("mismatch", MismatchError, "differs"),
+        ("error", BaguaError, "failed"),
+        ("invalid", ValueError, "bad"),
+        ("std", BaguaError, "foreign"),
+        ("other", BaguaError, "unknown error"),
+    ],
+)
 def test_background_errors_keep_their_type_with_a_prefix(kind, cls, text):
     # the engine's and the async averager's comm threads re-raise their errors
     # in the caller through one helper (csrc/common/error.h: with_prefix)

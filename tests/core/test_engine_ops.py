@@ -17,7 +17,6 @@ import sys
 import time
 import zlib
 
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.worker import threads, wait_for_threads
 
@@ -75,9 +74,6 @@ def case_names(session: str):
 # ---------------------------------------------------------------- worker side
 
 
-
-
-
 STEPS = 5
 LR = 0.1
 
@@ -114,7 +110,9 @@ class Worker:
         allb = np.empty(self.world * raw.size, np.uint8)
         self.pg.comm.allgather(raw.ctypes.data, allb.ctypes.data, raw.size, 6)
         for r in range(self.world):
-            assert np.array_equal(allb[r * raw.size:(r + 1) * raw.size], raw), f"rank {r} differs from rank {self.rank}"
+            assert np.array_equal(allb[r * raw.size : (r + 1) * raw.size], raw), (
+                f"rank {r} differs from rank {self.rank}"
+            )
 
     def engine(self, hierarchical=False, timeout_s=None):
         return self.E.Engine.for_group(self.pg, hierarchical=hierarchical, timeout_s=timeout_s)
@@ -208,13 +206,13 @@ class Worker:
         np = self.np
         decls = decls or self.BG_DECLS
         eng = self.engine(hierarchical)
-        [b] = eng.create_buckets([(n, s, "float32") for n, s in decls], alignment=self.world,
-                                 bucket_bytes=1 << 30)
+        [b] = eng.create_buckets([(n, s, "float32") for n, s in decls], alignment=self.world, bucket_bytes=1 << 30)
         assert b.numel % self.world == 0 and b.numel > b.payload_numel
         b.append_op("bytegrad", hierarchical=hierarchical, average=average)
         padded = lambda r, step: np.concatenate(  # noqa: E731
             [self.data(case, r, s, "float32", step).reshape(-1) for _, s in decls]
-            + [np.zeros(b.numel - b.payload_numel, np.float32)])
+            + [np.zeros(b.numel - b.payload_numel, np.float32)]
+        )
         for step in range(2):
             for n, s in decls:
                 np.asarray(b.view(n))[...] = self.data(case, self.rank, s, "float32", step)
@@ -222,7 +220,7 @@ class Worker:
             eng.wait()
             xs = [padded(r, step) for r in range(self.world)]
             if hierarchical:
-                nodes = [np.stack(xs[k * self.local:(k + 1) * self.local]) for k in range(self.nodes)]
+                nodes = [np.stack(xs[k * self.local : (k + 1) * self.local]) for k in range(self.nodes)]
                 f32 = np.float32
                 xs = [(x.sum(0, dtype=f32) / f32(self.local)) if average else x.sum(0, dtype=f32) for x in nodes]
                 ref = self.bytegrad_reference(xs, average)
@@ -242,7 +240,7 @@ class Worker:
             if step % interval == 0:
                 c = step // interval
                 if hierarchical:
-                    groups = [np.stack(ws[k * self.local:(k + 1) * self.local]) for k in range(self.nodes)]
+                    groups = [np.stack(ws[k * self.local : (k + 1) * self.local]) for k in range(self.nodes)]
                     parts, n = [g.sum(0, dtype=f32) / f32(self.local) for g in groups], self.nodes
                 else:
                     parts, n = ws, self.world
@@ -263,13 +261,15 @@ class Worker:
         shapes = [(4, 3), (5,)]
         eng = self.engine(hierarchical)
         [b] = eng.create_buckets([(f"p{i}", s, "float32") for i, s in enumerate(shapes)], bucket_bytes=1 << 30)
-        op = b.append_op("decentralized", peer_selection_mode=mode, communication_interval=interval, hierarchical=hierarchical)
+        op = b.append_op(
+            "decentralized", peer_selection_mode=mode, communication_interval=interval, hierarchical=hierarchical
+        )
         flat = np.asarray(b.flat_view())
         flat[...] = np.concatenate([self.data(case, self.rank, s).reshape(-1) for s in shapes])
         for step in range(STEPS):
             assert op.step == step and op.communicates_next == (step % interval == 0)
             eng.mark_all_ready()  # forward start: weights x_t
-            eng.wait()            # before optimizer.step()
+            eng.wait()  # before optimizer.step()
             assert op.copy_back() == (step % interval == 0)
             flat -= np.float32(LR) * self.grad(case, self.rank, step, flat.size)  # the local update
         ref = self.decentralized_reference(case, mode, interval, hierarchical, shapes)
@@ -405,7 +405,10 @@ class Worker:
         flight for that long whatever the machine's load."""
         np = self.np
         eng = self.engine()
-        big, small = eng.add_bucket("big", [("big", (1 << 20,))], "float32"), eng.add_bucket("small", [("s", (64,))], "float32")
+        big, small = (
+            eng.add_bucket("big", [("big", (1 << 20,))], "float32"),
+            eng.add_bucket("small", [("s", (64,))], "float32"),
+        )
         for b in (big, small):
             b.append_op("centralized_allreduce", average=False)
         np.asarray(self.view(eng, "big"))[...] = self.rank + 1
@@ -446,8 +449,9 @@ class Worker:
         from bagua_core.errors import CommTimeoutError
 
         eng = self.engine(timeout_s=1.0)
-        eng.create_buckets([("a", (8,), "float32"), ("b", (8,), "float32"), ("forgotten", (8,), "float32")],
-                           bucket_bytes=32)
+        eng.create_buckets(
+            [("a", (8,), "float32"), ("b", (8,), "float32"), ("forgotten", (8,), "float32")], bucket_bytes=32
+        )
         for b in eng.buckets:
             b.append_op("centralized_allreduce")
         eng.mark_ready("a")
@@ -549,9 +553,12 @@ def worker_main():
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local, env) for name, (world, local, env) in SESSIONS.items()}, case_names,
+    __file__,
+    {name: Session(world, local, env) for name, (world, local, env) in SESSIONS.items()},
+    case_names,
     reporting_ranks=lambda name, case: SESSIONS[name][0] - (case == "dead_peer_raises_on_survivors"),
-    returncode=lambda name, rank: 3 if (name, rank) == ("fail3", 2) else 0)  # fail3: rank 2 dies on purpose
+    returncode=lambda name, rank: 3 if (name, rank) == ("fail3", 2) else 0,
+)  # fail3: rank 2 dies on purpose
 
 if __name__ == "__main__":
     worker_main()

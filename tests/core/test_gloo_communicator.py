@@ -97,8 +97,15 @@ def bf16_float(bits):
 def storage(dt):
     """numpy storage dtype for a bagua dtype (bfloat16 travels as uint16 bits)."""
     np = _np()
-    return {"float32": np.float32, "float64": np.float64, "float16": np.float16,
-            "bfloat16": np.uint16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8}[dt]
+    return {
+        "float32": np.float32,
+        "float64": np.float64,
+        "float16": np.float16,
+        "bfloat16": np.uint16,
+        "int32": np.int32,
+        "int64": np.int64,
+        "uint8": np.uint8,
+    }[dt]
 
 
 def make_input(case, rank, dt, n, op="SUM"):
@@ -127,8 +134,7 @@ def reference(inputs, dt, op, world):
     np = _np()
     if dt in ("float32", "float64", "float16", "bfloat16"):
         x = np.stack([as_float(a, dt) for a in inputs]).astype(np.float64)
-        return {"SUM": x.sum(0), "AVG": x.sum(0) / world, "PROD": x.prod(0),
-                "MIN": x.min(0), "MAX": x.max(0)}[op]
+        return {"SUM": x.sum(0), "AVG": x.sum(0) / world, "PROD": x.prod(0), "MIN": x.min(0), "MAX": x.max(0)}[op]
     x = np.stack(inputs)
     t = x.dtype
     if op in ("SUM", "AVG"):
@@ -147,8 +153,12 @@ def assert_close(got, want, dt, world):
         np.testing.assert_array_equal(got, want)
         return
     g = as_float(got, dt)
-    tol = {"float32": (1e-6, 1e-6), "float64": (1e-12, 1e-12),
-           "float16": (1e-2, 4e-3 * world), "bfloat16": (2e-2, 3e-2 * world)}[dt]
+    tol = {
+        "float32": (1e-6, 1e-6),
+        "float64": (1e-12, 1e-12),
+        "float16": (1e-2, 4e-3 * world),
+        "bfloat16": (2e-2, 3e-2 * world),
+    }[dt]
     np.testing.assert_allclose(g, want, rtol=tol[0], atol=tol[1])
 
 
@@ -163,12 +173,10 @@ def ptr(a):
 class Session(StoreSession):
     def __init__(self):
         super().__init__()
-        self.comm = self._C.create_gloo_communicator(self.store, "world", self.rank, self.world,
-                                                     TIMEOUT_S, "127.0.0.1")
+        self.comm = self._C.create_gloo_communicator(self.store, "world", self.rank, self.world, TIMEOUT_S, "127.0.0.1")
 
     def new_comm(self, prefix, timeout_s=TIMEOUT_S, **kw):
-        return self._C.create_gloo_communicator(self.store, prefix, self.rank, self.world,
-                                                timeout_s, "127.0.0.1", **kw)
+        return self._C.create_gloo_communicator(self.store, prefix, self.rank, self.world, timeout_s, "127.0.0.1", **kw)
 
     # -- reducing primitives --------------------------------------------------
 
@@ -195,7 +203,7 @@ class Session(StoreSession):
         else:
             out = np.empty(COUNT, send.dtype)
             c.reduce_scatter(ptr(send), ptr(out), COUNT, DTYPES[dt], OPS[op])
-            assert_close(out, want[r * COUNT:(r + 1) * COUNT], dt, w)
+            assert_close(out, want[r * COUNT : (r + 1) * COUNT], dt, w)
         np.testing.assert_array_equal(send, inputs[r])  # input untouched
 
     # -- data movement ---------------------------------------------------------
@@ -228,13 +236,12 @@ class Session(StoreSession):
             send = full if r == root else np.zeros(0, full.dtype)
             out = np.empty(COUNT, full.dtype)
             c.scatter(ptr(send) if r == root else 0, ptr(out), COUNT, code, root)
-            assert_equal_bits(out, full[r * COUNT:(r + 1) * COUNT])
+            assert_equal_bits(out, full[r * COUNT : (r + 1) * COUNT])
         elif prim == "alltoall":
             send = make_input(case, r, dt, COUNT * w)
             out = np.empty_like(send)
             c.alltoall(ptr(send), ptr(out), COUNT, code)
-            want = np.concatenate([make_input(case, k, dt, COUNT * w)[r * COUNT:(r + 1) * COUNT]
-                                   for k in range(w)])
+            want = np.concatenate([make_input(case, k, dt, COUNT * w)[r * COUNT : (r + 1) * COUNT] for k in range(w)])
             assert_equal_bits(out, want)
 
     # -- special cases ---------------------------------------------------------
@@ -250,8 +257,9 @@ class Session(StoreSession):
         # Tiny segments and a zero lane threshold run the pipelined ring with
         # many segments on both lanes, with buffers small enough for a test.
         np = _np()
-        c = self._C._create_gloo_communicator_tuned(self.store, "tuned", self.rank, self.world,
-                                                    TIMEOUT_S, "127.0.0.1", 2, 0, 64)
+        c = self._C._create_gloo_communicator_tuned(
+            self.store, "tuned", self.rank, self.world, TIMEOUT_S, "127.0.0.1", 2, 0, 64
+        )
         for n in (1, 2, 7, 1001):
             for dt, op in (("float32", "SUM"), ("bfloat16", "MAX"), ("int64", "AVG")):
                 inputs = [make_input(f"lanes{n}{dt}", k, dt, n, op) for k in range(self.world)]
@@ -261,7 +269,7 @@ class Session(StoreSession):
                 chunk = np.empty(n, inputs[0].dtype)
                 big = [make_input(f"rs{n}{dt}", k, dt, n * self.world, op) for k in range(self.world)]
                 c.reduce_scatter(ptr(big[self.rank]), ptr(chunk), n, DTYPES[dt], OPS[op])
-                want = reference(big, dt, op, self.world)[self.rank * n:(self.rank + 1) * n]
+                want = reference(big, dt, op, self.world)[self.rank * n : (self.rank + 1) * n]
                 assert_close(chunk, want, dt, self.world)
                 root = n % self.world
                 red = np.zeros_like(inputs[0])
@@ -280,15 +288,15 @@ class Session(StoreSession):
         w = self.world
         want = np.full(n * w, w * (w + 1) / 2, np.float32)
         want[::7] = -w
-        np.testing.assert_array_equal(out, want[self.rank * n:(self.rank + 1) * n])
+        np.testing.assert_array_equal(out, want[self.rank * n : (self.rank + 1) * n])
 
     def reduce_scatter_in_place(self):
         np = _np()
         w, r = self.world, self.rank
         buf = np.arange(COUNT * w, dtype=np.int64) + r
         self.comm.reduce_scatter(ptr(buf), ptr(buf) + r * COUNT * 8, COUNT, DTYPES["int64"], OPS["SUM"])
-        want = (np.arange(COUNT * w, dtype=np.int64) * w + w * (w - 1) // 2)[r * COUNT:(r + 1) * COUNT]
-        np.testing.assert_array_equal(buf[r * COUNT:(r + 1) * COUNT], want)
+        want = (np.arange(COUNT * w, dtype=np.int64) * w + w * (w - 1) // 2)[r * COUNT : (r + 1) * COUNT]
+        np.testing.assert_array_equal(buf[r * COUNT : (r + 1) * COUNT], want)
 
     def reduce_scatter_count_1(self):
         np = _np()
@@ -301,7 +309,7 @@ class Session(StoreSession):
         np = _np()
         w, r = self.world, self.rank
         buf = np.full(COUNT * w, -1, np.int32)
-        buf[r * COUNT:(r + 1) * COUNT] = np.arange(COUNT) + 100 * r
+        buf[r * COUNT : (r + 1) * COUNT] = np.arange(COUNT) + 100 * r
         self.comm.allgather(ptr(buf) + r * COUNT * 4, ptr(buf), COUNT, DTYPES["int32"])
         np.testing.assert_array_equal(buf, np.concatenate([np.arange(COUNT) + 100 * k for k in range(w)]))
 
@@ -311,9 +319,9 @@ class Session(StoreSession):
         w, r = self.world, self.rank
         buf = np.full(COUNT * w + 1, -1, np.int32)
         src = 1  # starts inside block 0, ends inside block 1 (for w > 1)
-        buf[src:src + COUNT] = np.arange(COUNT) + 100 * r
+        buf[src : src + COUNT] = np.arange(COUNT) + 100 * r
         self.comm.allgather(ptr(buf) + src * 4, ptr(buf), COUNT, DTYPES["int32"])
-        np.testing.assert_array_equal(buf[:COUNT * w], np.concatenate([np.arange(COUNT) + 100 * k for k in range(w)]))
+        np.testing.assert_array_equal(buf[: COUNT * w], np.concatenate([np.arange(COUNT) + 100 * k for k in range(w)]))
 
     def alltoall_in_place(self):
         np = _np()
@@ -351,17 +359,18 @@ class Session(StoreSession):
             off += send_counts[j] + 2
         send = np.full(off, -1.0)
         for j in range(w):
-            send[send_displs[j]:send_displs[j] + send_counts[j]] = 1000 * r + 10 * j + np.arange(send_counts[j])
+            send[send_displs[j] : send_displs[j] + send_counts[j]] = 1000 * r + 10 * j + np.arange(send_counts[j])
         recv_displs, off = [0] * w, 3
         for i in range(w):
             recv_displs[i] = off
             off += recv_counts[i] + 1
         recv = np.full(off, -7.0)
-        self.comm.alltoall_v(ptr(send), send_counts, send_displs, ptr(recv), recv_counts, recv_displs,
-                             DTYPES["float64"])
+        self.comm.alltoall_v(
+            ptr(send), send_counts, send_displs, ptr(recv), recv_counts, recv_displs, DTYPES["float64"]
+        )
         want = np.full(off, -7.0)
         for i in range(w):
-            want[recv_displs[i]:recv_displs[i] + recv_counts[i]] = 1000 * i + 10 * r + np.arange(recv_counts[i])
+            want[recv_displs[i] : recv_displs[i] + recv_counts[i]] = 1000 * i + 10 * r + np.arange(recv_counts[i])
         np.testing.assert_array_equal(recv, want)
 
     def count_zero_is_noop(self):
@@ -403,12 +412,13 @@ class Session(StoreSession):
             lambda: c.alltoall_v(p, [1] * (w + 1), [0] * (w + 1), p, [1] * w, [0] * w, 0),
             lambda: c.alltoall_v(p, [1] * w, [0] * (w - 1), p, [1] * w, [0] * w, 0),
             lambda: c.alltoall_v(p, [-1] * w, [0] * w, p, [1] * w, [0] * w, 0),
-            lambda: c.alltoall_v(p, [1] * w, [2 ** 62] * w, p, [1] * w, list(range(w)), 0),
+            lambda: c.alltoall_v(p, [1] * w, [2**62] * w, p, [1] * w, list(range(w)), 0),
         ]
         if w > 1:
             bad.append(lambda: c.alltoall_v(p, [1] * w, list(range(w)), p, [1] * w, [0] * w, 0))  # overlap
-            bad.append(lambda: c.alltoall_v(p, [1] * w, list(range(w)), p, [2] * w,
-                                            list(range(0, 2 * w, 2)), 0))  # self count differs
+            bad.append(
+                lambda: c.alltoall_v(p, [1] * w, list(range(w)), p, [2] * w, list(range(0, 2 * w, 2)), 0)
+            )  # self count differs
         for i, fn in enumerate(bad):
             try:
                 fn()
@@ -481,8 +491,10 @@ class Session(StoreSession):
                 c.broadcast(ptr(a), 10, 0, 0)
         except self._C.MismatchError as e:
             msg = str(e)
-            assert ("rank 1 called broadcast(float32, count=10, root=0) while rank 0 called "
-                    "allreduce(float32, count=10, SUM)") in msg, msg
+            assert (
+                "rank 1 called broadcast(float32, count=10, root=0) while rank 0 called "
+                "allreduce(float32, count=10, SUM)"
+            ) in msg, msg
         else:
             raise AssertionError("no MismatchError")
         # still usable: a matching call goes through
@@ -510,8 +522,7 @@ class Session(StoreSession):
             recv_counts[0] = 2  # expects 2 from rank 0, which sends 1
         send, recv = np.zeros(w, np.float32), np.zeros(2 * w, np.float32)
         try:
-            c.alltoall_v(ptr(send), [1] * w, list(range(w)), ptr(recv), recv_counts,
-                         [2 * i for i in range(w)], 0)
+            c.alltoall_v(ptr(send), [1] * w, list(range(w)), ptr(recv), recv_counts, [2 * i for i in range(w)], 0)
         except self._C.MismatchError as e:
             assert f"rank 0 sends 1 elements to rank {w - 1}, which expects 2" in str(e), str(e)
         else:
@@ -668,8 +679,14 @@ def kill_session(victim: int):
         elapsed = time.monotonic() - t0
         ok = elapsed < timeout_s + 2.0
         ok = ok and (f"rank {victim} has died" in str(e) or "dead ranks unknown" in str(e))
-        report("survivor_raises", ok, "" if ok else f"took {elapsed:.1f}s or did not name the dead rank",
-               kind=type(e).__name__, elapsed=elapsed, message=str(e))
+        report(
+            "survivor_raises",
+            ok,
+            "" if ok else f"took {elapsed:.1f}s or did not name the dead rank",
+            kind=type(e).__name__,
+            elapsed=elapsed,
+            message=str(e),
+        )
     else:
         report("survivor_raises", False, "allreduce kept succeeding with a dead peer")
     t0 = time.monotonic()
@@ -677,8 +694,11 @@ def kill_session(victim: int):
         c.barrier()
         report("broken_afterwards", False, "barrier succeeded on a broken communicator")
     except _C.BaguaError as e:
-        report("broken_afterwards", "communicator broken by an earlier failure" in str(e)
-               and time.monotonic() - t0 < 0.5, str(e))
+        report(
+            "broken_afterwards",
+            "communicator broken by an earlier failure" in str(e) and time.monotonic() - t0 < 0.5,
+            str(e),
+        )
     wait_for_survivors(store, rank, world, victim)
 
 

@@ -73,9 +73,13 @@ def network_problem():
 def prepare():
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         pytest.skip("tests/gpu/prepare.sh needs apt-get and dpkg-deb (a Debian or Ubuntu host)")
-    proc = subprocess.run(["bash", os.path.join(REPO, "tests", "gpu", "prepare.sh")],
-                          env=dict(os.environ, PYTHON=sys.executable),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", os.path.join(REPO, "tests", "gpu", "prepare.sh")],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         problem = network_problem()
         if problem:
@@ -99,15 +103,24 @@ def test_gpu_script_dry_run(tmp_path):
     sync_tree(REPO, COPY)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, BAGUA_GPU_TOTAL_S=str(DRY_RUN_S))
-    proc = subprocess.run(["bash", os.path.join(COPY, "tests", "gpu", "run.sh"), str(out), "--dry-run"],
-                          env=env, capture_output=True, text=True, timeout=DRY_RUN_S + 60)
+    proc = subprocess.run(
+        ["bash", os.path.join(COPY, "tests", "gpu", "run.sh"), str(out), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DRY_RUN_S + 60,
+    )
     summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
     results = summary_results(summary)
     failed = [s for s in STEPS if results.get(s) != "pass"]
-    logs = "".join(f"\n--- {s}.log (end) ---\n{(out / f'{s}.log').read_text()[-3000:]}"
-                   for s in failed if (out / f"{s}.log").exists())
+    logs = "".join(
+        f"\n--- {s}.log (end) ---\n{(out / f'{s}.log').read_text()[-3000:]}"
+        for s in failed
+        if (out / f"{s}.log").exists()
+    )
     assert not failed and proc.returncode == 0, (
-        f"dry run: rc={proc.returncode}, steps not passed: {failed}\n{summary}\n{proc.stderr[-2000:]}{logs}")
+        f"dry run: rc={proc.returncode}, steps not passed: {failed}\n{summary}\n{proc.stderr[-2000:]}{logs}"
+    )
     assert "all steps passed" in summary
     assert (out / "build.log").exists() and (out / "gpu_tests.log").exists()
     # gpu tests were found, and the build used the downloaded jaxlib headers

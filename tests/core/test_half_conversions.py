@@ -61,17 +61,39 @@ def special_float32():
     """float32 subnormals, tiny and huge values, infinities and NaNs of every payload class."""
     rng = np.random.default_rng(1)
     sub = rng.integers(1, 1 << 23, 4096, dtype=np.uint32)  # exponent 0
-    nan_payloads = np.concatenate([
-        np.array([1, 2, 0x1000, 0x1fff, 0x2000, 0x2001, 0x3fffff, 0x400000, 0x400001, 0x7fffff], np.uint32),
-        rng.integers(1, 1 << 23, 4096, dtype=np.uint32),
-    ])
-    bits = np.concatenate([
-        sub,
-        0x7F800000 | nan_payloads,  # quiet and signalling NaNs
-        np.array([0, 0x7F800000, 0x7F7FFFFF, 0x00800000, 0x00000001], np.uint32),  # 0, inf, max, min normal, min subnormal
-    ])
-    values = [2.0**-25, 2.0**-26, 3 * 2.0**-26, 2.0**-24, 1.5 * 2.0**-24, 2.0**-14, 65504.0, 65519.0, 65520.0,
-              65536.0, 1e5, 1e30, 3e38, 1.0, 1 / 3, 0.1]
+    nan_payloads = np.concatenate(
+        [
+            np.array([1, 2, 0x1000, 0x1FFF, 0x2000, 0x2001, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF], np.uint32),
+            rng.integers(1, 1 << 23, 4096, dtype=np.uint32),
+        ]
+    )
+    bits = np.concatenate(
+        [
+            sub,
+            0x7F800000 | nan_payloads,  # quiet and signalling NaNs
+            np.array(
+                [0, 0x7F800000, 0x7F7FFFFF, 0x00800000, 0x00000001], np.uint32
+            ),  # 0, inf, max, min normal, min subnormal
+        ]
+    )
+    values = [
+        2.0**-25,
+        2.0**-26,
+        3 * 2.0**-26,
+        2.0**-24,
+        1.5 * 2.0**-24,
+        2.0**-14,
+        65504.0,
+        65519.0,
+        65520.0,
+        65536.0,
+        1e5,
+        1e30,
+        3e38,
+        1.0,
+        1 / 3,
+        0.1,
+    ]
     return plus_minus_ulp(np.concatenate([bits.view(np.float32), np.array(values, np.float32)]))
 
 
@@ -125,8 +147,12 @@ def test_odd_lengths_and_offsets():
             xs = x[start : start + n]
             assert_same_bits(narrow(xs, FLOAT16), want16[start : start + n], xs, f"narrow n={n}")
             w = widen(want16[start : start + n], FLOAT16)
-            assert_same_bits(w, want16[start : start + n].view(np.float16).astype(np.float32).view(np.uint32),
-                             want16[start : start + n], f"widen n={n}")
+            assert_same_bits(
+                w,
+                want16[start : start + n].view(np.float16).astype(np.float32).view(np.uint32),
+                want16[start : start + n],
+                f"widen n={n}",
+            )
 
 
 # ---- bfloat16 ----------------------------------------------------------------------------------

@@ -14,12 +14,20 @@ import time
 
 import pytest
 
-from bagua_core import config
-from bagua_core import run as bagua_run
+from bagua_core import config, run as bagua_run
 from tests.harness.paths import REPO
 
-CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
+CONTRACT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONUNBUFFERED",
+)
 PREFIXED = re.compile(r"^\[rank (\d+)\] (.*)$")
 
 pytestmark = pytest.mark.timeout(30)
@@ -38,8 +46,9 @@ def _cmd(*args):
 
 
 def _launch(*args, cwd=REPO, timeout=20):
-    return subprocess.run(_cmd(*args), cwd=cwd, env=_env(), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout)
+    return subprocess.run(
+        _cmd(*args), cwd=cwd, env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
+    )
 
 
 def _script(tmp_path, source, name="worker.py"):
@@ -101,9 +110,17 @@ def test_env_contract_three_workers(tmp_path):
     assert len(ports) == 1
     port = int(ports.pop())
     for rank, e in envs.items():
-        assert e == {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank),
-                     "LOCAL_WORLD_SIZE": "3", "NODE_RANK": "0", "GROUP_RANK": "0",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        assert e == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "3",
+            "NODE_RANK": "0",
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+        }
         s = config.load(e)  # what the engine makes of it
         assert (s.rank, s.world_size, s.local_rank, s.node_rank, s.store_port) == (rank, 3, rank, 0, port + 1)
     # The chosen port and the store port next to it were free (nothing listened during the run).
@@ -117,7 +134,11 @@ def test_multi_node_env_without_other_node(tmp_path):
     assert sorted(envs) == [2, 3]  # prefixes carry the global rank
     for rank, e in envs.items():
         assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (
-            str(rank), str(rank - 2), "4", "2")
+            str(rank),
+            str(rank - 2),
+            "4",
+            "2",
+        )
         assert (e["NODE_RANK"], e["GROUP_RANK"], e["MASTER_PORT"]) == ("1", "1", "29500")
         s = config.load(e)
         assert (s.rank, s.node_rank, s.num_nodes) == (rank, 1, 2)
@@ -125,28 +146,33 @@ def test_multi_node_env_without_other_node(tmp_path):
 
 
 def test_prefixes_on_stdout_and_stderr(tmp_path):
-    worker = _script(tmp_path, """
+    worker = _script(
+        tmp_path,
+        """
         import os, sys
         rank = os.environ["RANK"]
         print(f"out {rank}")
         print(f"err {rank}", file=sys.stderr)
         print("second line")
         sys.stdout.write("partial without newline")
-    """)
+    """,
+    )
     r = _launch("--nproc-per-node", 2, worker)
     assert r.returncode == 0, r.stderr
-    assert _by_rank(r.stdout) == {rank: [f"out {rank}", "second line", "partial without newline"]
-                                  for rank in (0, 1)}
+    assert _by_rank(r.stdout) == {rank: [f"out {rank}", "second line", "partial without newline"] for rank in (0, 1)}
     assert _by_rank(r.stderr) == {0: ["err 0"], 1: ["err 1"]}
 
 
 def test_lines_never_interleave(tmp_path):
-    worker = _script(tmp_path, """
+    worker = _script(
+        tmp_path,
+        """
         import os, sys
         rank = os.environ["RANK"]
         for i in range(3000):
             sys.stdout.write(f"{rank}:{i}:" + rank * 300 + "\\n")
-    """)
+    """,
+    )
     r = _launch("--nproc-per-node", 3, worker)
     assert r.returncode == 0, r.stderr
     lines = _by_rank(r.stdout)
@@ -172,10 +198,14 @@ def test_arguments_pass_through(tmp_path):
 def test_module_mode(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
-    _script(tmp_path, """
+    _script(
+        tmp_path,
+        """
         import os, sys
         print(__name__, __spec__.name, os.environ["RANK"], sys.argv[1:])
-    """, name="mypkg/hello.py")
+    """,
+        name="mypkg/hello.py",
+    )
     r = _launch("--nproc-per-node", 2, "-m", "mypkg.hello", "--foo", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert _by_rank(r.stdout) == {rank: [f"__main__ mypkg.hello {rank} ['--foo']"] for rank in (0, 1)}
@@ -212,14 +242,18 @@ def _kill_leftovers(d, world, *extra):
 
 
 def test_failing_worker_stops_the_others(tmp_path):
-    worker = _script(tmp_path, PID_WORKER + """
+    worker = _script(
+        tmp_path,
+        PID_WORKER
+        + """
         write(f"pid{rank}", str(os.getpid()))
         wait_for_all()
         if rank == 1:
             print("giving up", file=sys.stderr)
             sys.exit(3)
         time.sleep(60)
-    """.replace("\n        ", "\n"))
+    """.replace("\n        ", "\n"),
+    )
     start = time.monotonic()
     r = _launch("--nproc-per-node", 3, worker, tmp_path)
     elapsed = time.monotonic() - start
@@ -233,7 +267,10 @@ def test_failing_worker_stops_the_others(tmp_path):
 
 def test_worker_killed_by_signal_and_sigterm_ignored(tmp_path):
     # Rank 1 dies by SIGKILL; rank 0 ignores SIGTERM and must get SIGKILL after the grace period.
-    worker = _script(tmp_path, PID_WORKER + """
+    worker = _script(
+        tmp_path,
+        PID_WORKER
+        + """
         if rank == 0:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         write(f"pid{rank}", str(os.getpid()))
@@ -241,7 +278,8 @@ def test_worker_killed_by_signal_and_sigterm_ignored(tmp_path):
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-    """.replace("\n        ", "\n"))
+    """.replace("\n        ", "\n"),
+    )
     start = time.monotonic()
     r = _launch("--nproc-per-node", 2, "--grace-period", 0.5, worker, tmp_path)
     elapsed = time.monotonic() - start
@@ -256,7 +294,10 @@ def test_worker_killed_by_signal_and_sigterm_ignored(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_is_forwarded_and_nothing_left_behind(tmp_path, signum):
     # Rank 0 also starts a grandchild: the whole process group must go.
-    worker = _script(tmp_path, PID_WORKER + """
+    worker = _script(
+        tmp_path,
+        PID_WORKER
+        + """
         def on_signal(s, _frame):
             write(f"got{rank}", str(s))
             sys.exit(0)
@@ -267,9 +308,17 @@ def test_signal_is_forwarded_and_nothing_left_behind(tmp_path, signum):
             write("grandchild", str(child.pid))
         write(f"pid{rank}", str(os.getpid()))
         time.sleep(60)
-    """.replace("\n        ", "\n"))
-    p = subprocess.Popen(_cmd("--nproc-per-node", 2, worker, tmp_path), cwd=REPO, env=_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    """.replace("\n        ", "\n"),
+    )
+    p = subprocess.Popen(
+        _cmd("--nproc-per-node", 2, worker, tmp_path),
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         _wait_until(lambda: all((tmp_path / f"pid{r}").exists() for r in range(2)), 15, "workers to start")
         p.send_signal(signum)
@@ -288,13 +337,23 @@ def test_signal_is_forwarded_and_nothing_left_behind(tmp_path, signum):
 
 
 def test_workers_die_with_a_killed_launcher(tmp_path):
-    worker = _script(tmp_path, PID_WORKER + """
+    worker = _script(
+        tmp_path,
+        PID_WORKER
+        + """
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         write(f"pid{rank}", str(os.getpid()))
         time.sleep(60)
-    """.replace("\n        ", "\n"))
-    p = subprocess.Popen(_cmd("--nproc-per-node", 2, worker, tmp_path), cwd=REPO, env=_env(),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    """.replace("\n        ", "\n"),
+    )
+    p = subprocess.Popen(
+        _cmd("--nproc-per-node", 2, worker, tmp_path),
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         _wait_until(lambda: all((tmp_path / f"pid{r}").exists() for r in range(2)), 15, "workers to start")
         p.kill()  # SIGKILL: the launcher cannot forward anything
@@ -308,16 +367,19 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         _kill_leftovers(tmp_path, 2)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--nproc-per-node", "0", "x.py"], "--nproc-per-node must be >= 1"),
-    (["--nproc-per-node", "two", "x.py"], "'two' is not an integer"),
-    (["--nnodes", "2", "--node-rank", "2", "x.py"], "--node-rank 2 is out of range for --nnodes 2"),
-    (["--master-port", "65535", "x.py"], "must be in 1..65534"),
-    (["--grace-period", "-1", "x.py"], "seconds >= 0"),
-    (["--nproc-per-node", "2"], "the following arguments are required: SCRIPT"),
-    (["does_not_exist.py"], "script 'does_not_exist.py' not found"),
-    (["--nproc", "2", "x.py"], "unrecognized arguments"),  # no abbreviations
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nproc-per-node", "0", "x.py"], "--nproc-per-node must be >= 1"),
+        (["--nproc-per-node", "two", "x.py"], "'two' is not an integer"),
+        (["--nnodes", "2", "--node-rank", "2", "x.py"], "--node-rank 2 is out of range for --nnodes 2"),
+        (["--master-port", "65535", "x.py"], "must be in 1..65534"),
+        (["--grace-period", "-1", "x.py"], "seconds >= 0"),
+        (["--nproc-per-node", "2"], "the following arguments are required: SCRIPT"),
+        (["does_not_exist.py"], "script 'does_not_exist.py' not found"),
+        (["--nproc", "2", "x.py"], "unrecognized arguments"),  # no abbreviations
+    ],
+)
 def test_invalid_arguments(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "x.py").write_text("")
     monkeypatch.chdir(tmp_path)
@@ -328,8 +390,7 @@ def test_invalid_arguments(tmp_path, monkeypatch, capsys, args, message):
 
 
 def test_launcher_imports_neither_torch_nor_jax():
-    code = ("import sys, bagua_core.run; "
-            "print(sorted(m for m in ('torch', 'jax', 'numpy') if m in sys.modules))")
+    code = "import sys, bagua_core.run; print(sorted(m for m in ('torch', 'jax', 'numpy') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -375,7 +436,9 @@ def test_version_and_help_name_the_defaults():
 def test_carriage_returns_pass_through_live_with_the_prefix(tmp_path):
     # a progress bar (tqdm) redraws its line after \r: each redraw shows at once, prefixed
     go = tmp_path / "go"
-    script = _script(tmp_path, f"""
+    script = _script(
+        tmp_path,
+        f"""
         import os, sys, time
         sys.stderr.write("\\r10%")
         sys.stderr.flush()
@@ -384,9 +447,16 @@ def test_carriage_returns_pass_through_live_with_the_prefix(tmp_path):
             time.sleep(0.02)  # until the test saw 10%
         sys.stderr.write("\\r50%\\r100%\\r\\n")
         print("done")
-    """)
-    proc = subprocess.Popen(_cmd("--nproc-per-node", 1, script), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    """,
+    )
+    proc = subprocess.Popen(
+        _cmd("--nproc-per-node", 1, script),
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         first = b""
         while b"10%" not in first:

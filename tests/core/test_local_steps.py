@@ -29,8 +29,14 @@ SHAPES = [(6, 5), (7,), (3, 4)]
 
 
 def case_names(session: str):
-    return ["init", "torch_matches_reference", "plain_averaging_is_the_mean", "jax_matches_torch",
-            "jax_state_pickles_and_local_steps_are_local", "loss_goes_down"]
+    return [
+        "init",
+        "torch_matches_reference",
+        "plain_averaging_is_the_mean",
+        "jax_matches_torch",
+        "jax_state_pickles_and_local_steps_are_local",
+        "loss_goes_down",
+    ]
 
 
 def reference(world, grads_of, steps, lr, momentum, H, warmup, outer_lr, outer_mu, nesterov):
@@ -44,8 +50,11 @@ def reference(world, grads_of, steps, lr, momentum, H, warmup, outer_lr, outer_m
     for t in range(steps):
         for r in range(world):
             g = grads_of(r, t)
-            buf[r] = [gi.astype(np.float64) for gi in g] if buf[r] is None else \
-                [momentum * b + gi for b, gi in zip(buf[r], g)]
+            buf[r] = (
+                [gi.astype(np.float64) for gi in g]
+                if buf[r] is None
+                else [momentum * b + gi for b, gi in zip(buf[r], g)]
+            )
             w[r] = [wi - lr * b for wi, b in zip(w[r], buf[r])]
         if t < warmup:
             mean = [sum(w[r][k] for r in range(world)) / world for k in range(len(SHAPES))]
@@ -101,10 +110,19 @@ class Worker(JaxWorker):
 
         cfg = dict(lr=0.1, momentum=0.9, H=3, warmup=2, outer_lr=0.7, outer_mu=0.9, nesterov=True)
         steps = 11
-        got = self.train_torch(ta.LocalStepsAlgorithm(sync_interval=cfg["H"], warmup_steps=cfg["warmup"],
-                                                      outer_lr=cfg["outer_lr"], outer_momentum=cfg["outer_mu"],
-                                                      nesterov=True, hierarchical=self.hierarchical),
-                               steps, cfg["lr"], cfg["momentum"])
+        got = self.train_torch(
+            ta.LocalStepsAlgorithm(
+                sync_interval=cfg["H"],
+                warmup_steps=cfg["warmup"],
+                outer_lr=cfg["outer_lr"],
+                outer_momentum=cfg["outer_mu"],
+                nesterov=True,
+                hierarchical=self.hierarchical,
+            ),
+            steps,
+            cfg["lr"],
+            cfg["momentum"],
+        )
         want = reference(self.world, self.grads_of, steps, **cfg)
         for t in range(steps):
             for g, w in zip(got[t], want[t][self.rank]):
@@ -116,10 +134,25 @@ class Worker(JaxWorker):
         import bagua_torch.algorithms as ta
 
         steps = 4
-        got = self.train_torch(ta.LocalStepsAlgorithm(sync_interval=2, outer_lr=1.0, outer_momentum=0.0,
-                                                      nesterov=False, hierarchical=self.hierarchical), steps, 0.5)
-        want = reference(self.world, self.grads_of, steps, lr=0.5, momentum=0.0, H=2, warmup=0, outer_lr=1.0,
-                         outer_mu=0.0, nesterov=False)
+        got = self.train_torch(
+            ta.LocalStepsAlgorithm(
+                sync_interval=2, outer_lr=1.0, outer_momentum=0.0, nesterov=False, hierarchical=self.hierarchical
+            ),
+            steps,
+            0.5,
+        )
+        want = reference(
+            self.world,
+            self.grads_of,
+            steps,
+            lr=0.5,
+            momentum=0.0,
+            H=2,
+            warmup=0,
+            outer_lr=1.0,
+            outer_mu=0.0,
+            nesterov=False,
+        )
         for t in range(steps):
             for g, w in zip(got[t], want[t][self.rank]):
                 np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=f"step {t}")
@@ -171,13 +204,19 @@ class Worker(JaxWorker):
     def loss_goes_down(self):
         import bagua_jax
 
-        self.assert_training_reduces_loss(self.optax.chain(
-            self.optax.sgd(0.3), bagua_jax.transform(bagua_jax.LocalStepsAlgorithm(sync_interval=4))))
+        self.assert_training_reduces_loss(
+            self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(bagua_jax.LocalStepsAlgorithm(sync_interval=4)))
+        )
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=150, test_timeout=240, requires=("jax", "optax"))
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=150,
+    test_timeout=240,
+    requires=("jax", "optax"),
+)
 
 
 def test_bad_settings_are_refused():

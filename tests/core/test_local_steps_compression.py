@@ -47,9 +47,15 @@ F32 = np.float32
 
 
 def case_names(session: str):
-    return ["torch_matches_reference", "torch_matches_reference_without_error_feedback", "jax_matches_reference",
-            "jax_matches_reference_without_error_feedback", "jax_checkpoint_resumes_bitwise",
-            "compression_and_error_feedback_matter", "settings_and_state"]
+    return [
+        "torch_matches_reference",
+        "torch_matches_reference_without_error_feedback",
+        "jax_matches_reference",
+        "jax_matches_reference_without_error_feedback",
+        "jax_checkpoint_resumes_bitwise",
+        "compression_and_error_feedback_matter",
+        "settings_and_state",
+    ]
 
 
 def grads_of(rank, step):
@@ -98,8 +104,10 @@ def reference(world, local, error_feedback, compressed=True):
             buf[r] = [x.copy() for x in g] if buf[r] is None else [F32(MOMENTUM) * b + x for b, x in zip(buf[r], g)]
             w[r] = [x - F32(LR) * b for x, b in zip(w[r], buf[r])]
         if t < warmup:  # uncompressed
-            node_means = [[group_mean([w[n * per_node + i][k] for i in range(per_node)]) for k in range(len(SHAPES))]
-                          for n in range(groups)]
+            node_means = [
+                [group_mean([w[n * per_node + i][k] for i in range(per_node)]) for k in range(len(SHAPES))]
+                for n in range(groups)
+            ]
             mean = [group_mean([m[k] for m in node_means]) for k in range(len(SHAPES))]
             anchor = [x.copy() for x in mean]
             w = [[x.copy() for x in mean] for _ in range(world)]
@@ -108,10 +116,10 @@ def reference(world, local, error_feedback, compressed=True):
             for k, bucket in enumerate(layout):
                 a = flatten(anchor, bucket)
                 xs = [a - flatten(w[r], bucket) for r in range(world)]
-                xs = [group_mean(xs[n * per_node:(n + 1) * per_node]) for n in range(groups)]  # node averages
+                xs = [group_mean(xs[n * per_node : (n + 1) * per_node]) for n in range(groups)]  # node averages
                 if compressed:
                     for e in residual[k]:
-                        e[payload(bucket, SHAPES):] = 0  # the adapters zero the state's padding before each run
+                        e[payload(bucket, SHAPES) :] = 0  # the adapters zero the state's padding before each run
                     d, es = scatter_reduce_gather(xs, True, F32, residual[k] if error_feedback else None)
                     if error_feedback:
                         residual[k] = es
@@ -139,8 +147,9 @@ class Worker(JaxWorker):
         return local if local < self.world else None
 
     def algorithm_args(self, error_feedback=True):
-        return dict(OUTER, hierarchical=self.local is not None, compression="minmax_uint8",
-                    error_feedback=error_feedback)
+        return dict(
+            OUTER, hierarchical=self.local is not None, compression="minmax_uint8", error_feedback=error_feedback
+        )
 
     def my_residual(self, residual, k):
         """This rank's residual of bucket k in the simulation: the node
@@ -218,7 +227,7 @@ class Worker(JaxWorker):
         if error_feedback:
             for k, (s, bucket) in enumerate(zip(state[1].step_state, layout)):
                 n, p = payload(bucket, SHAPES), bucket[1]
-                np.testing.assert_array_equal(np.asarray(s)[2 * p:2 * p + n], self.my_residual(residual, k)[:n])
+                np.testing.assert_array_equal(np.asarray(s)[2 * p : 2 * p + n], self.my_residual(residual, k)[:n])
 
     def jax_matches_reference(self):
         self._jax_matches_reference(True)
@@ -241,23 +250,28 @@ class Worker(JaxWorker):
         fresh = tx2.init([jnp.asarray(w) for w in initial_weights()])
         restored = jax.tree_util.tree_map(jnp.asarray, pickle.loads(saved))
         assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(restored)
-        residuals = [np.asarray(s)[2 * p:] for s, (_, p) in zip(restored[1].step_state, layout)]
+        residuals = [np.asarray(s)[2 * p :] for s, (_, p) in zip(restored[1].step_state, layout)]
         leader = self.local is None or self.rank % self.local == 0
         assert any(np.abs(e).max() > 0 for e in residuals) == leader
         self.jax_run(tx2, restored, want, range(saved_after, STEPS))
 
-        zeroed = [jnp.asarray(np.concatenate([np.asarray(s)[:2 * p], np.zeros(p, F32)]))
-                  for s, (_, p) in zip(restored[1].step_state, layout)]
+        zeroed = [
+            jnp.asarray(np.concatenate([np.asarray(s)[: 2 * p], np.zeros(p, F32)]))
+            for s, (_, p) in zip(restored[1].step_state, layout)
+        ]
         without = (restored[0], restored[1]._replace(step_state=tuple(zeroed)))
         update = jax.jit(tx2.update)
         next_sync = OUTER["warmup_steps"] + 2 * OUTER["sync_interval"] - 1
         for t in range(saved_after, next_sync + 1):
             prev = want[t - 1][self.rank]
-            u, without = update([jnp.asarray(g) for g in grads_of(self.rank, t)], without,
-                                [jnp.asarray(p) for p in prev])
+            u, without = update(
+                [jnp.asarray(g) for g in grads_of(self.rank, t)], without, [jnp.asarray(p) for p in prev]
+            )
         # every rank's weights move: the leaders' residuals reach everyone through the exchange
-        assert any(not np.array_equal(np.asarray(a), w - p)
-                   for a, w, p in zip(u, want[next_sync][self.rank], want[next_sync - 1][self.rank]))
+        assert any(
+            not np.array_equal(np.asarray(a), w - p)
+            for a, w, p in zip(u, want[next_sync][self.rank], want[next_sync - 1][self.rank])
+        )
 
     def compression_and_error_feedback_matter(self):
         with_ef, residual, _ = reference(self.world, self.local, True)
@@ -274,8 +288,7 @@ class Worker(JaxWorker):
         assert all(np.array_equal(a, b) for a, b in zip(with_ef[0][0], plain[0][0]))
 
     def settings_and_state(self):
-        from bagua_core import algorithms as core
-        from bagua_core import algorithm_steps
+        from bagua_core import algorithm_steps, algorithms as core
         from bagua_core.algorithms._base import Plan
 
         hier = self.local is not None
@@ -284,8 +297,9 @@ class Worker(JaxWorker):
         info = algorithm_steps.check_plan(plain, self.group)
         assert info.alignment == 1 and info.num_state == 2, info
         assert "compression" not in info.description and "error_feedback" not in info.description, info
-        squeezed = algorithm_steps.check_plan(core.LocalSteps(hierarchical=hier, compression="minmax_uint8").plan(),
-                                              self.group)
+        squeezed = algorithm_steps.check_plan(
+            core.LocalSteps(hierarchical=hier, compression="minmax_uint8").plan(), self.group
+        )
         assert squeezed.alignment == self.world and squeezed.num_state == 2, squeezed
         assert squeezed.description.endswith(", compression=minmax_uint8)"), squeezed
         ef_plan = core.LocalSteps(hierarchical=hier, compression="minmax_uint8", error_feedback=True).plan()
@@ -293,27 +307,38 @@ class Worker(JaxWorker):
         assert ef.alignment == self.world and ef.num_state == 3, ef
         assert ef.description.endswith(", compression=minmax_uint8, error_feedback=true)"), ef
         n = 2 * self.world
-        layout = algorithm_steps.state_layout(ef_plan, algorithm_steps.communicators(self.group, hier), "float32",
-                                              [(n,)], n)
+        layout = algorithm_steps.state_layout(
+            ef_plan, algorithm_steps.communicators(self.group, hier), "float32", [(n,)], n
+        )
         assert layout[:2] == (3, n) and layout.init == "copy_of_data" and layout.data_shaped, layout
         # the C++ step refuses what the description refuses, for callers that bypass it
-        for params, fragment in (({"compression": "zstd"}, "unknown compression 'zstd'"),
-                                 ({"compression": 8}, "compression must be a string"),
-                                 ({"error_feedback": True}, "error_feedback needs compression='minmax_uint8'"),
-                                 ({"compression": "minmax_uint8", "error_feedback": "yes"},
-                                  "error_feedback must be a bool")):
-            expect_error(ValueError,
-                         lambda: algorithm_steps.check_plan(Plan(step="local_steps", params=params), self.group),
-                         fragment)
+        for params, fragment in (
+            ({"compression": "zstd"}, "unknown compression 'zstd'"),
+            ({"compression": 8}, "compression must be a string"),
+            ({"error_feedback": True}, "error_feedback needs compression='minmax_uint8'"),
+            ({"compression": "minmax_uint8", "error_feedback": "yes"}, "error_feedback must be a bool"),
+        ):
+            expect_error(
+                ValueError,
+                lambda: algorithm_steps.check_plan(Plan(step="local_steps", params=params), self.group),
+                fragment,
+            )
 
 
 # ---------------------------------------------------------------- pytest side
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)})
-               for name, (world, local) in SESSIONS.items()},
-    case_names, timeout=240, test_timeout=300, requires=("jax", "optax", "torch"))
+    __file__,
+    {
+        name: Session(world, local, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)})
+        for name, (world, local) in SESSIONS.items()
+    },
+    case_names,
+    timeout=240,
+    test_timeout=300,
+    requires=("jax", "optax", "torch"),
+)
 
 
 def test_bad_settings_are_refused_at_construction():

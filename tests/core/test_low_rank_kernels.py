@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bagua_core import _C, compression
-from tests.harness.built_with import needs_test_bindings
 from tests.gpu.available import gpu_skip_reason
+from tests.harness.built_with import needs_test_bindings
 from tests.harness.reference import low_rank as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -21,8 +21,12 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 K = getattr(_C, "kernels", None)  # absent without BAGUA_TEST_BINDINGS
 pytestmark = needs_test_bindings
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = {"float32": (0, np.dtype(np.float32)), "float64": (1, np.dtype(np.float64)),
-          "float16": (2, np.dtype(np.float16)), "bfloat16": (3, BF16)}
+DTYPES = {
+    "float32": (0, np.dtype(np.float32)),
+    "float64": (1, np.dtype(np.float64)),
+    "float16": (2, np.dtype(np.float16)),
+    "bfloat16": (3, BF16),
+}
 # (n, m): below, at and past the 32 and 256 lanes, a row past the 2048-column block of M = P Q^T,
 # and Q = M^T P's column blocks (16 KiB of sums: 4096 float32 columns at rank 1)
 SHAPES = [(1, 1), (3, 31), (33, 32), (65, 257), (300, 33), (5, 2100), (7, 4100)]
@@ -43,8 +47,9 @@ def assert_same(got, want, what):
     bad = np.flatnonzero(bits(got).ravel() != bits(want).ravel())
     if bad.size:
         i = bad[:6]
-        pytest.fail(f"{what}: {bad.size} of {got.size} differ, e.g. at {list(i)}: got {got.ravel()[i]}, "
-                    f"want {want.ravel()[i]}")
+        pytest.fail(
+            f"{what}: {bad.size} of {got.size} differ, e.g. at {list(i)}: got {got.ravel()[i]}, want {want.ravel()[i]}"
+        )
 
 
 def matrices(n, m, r, dname, seed):
@@ -76,8 +81,7 @@ def kernel_outputs(M, Q, P, dname, device="cpu"):
     a_code = DTYPES["float64" if A == np.float64 else "float32"][0]
     for name, mat in (("orth_q", Q), ("orth_p", P)):
         o = mat.copy()
-        K.low_rank_orthogonalize(o, o.shape[0], o.shape[1], a_code, 1e-8 if name == "orth_p" else 0.0,
-                                 device=device)
+        K.low_rank_orthogonalize(o, o.shape[0], o.shape[1], a_code, 1e-8 if name == "orth_p" else 0.0, device=device)
         out[name] = o
     return out
 
@@ -97,8 +101,13 @@ def fused_outputs(M, Q, P, E, dname, device="cpu"):
 
 def references(M, Q, P, dname):
     dtype = DTYPES[dname][1]
-    return {"mq": ref.mq(M, Q), "mtp": ref.mtp(M, P), "pqt": ref.pqt(P, Q, dtype),
-            "orth_q": ref.orthogonalize(Q, 0.0), "orth_p": ref.orthogonalize(P, 1e-8)}
+    return {
+        "mq": ref.mq(M, Q),
+        "mtp": ref.mtp(M, P),
+        "pqt": ref.pqt(P, Q, dtype),
+        "orth_q": ref.orthogonalize(Q, 0.0),
+        "orth_p": ref.orthogonalize(P, 1e-8),
+    }
 
 
 @pytest.fixture(params=compression.CPU_ISAS)
@@ -136,8 +145,13 @@ def test_host_products_with_error_feedback_match_reference_bitwise(isa, dname, n
         got = fused_outputs(M, Q, P, E, dname)
         folded, error = ref.fold_error(M, E)
         product = ref.pqt(P, Q, dtype)
-        want = {"mq_m": folded, "mq_error": error, "mq": ref.mq(folded, Q), "pqt": product,
-                "pqt_error": ref.finish_error(product, E)}
+        want = {
+            "mq_m": folded,
+            "mq_error": error,
+            "mq": ref.mq(folded, Q),
+            "pqt": product,
+            "pqt_error": ref.finish_error(product, E),
+        }
         for name, w in want.items():
             assert_same(got[name], w, f"{name} {dname} n={n} m={m} r={r} isa={isa}")
 

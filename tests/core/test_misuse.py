@@ -23,8 +23,18 @@ import pytest
 from tests.harness import mp
 
 WS = 3
-COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "gather", "scatter",
-               "reduce_scatter", "alltoall", "alltoall_v", "allgather_inplace")
+COLLECTIVES = (
+    "allreduce",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "alltoall",
+    "alltoall_v",
+    "allgather_inplace",
+)
 
 
 # --- worker side --------------------------------------------------------------
@@ -65,8 +75,9 @@ def call(prim, n):
         # n elements to each peer, 2 to itself; every rank expects 2 from each
         m = max(n, 2)
         sc = [2 if j == RANK else n for j in range(WS)]
-        bc.alltoall_v(np.ones(WS * m, np.float32), sc, [j * m for j in range(WS)], None,
-                      [2] * WS, [2 * i for i in range(WS)])
+        bc.alltoall_v(
+            np.ones(WS * m, np.float32), sc, [j * m for j in range(WS)], None, [2] * WS, [2 * i for i in range(WS)]
+        )
     else:
         raise AssertionError(prim)
 
@@ -88,11 +99,19 @@ def size_mismatch_cases():
         # sends 3 to everyone, who all expect 2
         out.append((f"size_mismatch[{prim}]", lambda p=prim: expect_mismatch(lambda: call(p, 3 if RANK == 1 else 2))))
         # an empty array on one rank only
-        out.append((f"empty_on_one_rank[{prim}]", lambda p=prim: expect_mismatch(lambda: call(p, 0 if RANK == 1 else 2))))
+        out.append(
+            (f"empty_on_one_rank[{prim}]", lambda p=prim: expect_mismatch(lambda: call(p, 0 if RANK == 1 else 2)))
+        )
     out.append(("empty_everywhere_is_a_no_op", lambda: [call(p, 0) for p in COLLECTIVES if p != "alltoall_v"]))
-    out.append(("dtype_mismatch", lambda: expect_mismatch(
-        lambda: bc.allreduce(np.ones(4, np.float32 if RANK != 2 else np.float64)))))
-    out.append(("root_mismatch", lambda: expect_mismatch(lambda: bc.broadcast(np.ones(4, np.float32), 1 if RANK == 2 else 0))))
+    out.append(
+        (
+            "dtype_mismatch",
+            lambda: expect_mismatch(lambda: bc.allreduce(np.ones(4, np.float32 if RANK != 2 else np.float64))),
+        )
+    )
+    out.append(
+        ("root_mismatch", lambda: expect_mismatch(lambda: bc.broadcast(np.ones(4, np.float32), 1 if RANK == 2 else 0)))
+    )
     out.append(("bool_root_is_refused", case_bool_root))
     out.append(("unpicklable_object_raises_everywhere", case_unpicklable))
     # ranks 0, 1 pass [0, 1] and rank 2 [0, 1, 2]; then rank 2 believes it is left out
@@ -211,8 +230,13 @@ def case_threads():
     kinds = sorted({type(e).__name__ for e in errors})
     from tests.harness.worker import report
 
-    report("threads_detail", True, wrong=len(wrong), errors=kinds,
-           messages=[str(e)[:300] for e in errors if isinstance(e, bc.ConcurrentUseError)][:1])
+    report(
+        "threads_detail",
+        True,
+        wrong=len(wrong),
+        errors=kinds,
+        messages=[str(e)[:300] for e in errors if isinstance(e, bc.ConcurrentUseError)][:1],
+    )
 
 
 def case_assign_load():
@@ -279,8 +303,10 @@ def case_connect_timeout():
     timeout = float(os.environ["BAGUA_TIMEOUT"])
     if RANK == 1:
         port = int(os.environ["MASTER_PORT"]) + 1
-        helper = subprocess.Popen([sys.executable, "-c", _STOPPER, str(port), "group1/gloo/lane0/1",
-                                   str(os.getpid()), str(3 * timeout)], env=mp.repo_env())
+        helper = subprocess.Popen(
+            [sys.executable, "-c", _STOPPER, str(port), "group1/gloo/lane0/1", str(os.getpid()), str(3 * timeout)],
+            env=mp.repo_env(),
+        )
     else:
         time.sleep(1.0)  # rank 1 publishes first and waits for us: the helper stops it in time
     t0 = time.monotonic()
@@ -309,6 +335,7 @@ def worker_main(mode: str) -> int:
         # Gloo groups built like NCCL groups: every call agreed on over a
         # separate control communicator (comm/agreed_communicator.h)
         from bagua_core import process_group
+
         process_group._separate_control = True
     bc.init_process_group()
     RANK = bc.get_rank()
@@ -346,8 +373,14 @@ def session(mode, **env):
 
 
 SIZE_CASES = [f"{kind}[{p}]" for p in COLLECTIVES for kind in ("size_mismatch", "empty_on_one_rank")] + [
-    "empty_everywhere_is_a_no_op", "dtype_mismatch", "root_mismatch", "bool_root_is_refused",
-    "unpicklable_object_raises_everywhere", "new_group_rank_lists_differ", "new_group_non_member_disagrees"]
+    "empty_everywhere_is_a_no_op",
+    "dtype_mismatch",
+    "root_mismatch",
+    "bool_root_is_refused",
+    "unpicklable_object_raises_everywhere",
+    "new_group_rank_lists_differ",
+    "new_group_non_member_disagrees",
+]
 
 
 @pytest.mark.timeout(150)
@@ -552,8 +585,9 @@ def test_out_of_file_descriptors_is_said_plainly():
 
 @pytest.mark.timeout(150)
 def test_world_size_disagreement_is_named():
-    run = mp.launch(_WORLD_SIZE_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "5"},
-                    per_rank_env={2: {"WORLD_SIZE": "4"}})
+    run = mp.launch(
+        _WORLD_SIZE_WORKER, WS, timeout=60, env={"BAGUA_TIMEOUT": "5"}, per_rank_env={2: {"WORLD_SIZE": "4"}}
+    )
     assert not run.timed_out, run.summary()
     bad = run.workers[2]
     assert bad.returncode == 3 and "WORLD_SIZE=4 on rank 2 but 3 on rank 0" in bad.stdout, run.summary()
@@ -562,8 +596,7 @@ def test_world_size_disagreement_is_named():
 
 @pytest.mark.timeout(150)
 def test_two_threads_on_one_group_raise_not_corrupt():
-    run = mp.launch(__file__, WS, timeout=120, args=["threads"],
-                    env={"BAGUA_DEBUG_CHECKS": "0", "BAGUA_TIMEOUT": "5"})
+    run = mp.launch(__file__, WS, timeout=120, args=["threads"], env={"BAGUA_DEBUG_CHECKS": "0", "BAGUA_TIMEOUT": "5"})
     run.check()
     details = {r: rec for r, rec in run.cases().get("threads_detail", {}).items()}
     assert len(details) == WS, run.summary()

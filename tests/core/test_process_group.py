@@ -45,8 +45,6 @@ np = bc = None
 BASELINE_THREADS = 0
 
 
-
-
 def expect_raises(exc, match, fn, *args, **kwargs):
     try:
         fn(*args, **kwargs)
@@ -83,6 +81,7 @@ def case_init_twice():
     import dataclasses
 
     from bagua_core import config
+
     g = bc.get_default_group()
     assert bc.init_process_group() is g, "same settings: the existing group"
     other = dataclasses.replace(config.load(), timeout_s=123.0)
@@ -102,6 +101,7 @@ def case_handles():
 
 def case_hostname():
     from bagua_core.rendezvous import _local_address
+
     assert _local_address("127.0.0.1") == "127.0.0.1"
     assert _local_address("localhost") in ("127.0.0.1", "::1")
 
@@ -122,6 +122,7 @@ def case_destroy_and_reinit():
 
 def case_quick_reinit():
     import time
+
     # rank 0 (the store's host) is slow to let go: the others re-initialise
     # while the old store still answers, and must wait for the new one.
     for _ in range(2):
@@ -136,6 +137,7 @@ def case_debug_checks():
     import dataclasses
 
     from bagua_core import config
+
     bc.destroy_process_group()
     bc.init_process_group(dataclasses.replace(config.load(), debug_checks=True))
     rank = bc.get_rank()
@@ -143,8 +145,6 @@ def case_debug_checks():
     expect_raises(bc.MismatchError, "", bc.allreduce, np.ones(3 + (rank == 1), np.float32))
     bc.destroy_process_group()
     bc.init_process_group()
-
-
 
 
 def case_clone():
@@ -218,8 +218,13 @@ def kill_worker(victim: int) -> int:
                 break
         report("survivor_raises", False, "the loop ended without an error")
     except bc.BaguaError as e:
-        report("survivor_raises", True, elapsed=time.monotonic() - start - 0.3, error_type=type(e).__name__,
-               message=str(e)[:300])
+        report(
+            "survivor_raises",
+            True,
+            elapsed=time.monotonic() - start - 0.3,
+            error_type=type(e).__name__,
+            message=str(e)[:300],
+        )
     bc.destroy_process_group()
     return 0
 
@@ -274,14 +279,19 @@ def test_single_process_needs_no_store():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK",
-                                                                 "LOCAL_WORLD_SIZE", "SLURM_PROCID")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID")
+        }
         env.update(MASTER_ADDR="127.0.0.1", BAGUA_STORE_PORT=str(taken.getsockname()[1]), PYTHONPATH=mp.REPO)
-        code = ("import numpy as np, bagua_core as bc; g = bc.init_process_group(); "
-                "assert (g.rank, g.size) == (0, 1); "
-                "assert (bc.allreduce(np.arange(3.0)).numpy() == np.arange(3.0)).all(); "
-                "assert bc.broadcast_object({'a': 1}) == {'a': 1}; "
-                "assert bc.new_group([0]).inter_node_group().size == 1; bc.destroy_process_group()")
+        code = (
+            "import numpy as np, bagua_core as bc; g = bc.init_process_group(); "
+            "assert (g.rank, g.size) == (0, 1); "
+            "assert (bc.allreduce(np.arange(3.0)).numpy() == np.arange(3.0)).all(); "
+            "assert bc.broadcast_object({'a': 1}) == {'a': 1}; "
+            "assert bc.new_group([0]).inter_node_group().size == 1; bc.destroy_process_group()"
+        )
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -289,8 +299,13 @@ def test_single_process_needs_no_store():
 @pytest.mark.parametrize("world_size,victim", [(3, 2), (2, 0)])
 def test_killed_peer_fails_every_survivor(world_size, victim):
     """victim 0 also takes the rendezvous store down with it."""
-    run = mp.launch(os.path.abspath(__file__), world_size, timeout=KILL_TIMEOUT_S + 40, args=[f"kill{victim}"],
-                    env={"BAGUA_TIMEOUT": str(KILL_TIMEOUT_S)})
+    run = mp.launch(
+        os.path.abspath(__file__),
+        world_size,
+        timeout=KILL_TIMEOUT_S + 40,
+        args=[f"kill{victim}"],
+        env={"BAGUA_TIMEOUT": str(KILL_TIMEOUT_S)},
+    )
     assert not run.timed_out, run.summary()
     assert run.workers[victim].returncode == -signal.SIGKILL, run.summary()
     cases = run.cases().get("survivor_raises", {})
@@ -314,13 +329,21 @@ def test_ctrl_c_while_waiting_at_rendezvous_stops_at_once_and_says_what_it_waits
     import subprocess
     import time
 
-    waits = {1: "rank 1 is waiting for rank 0's rendezvous store at 127.0.0.1:", 0: "rank 0 is waiting for rank 1 to join the job"}
+    waits = {
+        1: "rank 1 is waiting for rank 0's rendezvous store at 127.0.0.1:",
+        0: "rank 0 is waiting for rank 1 to join the job",
+    }
     procs = {}
     for rank in (0, 1):
         env = mp.worker_env(rank, 2, mp.free_port_pair(), extra={"BAGUA_TIMEOUT": "50"})
-        procs[rank] = subprocess.Popen([sys.executable, "-c", "import bagua_core; bagua_core.init_process_group()"],
-                                       env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=mp.REPO,
-                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-c", "import bagua_core; bagua_core.init_process_group()"],
+            env=env,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            cwd=mp.REPO,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     try:
         for rank, p in procs.items():
             line = p.stderr.readline().decode()  # the first notice, after 10 s

@@ -35,10 +35,9 @@ import time
 
 import pytest
 
+from tests.core.test_gloo_communicator import DTYPES, OPS, assert_close, make_input, ptr, reference, storage
 from tests.harness.built_with import needs_test_bindings
 from tests.harness.mp import REPO, launch, session_tests
-from tests.core.test_gloo_communicator import (
-    DTYPES, OPS, assert_close, make_input, ptr, reference, storage)
 from tests.harness.worker import StoreSession, open_store
 
 WINDOW = 4096  # bytes per rank and buffer: many chunks even for small buffers
@@ -47,9 +46,16 @@ ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4,
 
 
 def case_names(session: str):
-    names = ["dtypes_ops_counts_against_numpy", "in_place_and_out_of_place", "same_bits_on_every_rank",
-             "segment_mapped_and_unlinked", "shm_off_stays_on_tcp", "below_threshold_stays_on_tcp",
-             "ranks_disagreeing_on_shm_stay_on_tcp", "reuse_after_many_calls"]
+    names = [
+        "dtypes_ops_counts_against_numpy",
+        "in_place_and_out_of_place",
+        "same_bits_on_every_rank",
+        "segment_mapped_and_unlinked",
+        "shm_off_stays_on_tcp",
+        "below_threshold_stays_on_tcp",
+        "ranks_disagreeing_on_shm_stay_on_tcp",
+        "reuse_after_many_calls",
+    ]
     if session == "w2":
         names += ["bitwise_equal_to_tcp"]
     return names
@@ -77,8 +83,9 @@ class Session(StoreSession):
     def tuned(self, prefix, **options):
         options.setdefault("shm_threshold_bytes", 0)
         options.setdefault("shm_window_bytes", WINDOW)
-        return self._C._create_gloo_communicator_tuned(self.store, prefix, self.rank, self.world, TIMEOUT_S,
-                                                       "127.0.0.1", **options)
+        return self._C._create_gloo_communicator_tuned(
+            self.store, prefix, self.rank, self.world, TIMEOUT_S, "127.0.0.1", **options
+        )
 
     def allreduce(self, comm, a, op="SUM", dt="float32", out=None):
         np = __import__("numpy")
@@ -121,6 +128,7 @@ class Session(StoreSession):
         x = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, size=n)
         if dt == "bfloat16":
             from tests.core.test_gloo_communicator import bf16_bits
+
             return bf16_bits(x.astype(np.float32))
         return x.astype(storage(dt))
 
@@ -130,8 +138,9 @@ class Session(StoreSession):
             for op in ("SUM", "AVG", "MIN", "MAX", "PROD"):
                 n = 7 * WINDOW // ITEMSIZE[dt] + 11
                 a = self.inexact(dt, n, i)
-                np.testing.assert_array_equal(self.allreduce(self.shm, a, op, dt),
-                                              self.allreduce(self.tcp, a, op, dt), err_msg=f"{dt} {op}")
+                np.testing.assert_array_equal(
+                    self.allreduce(self.shm, a, op, dt), self.allreduce(self.tcp, a, op, dt), err_msg=f"{dt} {op}"
+                )
 
     def same_bits_on_every_rank(self):
         np = __import__("numpy")
@@ -140,7 +149,7 @@ class Session(StoreSession):
         every = np.empty(n * self.world, np.float32)
         self.tcp.allgather(ptr(got), ptr(every), n, DTYPES["float32"])
         for r in range(self.world):
-            np.testing.assert_array_equal(every[r * n:(r + 1) * n], got, err_msg=f"rank {r} differs")
+            np.testing.assert_array_equal(every[r * n : (r + 1) * n], got, err_msg=f"rank {r} differs")
         want = self.allreduce(self.tcp, self.inexact("float32", n, 7))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
 
@@ -195,8 +204,9 @@ def failure_session(kind: str, victim: int):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     server, store = open_store(_C, rank)
     timeout_s = 3.0
-    c = _C._create_gloo_communicator_tuned(store, "world", rank, world, timeout_s, "127.0.0.1",
-                                           shm=True, shm_threshold_bytes=0)
+    c = _C._create_gloo_communicator_tuned(
+        store, "world", rank, world, timeout_s, "127.0.0.1", shm=True, shm_threshold_bytes=0
+    )
     a = np.ones(8 << 20, np.float32)  # 32 MiB: ~30 windows, tens of milliseconds
     c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
     mapped = shm_mappings()
@@ -221,8 +231,14 @@ def failure_session(kind: str, victim: int):
         # The first survivor to time out makes the others fail at once, with a timeout naming the victim too.
         want = _C.PeerError if kind == "kill" else _C.CommTimeoutError
         ok = isinstance(e, want) and elapsed < timeout_s + 3.0 and f"rank {victim}" in str(e)
-        report("survivor_raises", ok, "" if ok else f"{type(e).__name__} after {elapsed:.1f}s: {e}",
-               kind=type(e).__name__, elapsed=elapsed, message=str(e))
+        report(
+            "survivor_raises",
+            ok,
+            "" if ok else f"{type(e).__name__} after {elapsed:.1f}s: {e}",
+            kind=type(e).__name__,
+            elapsed=elapsed,
+            message=str(e),
+        )
     else:
         report("survivor_raises", False, "allreduce kept succeeding without its peer")
     left = [segment_path(m) for m in mapped if os.path.exists(segment_path(m))]
@@ -258,8 +274,9 @@ def netns_worker():
     port = int(os.environ["MASTER_PORT"])
     server = _C.TcpStoreServer(master, port) if rank == 0 else None
     store = _C.TcpStore(master, port, rank, 20.0)
-    c = _C._create_gloo_communicator_tuned(store, "world", rank, 2, 20.0, os.environ["HOST_ADDR"],
-                                           shm=True, shm_threshold_bytes=0)
+    c = _C._create_gloo_communicator_tuned(
+        store, "world", rank, 2, 20.0, os.environ["HOST_ADDR"], shm=True, shm_threshold_bytes=0
+    )
     a = np.full(1 << 18, rank + 1.0, np.float32)
     c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
     report("two_hosts_stay_on_tcp", bool(np.all(a == 3.0)) and not shm_mappings(), f"maps: {shm_mappings()}")
@@ -282,8 +299,11 @@ def full_dev_shm_worker():
     a = np.full(1 << 16, rank + 1.0, np.float32)
     c.allreduce(ptr(a), ptr(a), a.size, 0, 0)
     c.allreduce(ptr(a), ptr(a), a.size, 0, 0)  # stays on TCP without trying again
-    report("full_dev_shm_falls_back_to_tcp", bool(np.all(a == 6.0)) and not shm_mappings(),
-           f"maps: {shm_mappings()}, values: {a[:3]}")
+    report(
+        "full_dev_shm_falls_back_to_tcp",
+        bool(np.all(a == 6.0)) and not shm_mappings(),
+        f"maps: {shm_mappings()}, values: {a[:3]}",
+    )
     c.barrier()
     store.close()
     if server is not None:
@@ -296,9 +316,16 @@ def full_dev_shm_parent():
 
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm"], check=True, timeout=30)
     run = launch(os.path.abspath(__file__), 2, timeout=60, args=["full"])
-    print(json.dumps({"ok": run.ok(), "summary": run.summary(),
-                      "cases": {c: {str(r): v for r, v in recs.items()} for c, recs in run.cases().items()},
-                      "stderr": [w.stderr for w in run.workers]}))
+    print(
+        json.dumps(
+            {
+                "ok": run.ok(),
+                "summary": run.summary(),
+                "cases": {c: {str(r): v for r, v in recs.items()} for c, recs in run.cases().items()},
+                "stderr": [w.stderr for w in run.workers],
+            }
+        )
+    )
 
 
 def worker_main():
@@ -321,8 +348,9 @@ def worker_main():
 
 # ---------------------------------------------------------------- pytest side
 
-test_case, test_session_exits_cleanly = session_tests(__file__, {"w2": 2, "w3": 3}, case_names, timeout=120,
-                                                      test_timeout=180)
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {"w2": 2, "w3": 3}, case_names, timeout=120, test_timeout=180
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -359,8 +387,9 @@ def test_peer_stopped_mid_allreduce_times_out_naming_it():
 def _identity_in(*prefix: str) -> str:
     code = "from bagua_core import _C; print(_C._shm_host_identity())"
     env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=env, check=True).stdout.strip()
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True
+    ).stdout.strip()
 
 
 def _unshare_reason():
@@ -392,9 +421,13 @@ def test_full_dev_shm_falls_back_to_tcp():
         reason = "unshare -m fails here (no CAP_SYS_ADMIN?)"
     if reason:
         pytest.skip(reason)
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, os.path.abspath(__file__),
-                        "full-parent"], capture_output=True, text=True, timeout=100,
-                       env=dict(os.environ, PYTHONPATH=REPO))
+    p = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, os.path.abspath(__file__), "full-parent"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["ok"], out["summary"]
@@ -411,17 +444,32 @@ def test_group_over_two_emulated_hosts_stays_on_tcp():
     reason = _hosts.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from tests.harness.mp import CASE_PREFIX
     import json
+
+    from tests.harness.mp import CASE_PREFIX
 
     with _hosts.EmulatedHosts() as hosts:
         procs = []
         for rank in (0, 1):
-            env = dict(os.environ, PYTHONPATH=REPO, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR=_hosts.ADDRESSES[0],
-                       MASTER_PORT="29611", HOST_ADDR=_hosts.ADDRESSES[rank])
-            procs.append(subprocess.Popen([*hosts.exec_prefix(rank), sys.executable, os.path.abspath(__file__),
-                                           "netns"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, start_new_session=True))
+            env = dict(
+                os.environ,
+                PYTHONPATH=REPO,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                MASTER_ADDR=_hosts.ADDRESSES[0],
+                MASTER_PORT="29611",
+                HOST_ADDR=_hosts.ADDRESSES[rank],
+            )
+            procs.append(
+                subprocess.Popen(
+                    [*hosts.exec_prefix(rank), sys.executable, os.path.abspath(__file__), "netns"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         outs = []
         try:
             for p in procs:
@@ -433,7 +481,7 @@ def test_group_over_two_emulated_hosts_stays_on_tcp():
                     p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        recs = [json.loads(line[len(CASE_PREFIX):]) for line in out.splitlines() if line.startswith(CASE_PREFIX)]
+        recs = [json.loads(line[len(CASE_PREFIX) :]) for line in out.splitlines() if line.startswith(CASE_PREFIX)]
         assert recs and all(r["ok"] for r in recs), (recs, err[-2000:])
 
 

@@ -253,8 +253,14 @@ def test_fork_child_cannot_disturb_the_parent():
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [mp.REPO, os.environ.get("PYTHONPATH")])))
-    p = subprocess.Popen([sys.executable, "-c", _FORK_SCRIPT], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _FORK_SCRIPT],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=30)
     finally:

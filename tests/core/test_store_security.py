@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import socket
 import struct
 import subprocess
 import sys
@@ -22,8 +20,8 @@ import time
 
 import pytest
 
-from tests.harness import mp
 from tests.core.test_store import HOST, OP_SET, closed_by_server, frame, hello, raw_connect, raw_hello, s
+from tests.harness import mp
 
 SECRET = "test-secret-0123456789"
 
@@ -36,8 +34,7 @@ def _C():
 
 @pytest.fixture
 def server():
-    srv = _C().TcpStoreServer(HOST, 0, io_timeout_s=2.0, secret=SECRET, max_value_bytes=1000,
-                              max_total_bytes=5000)
+    srv = _C().TcpStoreServer(HOST, 0, io_timeout_s=2.0, secret=SECRET, max_value_bytes=1000, max_total_bytes=5000)
     yield srv
     srv.close()
 
@@ -127,9 +124,14 @@ def test_connections_stay_below_the_descriptor_limit():
     """A store server in a process limited to 128 descriptors: 200 clients
     that authenticate (the most a holder of the secret can do) get at most
     half of them; the process keeps running and serves again afterwards."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER_UNDER_LOW_LIMIT % SECRET], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=mp.REPO,
-                            env=mp.repo_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_UNDER_LOW_LIMIT % SECRET],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=mp.REPO,
+        env=mp.repo_env(),
+    )
     try:
         port = int(proc.stdout.readline())
         socks = []
@@ -212,8 +214,9 @@ def worker_main() -> int:
     before_rss, before_fds = _rss_mb(), len(os.listdir("/proc/self/fd"))
     attacker = None
     if rank == 0:
-        attacker = subprocess.Popen([sys.executable, "-c", _ATTACK, str(store_port)],
-                                    stdout=subprocess.PIPE, text=True, env=mp.repo_env())
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", _ATTACK, str(store_port)], stdout=subprocess.PIPE, text=True, env=mp.repo_env()
+        )
     wrong = 0
     peak_rss, peak_fds = before_rss, before_fds
     for steps in range(1, 301):  # about 4 s: the attack runs meanwhile
@@ -233,8 +236,15 @@ def worker_main() -> int:
     if attacker is not None:
         attack = json.loads(attacker.communicate(timeout=60)[0].strip().splitlines()[-1])
     dead = g._ctx.store.dead_ranks()
-    report("live_job_under_attack", True, wrong=wrong, dead=dead, attack=attack,
-           rss_growth_mb=peak_rss - before_rss, fds_growth=peak_fds - before_fds)
+    report(
+        "live_job_under_attack",
+        True,
+        wrong=wrong,
+        dead=dead,
+        attack=attack,
+        rss_growth_mb=peak_rss - before_rss,
+        fds_growth=peak_fds - before_fds,
+    )
     bc.destroy_process_group()
     return 0
 
@@ -276,8 +286,12 @@ def quiet_main() -> int:
     rank = g.rank
     silent = None
     if rank == 0:
-        silent = subprocess.Popen([sys.executable, "-c", _SILENT, str(int(os.environ["MASTER_PORT"]) + 1),
-                                   SECRET], stdout=subprocess.PIPE, text=True, env=mp.repo_env())
+        silent = subprocess.Popen(
+            [sys.executable, "-c", _SILENT, str(int(os.environ["MASTER_PORT"]) + 1), SECRET],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=mp.repo_env(),
+        )
     time.sleep(4 * IDLE_S)
     sub = bc.new_group([0, 1, 2])  # a rendezvous through the store after the quiet time
     x = np.full(3, rank + 1, np.float32)
@@ -301,9 +315,13 @@ def quiet_main() -> int:
 
 @pytest.mark.timeout(150)
 def test_silent_authenticated_clients_are_dropped_quiet_ranks_are_not():
-    run = mp.launch(__file__, 3, timeout=120, args=["quiet"],
-                    env={"BAGUA_STORE_SECRET": SECRET, "BAGUA_TIMEOUT": "30",
-                         "BAGUA_STORE_IDLE_TIMEOUT": str(IDLE_S)})
+    run = mp.launch(
+        __file__,
+        3,
+        timeout=120,
+        args=["quiet"],
+        env={"BAGUA_STORE_SECRET": SECRET, "BAGUA_TIMEOUT": "30", "BAGUA_STORE_IDLE_TIMEOUT": str(IDLE_S)},
+    )
     run.check()
     recs = run.cases()["quiet_ranks_keep_their_store_connections"]
     assert len(recs) == 3, run.summary()

@@ -38,23 +38,39 @@ STEPS = 45
 def case_names(session):
     if session.startswith("trace"):
         return ["trace_has_every_bucket_and_step"]
-    return ["autotune_switches_at_the_same_steps", "autotune_peer_disagrees", "autotune_setting_differs",
-            "engine_lanes_setting_differs"]
+    return [
+        "autotune_switches_at_the_same_steps",
+        "autotune_peer_disagrees",
+        "autotune_setting_differs",
+        "engine_lanes_setting_differs",
+    ]
 
 
-test_case, test_session_exits_cleanly = session_tests(__file__, SESSIONS, case_names, timeout=150,
-                                                      test_timeout=240, requires=["torch", "optuna"])
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=["torch", "optuna"]
+)
 
 
 def test_summary_counts_overlapping_lanes_once():
     from bagua_core import trace
 
     def bucket(i, start, end):
-        return {"ph": "X", "pid": 0, "name": f"bucket {i}", "ts": start / 1000,
-                "args": {"model": "m", "step": 0, "bucket": i, "start_ns": start, "end_ns": end}}
+        return {
+            "ph": "X",
+            "pid": 0,
+            "name": f"bucket {i}",
+            "ts": start / 1000,
+            "args": {"model": "m", "step": 0, "bucket": i, "start_ns": start, "end_ns": end},
+        }
 
-    span = {"ph": "X", "pid": 0, "name": "forward start -> backward end", "ts": 0.0, "dur": 25.0,
-            "args": {"model": "m", "step": 0}}
+    span = {
+        "ph": "X",
+        "pid": 0,
+        "name": "forward start -> backward end",
+        "ts": 0.0,
+        "dur": 25.0,
+        "args": {"model": "m", "step": 0},
+    }
     # lanes 0 and 1 overlap from 20 to 30 us; communication covers 10-40 us, 15 us of it before backward ended
     [(key, row)] = trace.summary([bucket(0, 10_000, 30_000), bucket(1, 20_000, 40_000), span]).items()
     assert key == (0, "m") and row["buckets"] == 2
@@ -74,8 +90,15 @@ if __name__ == "__main__":
         def model(self):
             nn = self.nn
             self.torch.manual_seed(0)
-            return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32),
-                                 nn.ReLU(), nn.Linear(32, 3))
+            return nn.Sequential(
+                nn.Linear(4, 32),
+                nn.ReLU(),
+                nn.Linear(32, 32),
+                nn.ReLU(),
+                nn.Linear(32, 32),
+                nn.ReLU(),
+                nn.Linear(32, 3),
+            )
 
         def train(self, model, opt, steps, full_batch=False):
             loss_fn = self.nn.CrossEntropyLoss()
@@ -180,8 +203,9 @@ if __name__ == "__main__":
             if self.rank == 0:
                 # a plan other than the default is kept only when the paired confirmation showed it faster
                 v = session.tuner.verdict
-                assert v is not None and v.switched == (session.plan.order is not None or
-                                                        session.plan.bucket_bytes != v.default_bytes), (v, session.plan)
+                assert v is not None and v.switched == (
+                    session.plan.order is not None or session.plan.bucket_bytes != v.default_bytes
+                ), (v, session.plan)
                 assert session.log_path and os.path.exists(session.log_path)
                 rows = plot.read_log(session.log_path)
                 assert len(rows) >= 2 and {r["plan_id"] for r in rows} >= {0}, rows
@@ -201,17 +225,27 @@ if __name__ == "__main__":
             s = dataclasses.replace(config.load(), autotune_interval_steps=1, autotune_log=False)
             store = self.group.store
             decls = [("a", 100, "float32"), ("b", 100, "float32")]
-            session = AutotuneSession(decls, 1024, store, f"disagree_{os.environ['MASTER_PORT']}", self.rank,
-                                      self.world, "disagree", s)
+            session = AutotuneSession(
+                decls, 1024, store, f"disagree_{os.environ['MASTER_PORT']}", self.rank, self.world, "disagree", s
+            )
             order = lambda: ["a", "b"]  # noqa: E731
             assert session.on_step_start(0, order) is None
             if self.rank == 0:
                 session.on_step_start(1, order)  # decision #0: keep plan 0 from step 1
-                self.expect_error(AutotuneMismatchError, lambda: session.on_step_start(2, order),
-                                  "rank 1 reports plan 99", "rank 0 runs plan 0")
+                self.expect_error(
+                    AutotuneMismatchError,
+                    lambda: session.on_step_start(2, order),
+                    "rank 1 reports plan 99",
+                    "rank 0 runs plan 0",
+                )
             elif self.rank == 1:  # one step ahead of rank 0's decision
-                self.expect_error(AutotuneMismatchError, lambda: session.on_step_start(2, order),
-                                  "decision #0", "at step 1", "rank 1 runs plan 0 at step 2")
+                self.expect_error(
+                    AutotuneMismatchError,
+                    lambda: session.on_step_start(2, order),
+                    "decision #0",
+                    "at step 1",
+                    "rank 1 runs plan 0 at step 2",
+                )
                 # and a disagreeing acknowledgement, as a peer with another plan would send
                 store.set(session._key("ack", 0, 1), json.dumps({"step": 1, "plan": 99}).encode())
             else:
@@ -226,8 +260,9 @@ if __name__ == "__main__":
             try:
                 model = self.model()
                 opt = self.torch.optim.SGD(model.parameters(), lr=0.05)
-                self.expect_error(ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()),
-                                  name)
+                self.expect_error(
+                    ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()), name
+                )
             finally:
                 if old is None:
                     os.environ.pop(name, None)

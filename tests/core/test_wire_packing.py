@@ -45,9 +45,23 @@ def adversarial(n, seed):
     rng = np.random.default_rng(seed)
     bits = rng.integers(0, 1 << 24, n, dtype=np.uint64).astype(np.uint32)
     bits |= (np.arange(n, dtype=np.uint32) % 256) << 24  # every top byte
-    special = np.array([0x7FC00000, 0x7FC00001, 0xFFBFFFFF, 0x7F800001, 0x7F800000, 0xFF800000,
-                        0x80000000, 0x00000000, 0x00000001, 0x807FFFFF, 0x007FFFFF, 0x7F7FFFFF],
-                       dtype=np.uint32)
+    special = np.array(
+        [
+            0x7FC00000,
+            0x7FC00001,
+            0xFFBFFFFF,
+            0x7F800001,
+            0x7F800000,
+            0xFF800000,
+            0x80000000,
+            0x00000000,
+            0x00000001,
+            0x807FFFFF,
+            0x007FFFFF,
+            0x7F7FFFFF,
+        ],
+        dtype=np.uint32,
+    )
     k = min(n, special.size)
     bits[:k] = special[:k]
     return bits
@@ -110,10 +124,12 @@ def sparse_escapes(n, seed):
 @pytest.mark.parametrize("kind", ["random", "gradient", "adversarial", "sparse_escapes"])
 def test_kernel_round_trip_bitwise(isa, kind, n):
     rng = np.random.default_rng(n)
-    bits = {"random": lambda: rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32),
-            "gradient": lambda: gradient_like(n, n),
-            "adversarial": lambda: adversarial(n, n),
-            "sparse_escapes": lambda: sparse_escapes(n, n)}[kind]()
+    bits = {
+        "random": lambda: rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32),
+        "gradient": lambda: gradient_like(n, n),
+        "adversarial": lambda: adversarial(n, n),
+        "sparse_escapes": lambda: sparse_escapes(n, n),
+    }[kind]()
     packed = pack(bits, 5 * n + 64)  # a limit it always fits in
     assert packed is not None
     escapes = packed.size - (16 + (n + 1) // 2 + 3 * n)
@@ -173,7 +189,7 @@ def test_kernel_corrupt_size_raises():
     out = np.zeros(n, np.uint32)
     for bytes_ in (packed.size - 1, packed.size + 1, 10):
         buf = np.zeros(packed.size + 8, np.uint8)
-        buf[:packed.size] = packed
+        buf[: packed.size] = packed
         with pytest.raises(_C.BaguaError, match="packed segment"):
             _C._top_byte_unpack(ptr(buf), bytes_, n, ptr(out), False)
 
@@ -196,13 +212,24 @@ class Session(StoreSession):
         _C = self._C
         # shm=False: these processes share a host, where allreduces would take shared memory.
         tuned = dict(lanes=2, lane_threshold_bytes=0, segment_bytes=64, shm=False)
-        self.on = _C._create_gloo_communicator_tuned(self.store, "on", self.rank, self.world, TIMEOUT_S,
-                                                     "127.0.0.1", **tuned, wire_packing="on",
-                                                     wire_packing_min_bytes=0, wire_packing_segment_bytes=4096)
-        self.off = _C._create_gloo_communicator_tuned(self.store, "off", self.rank, self.world, TIMEOUT_S,
-                                                      "127.0.0.1", **tuned, wire_packing="off")
-        self.auto = _C.create_gloo_communicator(self.store, "auto", self.rank, self.world, TIMEOUT_S,
-                                                "127.0.0.1", shm=False, wire_packing="auto")
+        self.on = _C._create_gloo_communicator_tuned(
+            self.store,
+            "on",
+            self.rank,
+            self.world,
+            TIMEOUT_S,
+            "127.0.0.1",
+            **tuned,
+            wire_packing="on",
+            wire_packing_min_bytes=0,
+            wire_packing_segment_bytes=4096,
+        )
+        self.off = _C._create_gloo_communicator_tuned(
+            self.store, "off", self.rank, self.world, TIMEOUT_S, "127.0.0.1", **tuned, wire_packing="off"
+        )
+        self.auto = _C.create_gloo_communicator(
+            self.store, "auto", self.rank, self.world, TIMEOUT_S, "127.0.0.1", shm=False, wire_packing="auto"
+        )
 
     def inputs(self, n, seed, kind):
         make = gradient_like if kind == "gradient" else adversarial
@@ -223,8 +250,9 @@ class Session(StoreSession):
                     out = np.empty(n, np.float32)
                     self.on.allreduce(ptr(xs[self.rank]), ptr(out), n, F32, op)
                     want = rank_order(xs, op, self.world)
-                    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32),
-                                                  err_msg=f"n={n} op={op} {kind}")
+                    np.testing.assert_array_equal(
+                        out.view(np.uint32), want.view(np.uint32), err_msg=f"n={n} op={op} {kind}"
+                    )
                     if self.world == 2:  # the unpacked path (Gloo's ring) gives the same bits
                         ref = np.empty(n, np.float32)
                         self.off.allreduce(ptr(xs[self.rank]), ptr(ref), n, F32, op)
@@ -264,8 +292,20 @@ class Session(StoreSession):
     def auto_switches_when_every_rank_finds_the_link_slow(self):
         # A threshold above any loopback rate: every rank votes "slow" at the 2nd call.
         c = self._C._create_gloo_communicator_tuned(
-            self.store, "auto_slow", self.rank, self.world, TIMEOUT_S, "127.0.0.1", 2, 8 << 20, 4 << 20,
-            shm=False, wire_packing="auto", wire_packing_min_bytes=4096, wire_packing_slow_bits_per_s=1e18)
+            self.store,
+            "auto_slow",
+            self.rank,
+            self.world,
+            TIMEOUT_S,
+            "127.0.0.1",
+            2,
+            8 << 20,
+            4 << 20,
+            shm=False,
+            wire_packing="auto",
+            wire_packing_min_bytes=4096,
+            wire_packing_slow_bits_per_s=1e18,
+        )
         n = 30011
         xs = self.inputs(n, 17, "gradient")
         counts = []
@@ -291,22 +331,31 @@ class Session(StoreSession):
 
     def bad_setting_raises(self):
         with pytest.raises(ValueError, match="wire_packing"):
-            self._C.create_gloo_communicator(self.store, "bad", self.rank, self.world, TIMEOUT_S, "127.0.0.1",
-                                             wire_packing="sometimes")
+            self._C.create_gloo_communicator(
+                self.store, "bad", self.rank, self.world, TIMEOUT_S, "127.0.0.1", wire_packing="sometimes"
+            )
 
     def different_settings_raise_on_every_rank(self):
         mode = ("on", "off", "auto")[self.rank % 3]
         with pytest.raises(self._C.MismatchError, match="BAGUA_WIRE_PACKING differs .*rank 0 'on', rank 1 'off'"):
-            self._C.create_gloo_communicator(self.store, "differ", self.rank, self.world, TIMEOUT_S, "127.0.0.1",
-                                             shm=False, wire_packing=mode)
+            self._C.create_gloo_communicator(
+                self.store, "differ", self.rank, self.world, TIMEOUT_S, "127.0.0.1", shm=False, wire_packing=mode
+            )
 
     def cases(self):
         return [(name, getattr(self, name)) for name in CASES]
 
 
-CASES = ["packed_equals_rank_order", "packed_in_place", "nan_payloads_pass_through", "auto_keeps_the_ring_on_loopback",
-         "auto_switches_when_every_rank_finds_the_link_slow", "off_never_packs", "bad_setting_raises",
-         "different_settings_raise_on_every_rank"]
+CASES = [
+    "packed_equals_rank_order",
+    "packed_in_place",
+    "nan_payloads_pass_through",
+    "auto_keeps_the_ring_on_loopback",
+    "auto_switches_when_every_rank_finds_the_link_slow",
+    "off_never_packs",
+    "bad_setting_raises",
+    "different_settings_raise_on_every_rank",
+]
 
 
 def kill_session(victim: int):
@@ -424,8 +473,13 @@ def test_gradient_allreduce_packing_on_equals_off_bitwise(tmp_path):
     weights = {}
     for mode in ("on", "off"):
         out = str(tmp_path / f"{mode}.npy")
-        run = launch(os.path.abspath(__file__), 2, timeout=120, args=["train", out],
-                     env={"BAGUA_WIRE_PACKING": mode, "BAGUA_SHM": "0"})  # one host: no shared memory
+        run = launch(
+            os.path.abspath(__file__),
+            2,
+            timeout=120,
+            args=["train", out],
+            env={"BAGUA_WIRE_PACKING": mode, "BAGUA_SHM": "0"},
+        )  # one host: no shared memory
         assert run.ok(), run.summary()
         weights[mode] = np.load(out)
         totals = json.load(open(out + ".json"))

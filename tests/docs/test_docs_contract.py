@@ -13,8 +13,6 @@ import pytest
 
 from tests.harness.paths import REPO
 
-
-
 ROOT = REPO
 README = os.path.join(ROOT, "README.md")
 

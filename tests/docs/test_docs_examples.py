@@ -32,8 +32,7 @@ def alone(monkeypatch):
 def test_examples_run(module, alone):
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    tests = [t for t in finder.find(module, globs=dict(GLOBALS))
-             if t.examples]
+    tests = [t for t in finder.find(module, globs=dict(GLOBALS)) if t.examples]
     assert tests, f"{module.__name__} has no examples"
     for t in tests:
         runner.run(t)

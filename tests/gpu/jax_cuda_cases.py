@@ -6,8 +6,15 @@ KINDS = ["staged", "nccl"]  # Gloo staged through pinned host memory; NCCL
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]
 
 # transform(algorithm) on CUDA against the same updates on CPU
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized_all", "decentralized_shift_one",
-              "low_precision_decentralized", "qadam", "async_model_average"]
+ALGORITHMS = [
+    "gradient_allreduce",
+    "bytegrad",
+    "decentralized_all",
+    "decentralized_shift_one",
+    "low_precision_decentralized",
+    "qadam",
+    "async_model_average",
+]
 
 
 def case_names():

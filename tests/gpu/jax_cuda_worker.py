@@ -21,24 +21,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave NCCL and Bagua their memory
 
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-import bagua_core  # noqa: E402
-import bagua_jax  # noqa: E402
-from bagua_core import _C  # noqa: E402
-from tests.gpu.jax_cuda_cases import ALGORITHMS, case_names  # noqa: E402
-from tests.harness.worker import run_cases  # noqa: E402
+import bagua_core
+import bagua_jax
+from bagua_core import _C
+from tests.gpu.jax_cuda_cases import ALGORITHMS, case_names
+from tests.harness.worker import run_cases
 
 KIND = sys.argv[1]
 CPU = jax.devices("cpu")[0]
 GPU = jax.devices("cuda")[0]
 GPU_INDEX = int(getattr(GPU, "local_hardware_id", None) or 0)
 SHAPES = [(4, 3), (3,), (5, 7)]
-NEVER_MS = 10 ** 7  # an async sync interval longer than the run
+NEVER_MS = 10**7  # an async sync interval longer than the run
 
 groups: dict = {}
 
@@ -64,8 +63,9 @@ def assert_same(got, want, exact=True, what=""):
         if exact:
             np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64), err_msg=f"{what} leaf {i}")
         else:
-            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{what} leaf {i}")
+            np.testing.assert_allclose(
+                g.astype(np.float64), w.astype(np.float64), rtol=1e-5, atol=1e-6, err_msg=f"{what} leaf {i}"
+            )
 
 
 def make_cuda_group(world):
@@ -91,6 +91,7 @@ def rng_inputs(step, shapes=SHAPES, scale=1.0):
 
 # --------------------------------------------------------------------------- cases
 
+
 def case_init():
     groups["cpu"] = bagua_jax.init_process_group()
     groups["cuda"] = make_cuda_group(groups["cpu"])
@@ -110,10 +111,17 @@ def collectives(dtype):
             assert platforms(eager) == {"gpu"} and platforms(jitted) == {"gpu"}
             assert_same(eager, want, what=f"allreduce {op} eager")
             assert_same(jitted, want, what=f"allreduce {op} jit")
-        assert_same(jax.jit(lambda a: bagua_jax.broadcast(a, 0, group=gpu))(on_gpu(x)),
-                    bagua_jax.broadcast(on_cpu(x), 0, group=cpu), what="broadcast")
-        assert_same(jax.jit(lambda a: bagua_jax.allgather(a, group=gpu))(on_gpu(x)),
-                    bagua_jax.allgather(on_cpu(x), group=cpu), what="allgather")
+        assert_same(
+            jax.jit(lambda a: bagua_jax.broadcast(a, 0, group=gpu))(on_gpu(x)),
+            bagua_jax.broadcast(on_cpu(x), 0, group=cpu),
+            what="broadcast",
+        )
+        assert_same(
+            jax.jit(lambda a: bagua_jax.allgather(a, group=gpu))(on_gpu(x)),
+            bagua_jax.allgather(on_cpu(x), group=cpu),
+            what="allgather",
+        )
+
     return case
 
 
@@ -155,15 +163,23 @@ def make_algorithm(name):
     return {
         "gradient_allreduce": (lambda: a.GradientAllReduceAlgorithm(hierarchical=False), "grad"),
         "bytegrad": (lambda: a.ByteGradAlgorithm(hierarchical=False), "grad"),
-        "decentralized_all": (lambda: a.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="all",
-                                                                 communication_interval=2), "weight"),
-        "decentralized_shift_one": (lambda: a.DecentralizedAlgorithm(hierarchical=False,
-                                                                       peer_selection_mode="shift_one"), "weight"),
-        "low_precision_decentralized": (lambda: a.LowPrecisionDecentralizedAlgorithm(
-            hierarchical=False, communication_interval=2), "weight"),
+        "decentralized_all": (
+            lambda: a.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="all", communication_interval=2),
+            "weight",
+        ),
+        "decentralized_shift_one": (
+            lambda: a.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one"),
+            "weight",
+        ),
+        "low_precision_decentralized": (
+            lambda: a.LowPrecisionDecentralizedAlgorithm(hierarchical=False, communication_interval=2),
+            "weight",
+        ),
         "qadam": (lambda: a.QAdamAlgorithm(a.qadam(0.01, warmup_steps=2), hierarchical=False), "qadam"),
-        "async_model_average": (lambda: a.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=2),
-                                "async"),
+        "async_model_average": (
+            lambda: a.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=2),
+            "async",
+        ),
     }[name]
 
 
@@ -187,8 +203,12 @@ def run_transform(name, group, put, steps=5):
         else:
             u, state = update(g, state, params)
         params = optax.apply_updates(params, u) if phase in ("qadam", "async") else [put(x) for x in rng_inputs(t + 1)]
-        out.append(([np.asarray(x) for x in jax.tree_util.tree_leaves(u)],
-                    [np.asarray(x) for x in jax.tree_util.tree_leaves(state)]))
+        out.append(
+            (
+                [np.asarray(x) for x in jax.tree_util.tree_leaves(u)],
+                [np.asarray(x) for x in jax.tree_util.tree_leaves(state)],
+            )
+        )
         if put is on_gpu:
             assert platforms(u) == {"gpu"}, platforms(u)
     if phase == "async":
@@ -208,6 +228,7 @@ def transform_case(name):
         for t, ((gu, gs), (wu, ws)) in enumerate(zip(got, want)):
             assert_same(gu, wu, exact, f"{name} step {t} updates")
             assert_same(gs, ws, exact, f"{name} step {t} state")
+
     return case
 
 
@@ -219,9 +240,11 @@ def case_step_number_restored_state():
     visible (it communicates on even steps only)."""
 
     def run(group, put, numbers):
-        tx = bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=False,
-                                                                              communication_interval=2),
-                                 process_group=group, name=f"restore-{side(group)}")
+        tx = bagua_jax.transform(
+            bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=False, communication_interval=2),
+            process_group=group,
+            name=f"restore-{side(group)}",
+        )
         update = jax.jit(tx.update)
         params = [put(x) for x in rng_inputs(0)]
         state = saved = tx.init(params)
@@ -251,8 +274,9 @@ def case_step_overhead():
     """Times a jitted GradientAllReduce update of 16 MiB on the GPU: the first
     call (the host count seeds from the device: one stream synchronize) and the
     steady state. Printed for the device run's summary; asserts nothing about speed."""
-    tx = bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm(hierarchical=False),
-                             process_group=groups["cuda"], name="overhead")
+    tx = bagua_jax.transform(
+        bagua_jax.GradientAllReduceAlgorithm(hierarchical=False), process_group=groups["cuda"], name="overhead"
+    )
     g = [on_gpu(np.ones(1 << 22, np.float32))]
     state = tx.init(g)
     update = jax.jit(tx.update)
@@ -269,14 +293,21 @@ def case_step_overhead():
     for _ in range(30):
         jax.block_until_ready(plain(g[0]))
     base = (time.perf_counter() - t0) / 30
-    print(f"BAGUA-GPU-TIMING jax transform GradientAllReduce 16 MiB ({KIND}): median "
-          f"{1e6 * float(np.median(times)):.0f} us per update, a plain jitted copy {1e6 * base:.0f} us", flush=True)
+    print(
+        f"BAGUA-GPU-TIMING jax transform GradientAllReduce 16 MiB ({KIND}): median "
+        f"{1e6 * float(np.median(times)):.0f} us per update, a plain jitted copy {1e6 * base:.0f} us",
+        flush=True,
+    )
 
 
 def main():
-    table = {"init": case_init, "jit_donated_and_ordered": case_jit_donated_and_ordered,
-             "wrong_platform_refused": case_wrong_platform_refused,
-             "step_number_restored_state": case_step_number_restored_state, "step_overhead": case_step_overhead}
+    table = {
+        "init": case_init,
+        "jit_donated_and_ordered": case_jit_donated_and_ordered,
+        "wrong_platform_refused": case_wrong_platform_refused,
+        "step_number_restored_state": case_step_number_restored_state,
+        "step_overhead": case_step_overhead,
+    }
     for d in ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]:
         table[f"collectives_{d}"] = collectives(d)
     for a in ALGORITHMS:

@@ -15,10 +15,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
+import torch
 
-from bagua_core import _C, _nccl  # noqa: E402
-from tests.harness.worker import run_cases  # noqa: E402
+from bagua_core import _C, _nccl
+from tests.harness.worker import run_cases
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -55,8 +55,9 @@ def lonely():
     cases = []
 
     def init_times_out():
-        e = expect_failure(lambda: _nccl.create_communicator(store, "lonely", 0, 2, DEVICE,
-                                                             timeout_s=TIMEOUT_S), TIMEOUT_S + 20)
+        e = expect_failure(
+            lambda: _nccl.create_communicator(store, "lonely", 0, 2, DEVICE, timeout_s=TIMEOUT_S), TIMEOUT_S + 20
+        )
         assert isinstance(e, _C.CommTimeoutError), repr(e)
         assert "lonely" in str(e), str(e)
 
@@ -85,8 +86,7 @@ def dead_peer():
     cases = []
 
     def sync_op_fails():
-        expect_failure(lambda: comm_a.allreduce(x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM),
-                       TIMEOUT_S + 20)
+        expect_failure(lambda: comm_a.allreduce(x.data_ptr(), x.data_ptr(), n, FLOAT32, SUM), TIMEOUT_S + 20)
 
     def later_call_fails_at_once():
         e = expect_failure(lambda: comm_a.barrier(), 2.0)

@@ -16,6 +16,7 @@ def _setup():
     import torch
 
     import bagua_core as bc
+
     return torch, bc
 
 
@@ -26,8 +27,10 @@ def case_world():
     assert (g.backend, g.device_type, g.device_index) == ("nccl", "cuda", local), g
     assert g.control_group is not g and g.control_group.device_type == "cpu"
     from bagua_core import engine
-    assert engine.default_lanes(g) == (int(os.environ["BAGUA_ENGINE_LANES"]) if os.environ.get("BAGUA_ENGINE_LANES")
-                                       else 1)
+
+    assert engine.default_lanes(g) == (
+        int(os.environ["BAGUA_ENGINE_LANES"]) if os.environ.get("BAGUA_ENGINE_LANES") else 1
+    )
 
 
 def case_allreduce():
@@ -51,6 +54,7 @@ def case_allreduce():
 def case_host_metadata():
     torch, bc = _setup()
     from bagua_core import agreement
+
     g = bc.get_default_group()
     assert bc.broadcast_object({"a": 1}, 0, g) == {"a": 1}
     agreement.check_same_everywhere([("param", "w", (2,), "float32")], g, "the model")
@@ -127,9 +131,9 @@ def case_mismatch():
 
 
 if __name__ == "__main__":
+    import bagua_core
     from tests.harness.worker import run_cases
 
-    import bagua_core
     cases = [("nccl_mismatch_raises_everywhere", case_mismatch)] if sys.argv[1:] == ["mismatch"] else CASES
     failures = run_cases(cases)
     bagua_core.destroy_process_group()

@@ -11,11 +11,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
+import torch
 
-from bagua_core import _C, _nccl  # noqa: E402
-from tests.gpu.nccl_cases import DTYPES, OPS  # noqa: E402
-from tests.harness.worker import run_cases  # noqa: E402
+from bagua_core import _C, _nccl
+from tests.gpu.nccl_cases import DTYPES, OPS
+from tests.harness.worker import run_cases
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -23,9 +23,15 @@ DEVICE = RANK % torch.cuda.device_count()
 TIMEOUT_S = 60.0
 N = 1037  # odd on purpose
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64,
-                "uint8": torch.uint8}
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+}
 CODE = dict(DTYPES)
 OP_CODE = dict(OPS)
 SUM, AVG = OP_CODE["sum"], OP_CODE["avg"]
@@ -108,8 +114,9 @@ def main():
     torch.cuda.set_device(DEVICE)
     store = make_store()
     comm = _nccl.create_communicator(store, "test/nccl", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S)
-    comm_div = _nccl.create_communicator(store, "test/nccl_div", RANK, WORLD, DEVICE,
-                                         timeout_s=TIMEOUT_S, native_avg=False)
+    comm_div = _nccl.create_communicator(
+        store, "test/nccl_div", RANK, WORLD, DEVICE, timeout_s=TIMEOUT_S, native_avg=False
+    )
     print(f"rank {RANK}: {comm!r} NCCL {_nccl.version_string(_nccl.version())}", flush=True)
 
     cases = []
@@ -118,6 +125,7 @@ def main():
         def deco(fn):
             cases.append((name, fn))
             return fn
+
         return deco
 
     def allreduce_case(dname, oname, seed):
@@ -129,6 +137,7 @@ def main():
             comm.allreduce(send.data_ptr(), recv.data_ptr(), N, CODE[dname], OP_CODE[oname])
             check(recv, reduce_ref(inputs, oname, dtype), f"allreduce {dname} {oname}")
             check(send, inputs[RANK], "send buffer untouched")
+
         return fn
 
     seed = 0
@@ -207,8 +216,8 @@ def main():
     def _():
         inputs = [make_input(r, N, "float16", 108) for r in range(WORLD)]
         recv = torch.zeros(WORLD * N, dtype=torch.float16, device=f"cuda:{DEVICE}")
-        recv[RANK * N:(RANK + 1) * N] = gpu(inputs[RANK])
-        own = recv[RANK * N:]
+        recv[RANK * N : (RANK + 1) * N] = gpu(inputs[RANK])
+        own = recv[RANK * N :]
         comm.allgather(own.data_ptr(), recv.data_ptr(), N, CODE["float16"])
         check(recv, torch.cat(inputs))
 
@@ -231,8 +240,7 @@ def main():
         chunks = [make_input(r, N, "float32", 110) for r in range(WORLD)]
         send = gpu(torch.cat(chunks)) if RANK == root else None
         recv = torch.zeros(N, dtype=torch.float32, device=f"cuda:{DEVICE}")
-        comm.scatter(send.data_ptr() if send is not None else 0, recv.data_ptr(), N,
-                    CODE["float32"], root)
+        comm.scatter(send.data_ptr() if send is not None else 0, recv.data_ptr(), N, CODE["float32"], root)
         check(recv, chunks[RANK])
 
     def reduce_scatter_case(c, oname, seed):
@@ -243,7 +251,8 @@ def main():
             recv = torch.zeros(N, dtype=torch.float32, device=send.device)
             c.reduce_scatter(send.data_ptr(), recv.data_ptr(), N, CODE["float32"], OP_CODE[oname])
             full = reduce_ref(inputs, oname, torch.float32)
-            check(recv, full[RANK * N:(RANK + 1) * N])
+            check(recv, full[RANK * N : (RANK + 1) * N])
+
         return fn
 
     cases.append(("reduce_scatter_sum", reduce_scatter_case(comm, "sum", 111)))
@@ -258,7 +267,7 @@ def main():
         recv = torch.zeros_like(send)
         with UserStream() as s:
             comm.alltoall(send.data_ptr(), recv.data_ptr(), N, CODE["int64"], stream=s)
-        expected = torch.cat([inputs[i][RANK * N:(RANK + 1) * N] for i in range(WORLD)])
+        expected = torch.cat([inputs[i][RANK * N : (RANK + 1) * N] for i in range(WORLD)])
         check(recv, expected)
 
     @case("alltoall_v")
@@ -279,12 +288,19 @@ def main():
         recv_counts = [i + RANK + 1 for i in range(WORLD)]
         send = gpu(inputs[RANK])
         recv = torch.zeros(sum(recv_counts), dtype=torch.float64, device=send.device)
-        comm.alltoall_v(send.data_ptr(), send_counts, displs(send_counts), recv.data_ptr(),
-                       recv_counts, displs(recv_counts), CODE["float64"])
+        comm.alltoall_v(
+            send.data_ptr(),
+            send_counts,
+            displs(send_counts),
+            recv.data_ptr(),
+            recv_counts,
+            displs(recv_counts),
+            CODE["float64"],
+        )
         expected = []
         for i in range(WORLD):
             off = displs(counts_from(i))[RANK]
-            expected.append(inputs[i][off:off + counts_from(i)[RANK]])
+            expected.append(inputs[i][off : off + counts_from(i)[RANK]])
         check(recv, torch.cat(expected))
 
     @case("send_recv")
@@ -332,9 +348,11 @@ def main():
             lambda: comm.allreduce(0, x.data_ptr(), N, CODE["float32"], SUM),
             lambda: comm.broadcast(x.data_ptr(), N, CODE["float32"], WORLD),
             lambda: comm.send(x.data_ptr(), N, CODE["float32"], RANK),
-            lambda: comm.alltoall_v(x.data_ptr(), [1], [0], x.data_ptr(), [1], [0], CODE["float32"])
-            if WORLD > 1 else comm.alltoall_v(x.data_ptr(), [1, 1], [0, 1], x.data_ptr(), [1, 1],
-                                              [0, 1], CODE["float32"]),
+            lambda: (
+                comm.alltoall_v(x.data_ptr(), [1], [0], x.data_ptr(), [1], [0], CODE["float32"])
+                if WORLD > 1
+                else comm.alltoall_v(x.data_ptr(), [1, 1], [0, 1], x.data_ptr(), [1, 1], [0, 1], CODE["float32"])
+            ),
         ]
         if torch.cuda.device_count() > 1:
             other = torch.zeros(N, device=f"cuda:{(DEVICE + 1) % torch.cuda.device_count()}")
@@ -387,6 +405,7 @@ def main():
             # the same element function on both sides: bit-identical
             assert torch.equal(on_gpu.cpu(), on_cpu), f"{kind} {dname}: GPU and CPU differ"
             check(on_gpu, ref.to(dtype), f"{kind} {dname} vs torch")
+
         return fn
 
     for kind in ("divide", "scale"):

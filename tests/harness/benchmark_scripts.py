@@ -31,14 +31,28 @@ def driver_env() -> dict:
 def run_script(name: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess:
     """benchmarks/``name`` with ``args``; the scripts stop their own workers after their --timeout,
     ``timeout`` here is a backstop."""
-    return subprocess.run([sys.executable, script_path(name), *args], cwd=REPO, env=driver_env(),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, script_path(name), *args],
+        cwd=REPO,
+        env=driver_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
 
 
 def start_script(name: str, *args: str) -> subprocess.Popen:
     """benchmarks/``name`` in the background, stdout and stderr together on ``stdout``."""
-    return subprocess.Popen([sys.executable, script_path(name), *args], cwd=REPO, env=driver_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, script_path(name), *args],
+        cwd=REPO,
+        env=driver_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def explain(p: subprocess.CompletedProcess) -> str:

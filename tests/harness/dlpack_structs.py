@@ -13,9 +13,15 @@ class DLDataType(ctypes.Structure):
 
 
 class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class DLManagedTensor(ctypes.Structure):
@@ -51,7 +57,8 @@ class FakeDeviceArray:
     def __dlpack__(self, stream=None, max_version=None, **_):
         shape = (ctypes.c_int64 * 1)(self.n)
         m = DLManagedTensor()
-        m.dl_tensor = DLTensor(ctypes.addressof(self.host), DLDevice(self.device_type, 0), 1,
-                               DLDataType(2, 32, 1), shape, None, 0)
+        m.dl_tensor = DLTensor(
+            ctypes.addressof(self.host), DLDevice(self.device_type, 0), 1, DLDataType(2, 32, 1), shape, None, 0
+        )
         _KEEP.append((self.host, shape, m))
         return legacy_capsule(m)

@@ -54,7 +54,7 @@ class JaxWorker:
 
         if not eager:
             step = jax.jit(step)
-        ex, ey = batch(10 ** 6, 512)
+        ex, ey = batch(10**6, 512)
         before = float(loss(params, ex, ey))
         p, s = params, tx.init(params)
         for t in range(steps):

@@ -12,13 +12,13 @@ and pytest can still report each case on its own (see ``session_tests``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import functools
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -62,7 +62,9 @@ class Run:
     def summary(self, tail: int = 4000) -> str:
         parts = [f"timed_out={self.timed_out} elapsed={self.elapsed_s:.1f}s"]
         for w in self.workers:
-            parts.append(f"--- rank {w.rank} rc={w.returncode}\n[stdout]\n{w.stdout[-tail:]}\n[stderr]\n{w.stderr[-tail:]}")
+            parts.append(
+                f"--- rank {w.rank} rc={w.returncode}\n[stdout]\n{w.stdout[-tail:]}\n[stderr]\n{w.stderr[-tail:]}"
+            )
         return "\n".join(parts)
 
     def check(self) -> "Run":
@@ -82,7 +84,7 @@ class Run:
         for w in self.workers:
             for line in w.stdout.splitlines():
                 if line.startswith(CASE_PREFIX):
-                    rec = json.loads(line[len(CASE_PREFIX):])
+                    rec = json.loads(line[len(CASE_PREFIX) :])
                     out.setdefault(rec["case"], {})[w.rank] = rec
         return out
 
@@ -98,8 +100,13 @@ def repo_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def worker_env(rank: int, world_size: int, port: int, local_world_size: Optional[int] = None,
-               extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def worker_env(
+    rank: int,
+    world_size: int,
+    port: int,
+    local_world_size: Optional[int] = None,
+    extra: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
     lws = local_world_size or world_size
     env = repo_env()
     env.update(
@@ -130,9 +137,15 @@ def _kill_group(p: subprocess.Popen) -> None:
 PORT_TAKEN = "Address already in use"
 
 
-def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[str] = (),
-           local_world_size: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
-           per_rank_env: Optional[Mapping[int, Mapping[str, str]]] = None) -> Run:
+def launch(
+    script: str,
+    world_size: int,
+    timeout: float = 120.0,
+    args: Sequence[str] = (),
+    local_world_size: Optional[int] = None,
+    env: Optional[Mapping[str, str]] = None,
+    per_rank_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+) -> Run:
     """Runs ``script`` (a path, or Python source text) on ``world_size`` processes.
 
     The ports come from :func:`free_port_pair`; another process may take one
@@ -145,12 +158,14 @@ def launch(script: str, world_size: int, timeout: float = 120.0, args: Sequence[
         tmp.write(script)
         tmp.close()
         script = tmp.name
-    chosen_here = not any("MASTER_PORT" in e or "BAGUA_STORE_PORT" in e
-                          for e in [env or {}, *(per_rank_env or {}).values()])
+    chosen_here = not any(
+        "MASTER_PORT" in e or "BAGUA_STORE_PORT" in e for e in [env or {}, *(per_rank_env or {}).values()]
+    )
     try:
         for _ in range(3):
-            run, port_taken = _launch_once(script, world_size, timeout * _slowdown(), args, local_world_size, env,
-                                           per_rank_env)
+            run, port_taken = _launch_once(
+                script, world_size, timeout * _slowdown(), args, local_world_size, env, per_rank_env
+            )
             if not (port_taken and chosen_here):
                 return run
         return run
@@ -183,8 +198,17 @@ def _launch_once(script, world_size, timeout, args, local_world_size, env, per_r
             out = tempfile.TemporaryFile("w+")
             err = tempfile.TemporaryFile("w+")
             files.append((out, err))
-            procs.append(subprocess.Popen([sys.executable, script, *args], env=e, stdout=out, stderr=err,
-                                          stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, script, *args],
+                    env=e,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    cwd=REPO,
+                    start_new_session=True,
+                )
+            )
         deadline = start + timeout
         timed_out = False
         while any(p.poll() is None for p in procs):
@@ -202,8 +226,11 @@ def _launch_once(script, world_size, timeout, args, local_world_size, env, per_r
         for r, (p, (out, err)) in enumerate(zip(procs, files)):
             out.seek(0)
             err.seek(0)
-            workers.append(Worker(r, None if timed_out and p.returncode == -signal.SIGKILL else p.returncode,
-                                  out.read(), err.read()))
+            workers.append(
+                Worker(
+                    r, None if timed_out and p.returncode == -signal.SIGKILL else p.returncode, out.read(), err.read()
+                )
+            )
         return Run(workers, timed_out, time.monotonic() - start), port_taken
     finally:
         for p in procs:
@@ -225,12 +252,19 @@ class Session:
     env: Optional[Mapping[str, str]] = None
 
 
-def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
-                  case_names: Callable[[str], Sequence[str]], *, timeout: float = 90.0,
-                  test_timeout: float = 180.0, requires: Sequence[str] = (),
-                  reporting_ranks: Optional[Callable[[str, str], int]] = None,
-                  returncode: Optional[Callable[[str, int], int]] = None,
-                  skip_reason: Optional[Callable[[], Optional[str]]] = None, marks: Sequence = ()):
+def session_tests(
+    script: str,
+    sessions: Mapping[str, Union[int, Session]],
+    case_names: Callable[[str], Sequence[str]],
+    *,
+    timeout: float = 90.0,
+    test_timeout: float = 180.0,
+    requires: Sequence[str] = (),
+    reporting_ranks: Optional[Callable[[str, str], int]] = None,
+    returncode: Optional[Callable[[str, int], int]] = None,
+    skip_reason: Optional[Callable[[], Optional[str]]] = None,
+    marks: Sequence = (),
+):
     """The two pytest tests of a case-based test file (which is also the
     worker script, started as ``script SESSION_NAME``):
 
@@ -257,8 +291,9 @@ def session_tests(script: str, sessions: Mapping[str, Union[int, Session]],
         if why:
             pytest.skip(why)
         spec = specs[name]
-        return launch(script, spec.world_size, timeout=timeout, args=[name],
-                      local_world_size=spec.local_world_size, env=spec.env)
+        return launch(
+            script, spec.world_size, timeout=timeout, args=[name], local_world_size=spec.local_world_size, env=spec.env
+        )
 
     params = [pytest.param(n, c, id=f"{n}-{c}") for n in specs for c in case_names(n)]
 

@@ -46,20 +46,24 @@ class TorchWorker:
         return opt, {
             "gradient_allreduce": lambda: A.gradient_allreduce.GradientAllReduceAlgorithm(hierarchical=hierarchical),
             "bytegrad": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hierarchical),
-            "bytegrad_error_feedback": lambda: A.bytegrad.ByteGradAlgorithm(hierarchical=hierarchical,
-                                                                            error_feedback=True),
+            "bytegrad_error_feedback": lambda: A.bytegrad.ByteGradAlgorithm(
+                hierarchical=hierarchical, error_feedback=True
+            ),
             "decentralized": lambda: A.decentralized.DecentralizedAlgorithm(hierarchical=hierarchical),
             "decentralized_shift_one": lambda: A.decentralized.DecentralizedAlgorithm(
-                hierarchical=hierarchical, peer_selection_mode="shift_one"),
+                hierarchical=hierarchical, peer_selection_mode="shift_one"
+            ),
             "low_precision_decentralized": lambda: A.low_precision_decentralized.LowPrecisionDecentralizedAlgorithm(
-                hierarchical=hierarchical),
+                hierarchical=hierarchical
+            ),
             # compressed from step 1 on; every matrix of a small mlp pays at rate 1
             "low_rank": lambda: A.LowRankAlgorithm(rank=2, start_iter=1, min_compression_rate=1.0),
             # steps 0-3: a warm-up average, a local step, a synchronisation, a local step
             "local_steps": lambda: A.LocalStepsAlgorithm(sync_interval=2, warmup_steps=1, hierarchical=hierarchical),
             # synchronisations after steps 1 (the first) and 3 (which reads the residual and momentum)
             "local_steps_compressed": lambda: A.LocalStepsAlgorithm(
-                sync_interval=2, hierarchical=hierarchical, compression="minmax_uint8", error_feedback=True),
+                sync_interval=2, hierarchical=hierarchical, compression="minmax_uint8", error_feedback=True
+            ),
         }[name]()
 
     def batch(self, step, n=8):
@@ -94,7 +98,7 @@ class TorchWorker:
             return x, (x @ w).argmax(1)
 
         with torch.no_grad():
-            ex, ey = data(10 ** 6, 512)
+            ex, ey = data(10**6, 512)
             before = torch.nn.functional.cross_entropy(model(ex), ey).item()
         for step in range(steps):
             x, y = data(step)

@@ -24,13 +24,20 @@ from tests.harness.mp import session_tests
 from tests.harness.worker import expect_error
 
 SESSIONS = {"w2": 2, "w3": 3}
-NEVER_MS = 10 ** 7
+NEVER_MS = 10**7
 SHAPES = [(6, 5), (7,), (3, 4)]
 
 
 def case_names(session: str):
-    return ["init", "abort_gives_exact_average", "warmup_averages_updates", "matches_torch", "abort_resume_cycles",
-            "misuse_refused", "loss_goes_down"]
+    return [
+        "init",
+        "abort_gives_exact_average",
+        "warmup_averages_updates",
+        "matches_torch",
+        "abort_resume_cycles",
+        "misuse_refused",
+        "loss_goes_down",
+    ]
 
 
 class Worker(JaxWorker):
@@ -90,7 +97,7 @@ class Worker(JaxWorker):
                 g = []
                 for s in SHAPES:
                     n = int(np.prod(s))
-                    g.append(mean[off:off + n].reshape(s).astype(np.float32))
+                    g.append(mean[off : off + n].reshape(s).astype(np.float32))
                     off += n
             ref = [r - np.float32(0.1) * x for r, x in zip(ref, g)]
         for got, want in zip(p, ref):
@@ -177,8 +184,9 @@ class Worker(JaxWorker):
         p = [jnp.asarray(x) for x in self.start()]
         g = [jnp.asarray(x) for x in self.grads(0)]
         unbound = bagua_jax.transform(A())
-        expect_error(RuntimeError, lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p),
-                     "init")
+        expect_error(
+            RuntimeError, lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p), "init"
+        )
         state = tx.init(p)
         expect_error(TypeError, lambda: jax.jit(tx.update)(g, state, p), "jax.jit")
         expect_error(ValueError, lambda: tx.update(g, state), "needs params")
@@ -197,7 +205,8 @@ class Worker(JaxWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=("jax", "optax"))
+    __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=("jax", "optax")
+)
 
 
 if __name__ == "__main__":

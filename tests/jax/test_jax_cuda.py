@@ -14,9 +14,9 @@ import os
 import pytest
 
 from bagua_core import _C
-from tests.harness import mp
 from tests.gpu.available import gpu_skip_reason
 from tests.gpu.jax_cuda_cases import KINDS, case_names
+from tests.harness import mp
 from tests.harness.paths import GPU_WORKERS
 
 JAX_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -58,8 +58,9 @@ def _session(kind: str) -> mp.Run:
     if kind not in _sessions:
         # the worker picks its platforms itself; tests/conftest.py pins this process to the CPU
         env = {"JAX_PLATFORMS": "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        _sessions[kind] = mp.launch(os.path.join(GPU_WORKERS, "jax_cuda_worker.py"), 1, timeout=400,
-                                    args=[kind], env=env)
+        _sessions[kind] = mp.launch(
+            os.path.join(GPU_WORKERS, "jax_cuda_worker.py"), 1, timeout=400, args=[kind], env=env
+        )
     return _sessions[kind]
 
 

@@ -18,8 +18,9 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 pytestmark = pytest.mark.skipif(not _C.has_xla_ffi, reason="bagua_core was built without the XLA FFI handlers")
-needs_cuda_handlers = pytest.mark.skipif(not getattr(_C, "has_cuda_ffi", False),
-                                         reason="bagua_core was built without CUDA: no CUDA handlers")
+needs_cuda_handlers = pytest.mark.skipif(
+    not getattr(_C, "has_cuda_ffi", False), reason="bagua_core was built without CUDA: no CUDA handlers"
+)
 
 NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step"}
 
@@ -69,9 +70,11 @@ def test_cuda_lowering_emits_the_collective_target(which):
     import bagua_jax
 
     g = _group("cuda")
-    fn = {"allreduce": lambda x: bagua_jax.allreduce(x, "avg", group=g),
-          "broadcast": lambda x: bagua_jax.broadcast(x, 1, group=g),
-          "allgather": lambda x: bagua_jax.allgather(x, group=g)}[which]
+    fn = {
+        "allreduce": lambda x: bagua_jax.allreduce(x, "avg", group=g),
+        "broadcast": lambda x: bagua_jax.broadcast(x, 1, group=g),
+        "allgather": lambda x: bagua_jax.allgather(x, group=g),
+    }[which]
     text = _cuda_text(fn, jnp.ones((2, 3), jnp.float32))
     calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
     assert len(calls) == 1 and f"@bagua_{which}(" in calls[0], calls
@@ -83,8 +86,12 @@ def test_cuda_lowering_emits_the_step_target():
     from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
 
     bound = BoundStep("decentralized", "communication_interval=2", _group("cuda"), -1, -1, True, 0, "m")
-    text = _cuda_text(lambda s, a, b: algorithm_step([a, b], s, bound, bucket=3)[0],
-                      jnp.int32(0), jnp.ones(4, jnp.float32), jnp.ones(5, jnp.float32))
+    text = _cuda_text(
+        lambda s, a, b: algorithm_step([a, b], s, bound, bucket=3)[0],
+        jnp.int32(0),
+        jnp.ones(4, jnp.float32),
+        jnp.ones(5, jnp.float32),
+    )
     calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
     assert len(calls) == 1 and "@bagua_step(" in calls[0], calls
     assert 'step = "decentralized"' in calls[0] and "bucket = 3" in calls[0] and "n_data = 2" in calls[0]
@@ -134,10 +141,20 @@ def test_cuda_arrays_on_a_gloo_group_need_a_visible_gpu_to_be_staged():
     from tests.harness import mp
 
     port = mp.free_port_pair()
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", STAGED_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=REPO,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", STAGED_SCRIPT], env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REFUSED bagua_jax.allreduce: the array is on cuda" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "cannot be staged" in out.stdout and "gpu" in out.stdout.lower(), out.stdout

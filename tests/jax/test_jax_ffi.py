@@ -130,6 +130,7 @@ def case_init():
 
 def case_allreduce_sum_dtypes():
     import jax
+
     import bagua_jax
 
     f = jax.jit(lambda x: bagua_jax.allreduce(x, op="sum"))
@@ -143,6 +144,7 @@ def case_allreduce_sum_dtypes():
 
 def case_allreduce_ops():
     import jax
+
     import bagua_core
     import bagua_jax
 
@@ -166,6 +168,7 @@ def case_allreduce_ops():
 
 def case_allreduce_eager():
     import jax.numpy as jnp
+
     import bagua_jax
 
     x = jnp.asarray(inputs(RANK, (3, 2), "float32", salt=11))
@@ -177,6 +180,7 @@ def case_allreduce_eager():
 
 def case_broadcast_roots():
     import jax
+
     import bagua_jax
 
     for root in range(SIZE):
@@ -189,6 +193,7 @@ def case_broadcast_roots():
 
 def case_allgather_dtypes():
     import jax
+
     import bagua_jax
 
     f = jax.jit(bagua_jax.allgather)
@@ -204,6 +209,7 @@ def case_vs_jax_collectives():
     # JAX's own multi-process CPU collectives (Gloo through jax.distributed) as oracle.
     import jax
     from jax.experimental import multihost_utils
+
     import bagua_jax
 
     x = inputs(RANK, (17,), "float32", salt=40) * (RANK + 1) - 3
@@ -222,6 +228,7 @@ def case_ordering_data_independent():
     # any swap would mix the two reductions and show in the results.
     import jax
     import jax.numpy as jnp
+
     import bagua_jax
 
     def slow(v):
@@ -248,6 +255,7 @@ def case_ordering_across_calls():
     # Eager and jitted collectives of different shapes, dispatched back to back
     # without waiting: the runtime token keeps them in call order.
     import jax
+
     import bagua_jax
 
     g = jax.jit(lambda x: bagua_jax.allgather(x * 2))
@@ -265,6 +273,7 @@ def case_ordering_across_calls():
 def case_donated_alias():
     import jax
     import jax.numpy as jnp
+
     import bagua_jax
 
     f = jax.jit(lambda x: bagua_jax.allreduce(x, "avg"), donate_argnums=0)
@@ -285,6 +294,7 @@ def case_grad_allreduce():
     # Objective = sum over ranks of each rank's loss: d/dx_r = allreduce of cotangents.
     import jax
     import jax.numpy as jnp
+
     import bagua_jax
 
     w = [inputs(r, (6,), "float32", salt=60) + 1 for r in range(SIZE)]
@@ -302,6 +312,7 @@ def case_grad_allreduce():
 def case_grad_broadcast_allgather():
     import jax
     import jax.numpy as jnp
+
     import bagua_jax
 
     w = [inputs(r, (4,), "float32", salt=70) + 1 for r in range(SIZE)]
@@ -317,6 +328,7 @@ def case_grad_broadcast_allgather():
 
 def case_vmap():
     import jax
+
     import bagua_jax
 
     x = inputs(RANK, (3, 5), "float32", salt=80)
@@ -330,6 +342,7 @@ def case_subgroup():
     # A group of ranks 1.. (rank 0 is not a member); its collectives and the
     # world's share one order.
     import jax
+
     import bagua_core
     import bagua_jax
 
@@ -348,8 +361,12 @@ def case_subgroup():
 
     @jax.jit
     def f(v):
-        return (bagua_jax.allreduce(v, group=sub), bagua_jax.allreduce(v),
-                bagua_jax.allgather(v, group=sub), bagua_jax.broadcast(v, root=sub.size - 1, group=sub))
+        return (
+            bagua_jax.allreduce(v, group=sub),
+            bagua_jax.allreduce(v),
+            bagua_jax.allgather(v, group=sub),
+            bagua_jax.broadcast(v, root=sub.size - 1, group=sub),
+        )
 
     s, w, gathered, b = f(x)
     assert_equal(s, members.sum(0))
@@ -363,6 +380,7 @@ def case_mlp_training():
     import jax.numpy as jnp
     import optax
     from jax.experimental import multihost_utils
+
     import bagua_jax
 
     n, d, h, steps = 24, 8, 16, 6
@@ -370,8 +388,12 @@ def case_mlp_training():
     xs = rng.normal(size=(n, d)).astype(np.float32)
     ys = np.sin(xs.sum(1, keepdims=True)).astype(np.float32)
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
-    params0 = {"w1": jax.random.normal(k1, (d, h), jnp.float32) * 0.3, "b1": jnp.zeros(h, jnp.float32),
-               "w2": jax.random.normal(k2, (h, 1), jnp.float32) * 0.3, "b2": jnp.zeros(1, jnp.float32)}
+    params0 = {
+        "w1": jax.random.normal(k1, (d, h), jnp.float32) * 0.3,
+        "b1": jnp.zeros(h, jnp.float32),
+        "w2": jax.random.normal(k2, (h, 1), jnp.float32) * 0.3,
+        "b2": jnp.zeros(1, jnp.float32),
+    }
 
     def loss_fn(p, x, y):
         z = jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
@@ -409,6 +431,7 @@ def case_mlp_training():
 def case_errors():
     import jax
     import jax.numpy as jnp
+
     import bagua_jax
 
     x = jnp.ones(3, jnp.float32)
@@ -420,8 +443,11 @@ def case_errors():
         (TypeError, "bagua_core process group", lambda: bagua_jax.allreduce(x, group="world")),
         (NotImplementedError, "op='sum'", lambda: jax.grad(lambda v: bagua_jax.allreduce(v, "max").sum())(x)),
         # An array on a CUDA device while the group is CPU: checked when lowering.
-        (ValueError, "array is on cuda", lambda: jax.jit(bagua_jax.allreduce).trace(x).lower(
-            lowering_platforms=("cuda",))),
+        (
+            ValueError,
+            "array is on cuda",
+            lambda: jax.jit(bagua_jax.allreduce).trace(x).lower(lowering_platforms=("cuda",)),
+        ),
     ]
     for exc, text, fn in expect:
         try:
@@ -444,6 +470,7 @@ def case_jax_distributed_shutdown():
 
 def case_dead_peer():
     import jax
+
     import bagua_jax
 
     if RANK == SIZE - 1:
@@ -471,8 +498,7 @@ def main() -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's coordinator takes MASTER_PORT (free: there is no torchrun store);
     # Bagua's own store listens on MASTER_PORT + 1.
-    jax.distributed.initialize(f"127.0.0.1:{os.environ['MASTER_PORT']}", SIZE, RANK,
-                               initialization_timeout=60)
+    jax.distributed.initialize(f"127.0.0.1:{os.environ['MASTER_PORT']}", SIZE, RANK, initialization_timeout=60)
     from tests.harness.worker import run_cases
 
     failures = run_cases([(name, globals()["case_" + name]) for name in CASES])

@@ -22,8 +22,14 @@ from tests.harness.jax_worker import JaxWorker, worker_main
 from tests.harness.mp import Session, session_tests
 
 SESSIONS = {"w2": 2, "w3": 3}
-CASES = ["init", "matches_torch", "matches_torch_without_error_feedback", "state_pickles", "rank_too_large_refused",
-         "loss_goes_down"]
+CASES = [
+    "init",
+    "matches_torch",
+    "matches_torch_without_error_feedback",
+    "state_pickles",
+    "rank_too_large_refused",
+    "loss_goes_down",
+]
 # (6, 5) and (8, 8) compress at rank 2 with min_compression_rate 1; (3, 4) does not pay; (7,) is 1-D
 SHAPES = [(6, 5), (7,), (3, 4), (8, 8)]
 STEPS = 5
@@ -117,17 +123,25 @@ class Worker(JaxWorker):
     def loss_goes_down(self):
         import bagua_jax
 
-        self.assert_training_reduces_loss(self.optax.chain(
-            bagua_jax.transform(bagua_jax.LowRankAlgorithm(rank=1, start_iter=5, min_compression_rate=1.0)),
-            self.optax.sgd(0.3)))
+        self.assert_training_reduces_loss(
+            self.optax.chain(
+                bagua_jax.transform(bagua_jax.LowRankAlgorithm(rank=1, start_iter=5, min_compression_rate=1.0)),
+                self.optax.sgd(0.3),
+            )
+        )
 
 
 # ---------------------------------------------------------------- pytest side
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world) for name, world in SESSIONS.items()}, lambda s: CASES,
-    timeout=150, test_timeout=240, requires=("jax", "optax"))
+    __file__,
+    {name: Session(world) for name, world in SESSIONS.items()},
+    lambda s: CASES,
+    timeout=150,
+    test_timeout=240,
+    requires=("jax", "optax"),
+)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,17 @@ SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
 def case_names(session: str):
     world, local = SESSIONS[session]
-    names = ["init", "matches_torch_flat", "state_pickles_and_interval", "loss_goes_down",
-             "qadam_alone_is_adam", "qadam_momentum_matches_torch", "qadam_through_switch_matches_torch",
-             "qadam_bad_input", "qadam_loss_goes_down"]
+    names = [
+        "init",
+        "matches_torch_flat",
+        "state_pickles_and_interval",
+        "loss_goes_down",
+        "qadam_alone_is_adam",
+        "qadam_momentum_matches_torch",
+        "qadam_through_switch_matches_torch",
+        "qadam_bad_input",
+        "qadam_loss_goes_down",
+    ]
     if local:
         names.append("matches_torch_hierarchical")
     return names
@@ -74,8 +82,10 @@ class Worker(JaxWorker):
         model.bagua_ddp.close()
 
         jnp = self.jnp
-        tx = self.optax.chain(self.optax.sgd(1.0),
-                              bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=hierarchical)))
+        tx = self.optax.chain(
+            self.optax.sgd(1.0),
+            bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=hierarchical)),
+        )
         p = [jnp.zeros(s, jnp.float32) for s in shapes]
         state = tx.init(p)
         update = self.jax.jit(tx.update)
@@ -98,8 +108,12 @@ class Worker(JaxWorker):
         import bagua_jax
 
         jax, jnp, optax = self.jax, self.jnp, self.optax
-        tx = optax.chain(optax.sgd(0.1), bagua_jax.transform(
-            bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=False, communication_interval=2)))
+        tx = optax.chain(
+            optax.sgd(0.1),
+            bagua_jax.transform(
+                bagua_jax.LowPrecisionDecentralizedAlgorithm(hierarchical=False, communication_interval=2)
+            ),
+        )
         params = {"w": jnp.zeros((5,), jnp.float32)}
         state = tx.init(params)
         assert state[1].step_state[0].shape == (15,)
@@ -118,8 +132,9 @@ class Worker(JaxWorker):
     def loss_goes_down(self):
         import bagua_jax
 
-        self.assert_training_reduces_loss(self.optax.chain(
-            self.optax.sgd(0.3), bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm())))
+        self.assert_training_reduces_loss(
+            self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(bagua_jax.LowPrecisionDecentralizedAlgorithm()))
+        )
 
     # -- QAdam --
     def qadam_alone_is_adam(self):
@@ -150,13 +165,15 @@ class Worker(JaxWorker):
             opt.zero_grad()
             model(self.rank_grads(shapes, t)).backward()
             opt.step()
-            out.append(([p.detach().numpy().copy() for p in params],
-                        [opt.state[p]["exp_avg"].numpy().copy() for p in params]))
+            out.append(
+                ([p.detach().numpy().copy() for p in params], [opt.state[p]["exp_avg"].numpy().copy() for p in params])
+            )
         model.bagua_ddp.close()
 
         jnp = self.jnp
-        tx = bagua_jax.transform(bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.01, warmup_steps=warmup),
-                                                          hierarchical=hierarchical))
+        tx = bagua_jax.transform(
+            bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.01, warmup_steps=warmup), hierarchical=hierarchical)
+        )
         p = [jnp.zeros(s, jnp.float32) for s in shapes]
         state = tx.init(p)
         update = self.jax.jit(tx.update)
@@ -189,19 +206,30 @@ class Worker(JaxWorker):
         expect_error(TypeError, lambda: bagua_jax.QAdamAlgorithm(self.optax.adam(0.1)), "bagua_jax.qadam")
         expect_error(ValueError, lambda: bagua_jax.qadam(0.1, warmup_steps=0), "warmup_steps")
         expect_error(ValueError, lambda: bagua_jax.qadam(0.1, b1=1.0), "b1")
-        expect_error(TypeError, lambda: bagua_jax.transform(
-            bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.1)).to_core()), "needs its optimizer")
+        expect_error(
+            TypeError,
+            lambda: bagua_jax.transform(bagua_jax.QAdamAlgorithm(bagua_jax.qadam(0.1)).to_core()),
+            "needs its optimizer",
+        )
 
     def qadam_loss_goes_down(self):
         import bagua_jax
 
-        self.assert_training_reduces_loss(bagua_jax.transform(bagua_jax.QAdamAlgorithm(
-            bagua_jax.qadam(self.optax.constant_schedule(0.05), warmup_steps=10))))
+        self.assert_training_reduces_loss(
+            bagua_jax.transform(
+                bagua_jax.QAdamAlgorithm(bagua_jax.qadam(self.optax.constant_schedule(0.05), warmup_steps=10))
+            )
+        )
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=150, test_timeout=240, requires=("jax", "optax"))
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=150,
+    test_timeout=240,
+    requires=("jax", "optax"),
+)
 
 
 if __name__ == "__main__":

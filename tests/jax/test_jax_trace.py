@@ -47,10 +47,12 @@ class Worker(JaxWorker):
         """Data-parallel training of a small MLP under jit; returns the params."""
         jax, jnp, optax = self.jax, self.jnp, self.optax
         rng = np.random.default_rng(0)
-        params = {"w1": jnp.asarray(rng.standard_normal((4, 16)) * 0.5, jnp.float32),
-                  "b1": jnp.zeros(16, jnp.float32),
-                  "w2": jnp.asarray(rng.standard_normal((16, 16)) * 0.5, jnp.float32),
-                  "w3": jnp.asarray(rng.standard_normal((16, 3)) * 0.5, jnp.float32)}
+        params = {
+            "w1": jnp.asarray(rng.standard_normal((4, 16)) * 0.5, jnp.float32),
+            "b1": jnp.zeros(16, jnp.float32),
+            "w2": jnp.asarray(rng.standard_normal((16, 16)) * 0.5, jnp.float32),
+            "w3": jnp.asarray(rng.standard_normal((16, 3)) * 0.5, jnp.float32),
+        }
 
         def loss(p, x, y):
             h = jnp.tanh(jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"])
@@ -137,8 +139,11 @@ class Worker(JaxWorker):
                 assert 0 < a["ready_ns"] <= a["launch_ns"] <= a["start_ns"] <= a["end_ns"], a
                 assert abs(e["ts"] - a["start_ns"] / 1000) < 1 and e["dur"] >= 0
             for s in range(STEPS):  # the steps of one update run in bucket order (chained by XLA's token)
-                ends = [e["args"]["end_ns"] for e in sorted(mlp, key=lambda e: e["args"]["bucket"])
-                        if e["args"]["step"] == s]
+                ends = [
+                    e["args"]["end_ns"]
+                    for e in sorted(mlp, key=lambda e: e["args"]["bucket"])
+                    if e["args"]["step"] == s
+                ]
                 assert ends == sorted(ends), ends
             others = {e["args"]["model"] for e in comm} - {"mlp"}
             assert len(others) == 1 and next(iter(others)).endswith("_bytegrad"), others
@@ -161,8 +166,9 @@ class Worker(JaxWorker):
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-test_case, test_session_exits_cleanly = session_tests(__file__, SESSIONS, case_names, timeout=150,
-                                                      test_timeout=240, requires=["jax", "optax"])
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, SESSIONS, case_names, timeout=150, test_timeout=240, requires=["jax", "optax"]
+)
 
 if __name__ == "__main__":
     worker_main(Worker, case_names)

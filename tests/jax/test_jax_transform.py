@@ -33,9 +33,20 @@ SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
 def case_names(session: str):
     world, local = SESSIONS[session]
-    names = ["not_initialised", "init", "algorithms_api", "bad_input", "allreduce_matches_numpy",
-             "matches_torch_gradient_allreduce", "matches_torch_bytegrad", "matches_torch_decentralized",
-             "interval_and_checkpoint", "training_equals_single_process", "flax_params", "structure_mismatch"]
+    names = [
+        "not_initialised",
+        "init",
+        "algorithms_api",
+        "bad_input",
+        "allreduce_matches_numpy",
+        "matches_torch_gradient_allreduce",
+        "matches_torch_bytegrad",
+        "matches_torch_decentralized",
+        "interval_and_checkpoint",
+        "training_equals_single_process",
+        "flax_params",
+        "structure_mismatch",
+    ]
     if world % 2 == 0:
         names.append("matches_torch_decentralized_shift_one")
     if local:
@@ -68,8 +79,11 @@ class Worker(JaxWorker):
     def not_initialised(self):
         import bagua_jax
 
-        self.expect_error(bagua_jax.GroupNotInitializedError, "init_process_group",
-                          lambda: bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()))
+        self.expect_error(
+            bagua_jax.GroupNotInitializedError,
+            "init_process_group",
+            lambda: bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm()),
+        )
 
     def init(self):
         import bagua_jax
@@ -84,7 +98,9 @@ class Worker(JaxWorker):
 
         assert bagua_jax.algorithms.as_algorithm("bytegrad") == bagua_jax.ByteGradAlgorithm()
         assert bagua_jax.algorithms.as_algorithm(core.Decentralized()) == bagua_jax.DecentralizedAlgorithm()
-        assert bagua_jax.algorithms.Algorithm.init("decentralized", communication_interval=3).communication_interval == 3
+        assert (
+            bagua_jax.algorithms.Algorithm.init("decentralized", communication_interval=3).communication_interval == 3
+        )
 
     def bad_input(self):
         import bagua_jax
@@ -95,8 +111,13 @@ class Worker(JaxWorker):
         self.expect_error(TypeError, "got int", lambda: bagua_jax.transform(3))
         self.expect_error(TypeError, "process group", lambda: bagua_jax.transform("bytegrad", process_group="g"))
         if self.world % 2:
-            self.expect_error(ValueError, "even number", lambda: bagua_jax.transform(
-                bagua_jax.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one")))
+            self.expect_error(
+                ValueError,
+                "even number",
+                lambda: bagua_jax.transform(
+                    bagua_jax.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one")
+                ),
+            )
         tx = bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm())
         self.expect_error(TypeError, "leaf ['a'] is a str", lambda: tx.init({"a": "text"}))
         self.expect_error(TypeError, "dtype int32", lambda: tx.init({"a": jnp.ones(3, jnp.int32)}))
@@ -105,8 +126,9 @@ class Worker(JaxWorker):
         dec = bagua_jax.transform(bagua_jax.DecentralizedAlgorithm(hierarchical=False))
         dstate = dec.init({"a": jnp.ones(3)})
         self.expect_error(ValueError, "needs params", lambda: dec.update({"a": jnp.ones(3)}, dstate))
-        self.expect_error(ValueError, "different tree structures",
-                          lambda: dec.update({"a": jnp.ones(3)}, dstate, {"b": jnp.ones(3)}))
+        self.expect_error(
+            ValueError, "different tree structures", lambda: dec.update({"a": jnp.ones(3)}, dstate, {"b": jnp.ones(3)})
+        )
         # the group still works after the refusals
         out, _ = tx.update({"a": jnp.full(3, float(self.rank))}, state)
         np.testing.assert_allclose(np.asarray(out["a"]), np.full(3, (self.world - 1) / 2))
@@ -122,20 +144,25 @@ class Worker(JaxWorker):
             # small integers: sums are exact in every dtype
             rng = np.random.default_rng(rank)
             v = [rng.integers(-4, 5, s).astype(np.float32) for s in shapes]
-            return {"a": jnp.asarray(v[0], dtypes[0]), "b": [jnp.asarray(v[1], dtypes[1]), jnp.asarray(v[2], dtypes[2])],
-                    "c": {"d": jnp.asarray(v[3], dtypes[3])}}
+            return {
+                "a": jnp.asarray(v[0], dtypes[0]),
+                "b": [jnp.asarray(v[1], dtypes[1]), jnp.asarray(v[2], dtypes[2])],
+                "c": {"d": jnp.asarray(v[3], dtypes[3])},
+            }
 
         mine = tree(self.rank)
-        total = jax.tree_util.tree_map(lambda *xs: sum(np.asarray(x, np.float64) for x in xs),
-                                       *[tree(r) for r in range(self.world)])
+        total = jax.tree_util.tree_map(
+            lambda *xs: sum(np.asarray(x, np.float64) for x in xs), *[tree(r) for r in range(self.world)]
+        )
         for average in (False, True):
             tx = bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm(average=average))
             state = tx.init(mine)
             for update in (tx.update, jax.jit(tx.update)):
                 out, new_state = update(mine, state)
                 assert int(new_state.step) == 1
-                for got, want, x in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(total),
-                                        jax.tree_util.tree_leaves(mine)):
+                for got, want, x in zip(
+                    jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(total), jax.tree_util.tree_leaves(mine)
+                ):
                     assert got.dtype == x.dtype and got.shape == x.shape
                     want = want / self.world if average else want
                     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-2 if average else 0)
@@ -162,8 +189,9 @@ class Worker(JaxWorker):
         jnp = self.jnp
         tx = bagua_jax.transform(algorithm)
         state = tx.init([jnp.asarray(x) for x in (params or leaves)])
-        out, _ = self.jax.jit(tx.update)([jnp.asarray(x) for x in leaves], state,
-                                          None if params is None else [jnp.asarray(p) for p in params])
+        out, _ = self.jax.jit(tx.update)(
+            [jnp.asarray(x) for x in leaves], state, None if params is None else [jnp.asarray(p) for p in params]
+        )
         return [np.asarray(x) for x in out]
 
     def _same_as_torch(self, torch_algo, jax_algo):
@@ -187,7 +215,9 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        got = self._same_as_torch(ta.ByteGradAlgorithm(hierarchical=False), bagua_jax.ByteGradAlgorithm(hierarchical=False))
+        got = self._same_as_torch(
+            ta.ByteGradAlgorithm(hierarchical=False), bagua_jax.ByteGradAlgorithm(hierarchical=False)
+        )
         want = np.mean(np.stack([v[0] for v in self.all_values([(6, 5)], salt=5)]), axis=0)
         np.testing.assert_allclose(got[0], want, atol=0.1)  # 8-bit codes
 
@@ -195,8 +225,9 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        self._same_as_torch(ta.GradientAllReduceAlgorithm(hierarchical=True),
-                            bagua_jax.GradientAllReduceAlgorithm(hierarchical=True))
+        self._same_as_torch(
+            ta.GradientAllReduceAlgorithm(hierarchical=True), bagua_jax.GradientAllReduceAlgorithm(hierarchical=True)
+        )
         self._same_as_torch(ta.ByteGradAlgorithm(), bagua_jax.ByteGradAlgorithm())
         self._decentralized_same_as_torch(ta.DecentralizedAlgorithm(), bagua_jax.DecentralizedAlgorithm())
 
@@ -225,8 +256,9 @@ class Worker(JaxWorker):
         import bagua_jax
         import bagua_torch.algorithms as ta
 
-        self._decentralized_same_as_torch(ta.DecentralizedAlgorithm(hierarchical=False),
-                                          bagua_jax.DecentralizedAlgorithm(hierarchical=False))
+        self._decentralized_same_as_torch(
+            ta.DecentralizedAlgorithm(hierarchical=False), bagua_jax.DecentralizedAlgorithm(hierarchical=False)
+        )
 
     def matches_torch_decentralized_shift_one(self):
         import bagua_jax
@@ -234,14 +266,17 @@ class Worker(JaxWorker):
 
         self._decentralized_same_as_torch(
             ta.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one"),
-            bagua_jax.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one"))
+            bagua_jax.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode="shift_one"),
+        )
 
     def interval_and_checkpoint(self):
         import bagua_jax
 
         jax, jnp, optax = self.jax, self.jnp, self.optax
-        tx = optax.chain(optax.sgd(0.1), bagua_jax.transform(
-            bagua_jax.DecentralizedAlgorithm(hierarchical=False, communication_interval=2)))
+        tx = optax.chain(
+            optax.sgd(0.1),
+            bagua_jax.transform(bagua_jax.DecentralizedAlgorithm(hierarchical=False, communication_interval=2)),
+        )
         params = {"w": jnp.full((3,), float(self.rank))}
         grads = {"w": jnp.ones(3)}
         state = tx.init(params)
@@ -261,9 +296,11 @@ class Worker(JaxWorker):
 
         jax, jnp, optax = self.jax, self.jnp, self.optax
         rng = np.random.default_rng(0)
-        params = {"w1": jnp.asarray(rng.standard_normal((4, 16)) * 0.5, jnp.float32),
-                  "b1": jnp.zeros(16, jnp.float32),
-                  "w2": jnp.asarray(rng.standard_normal((16, 3)) * 0.5, jnp.float32)}
+        params = {
+            "w1": jnp.asarray(rng.standard_normal((4, 16)) * 0.5, jnp.float32),
+            "b1": jnp.zeros(16, jnp.float32),
+            "w2": jnp.asarray(rng.standard_normal((16, 3)) * 0.5, jnp.float32),
+        }
 
         def loss(p, x, y):
             logits = jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"]
@@ -333,16 +370,17 @@ class Worker(JaxWorker):
 
         jnp = self.jnp
         tx = bagua_jax.transform(bagua_jax.GradientAllReduceAlgorithm())
-        cases = [({"a": jnp.ones(3)} if self.rank != 1 else {"a": jnp.ones(3), "b": jnp.ones(2)}, "['b']"),
-                 ({"a": jnp.ones(3 if self.rank != 1 else 4)}, "(4,)"),
-                 ({"a": jnp.ones(3, jnp.float32 if self.rank != 1 else jnp.float16)}, "float16")]
+        cases = [
+            ({"a": jnp.ones(3)} if self.rank != 1 else {"a": jnp.ones(3), "b": jnp.ones(2)}, "['b']"),
+            ({"a": jnp.ones(3 if self.rank != 1 else 4)}, "(4,)"),
+            ({"a": jnp.ones(3, jnp.float32 if self.rank != 1 else jnp.float16)}, "float16"),
+        ]
         for tree, fragment in cases:
             e = self.expect_error(ValueError, "differs across ranks", lambda: tx.init(tree))
             assert fragment in str(e), f"{fragment!r} not in: {e}"
         e = self.expect_error(ValueError, "rank 1", lambda: tx.init(cases[1][0]))
         assert "(4,)" in str(e)
         tx.init({"a": jnp.ones(3)})  # agreement again: no error
-
 
     def dead_peer(self):
         import bagua_jax
@@ -372,8 +410,13 @@ class Worker(JaxWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=150, test_timeout=240, requires=("jax", "optax", "flax"))
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=150,
+    test_timeout=240,
+    requires=("jax", "optax", "flax"),
+)
 
 if __name__ == "__main__":
     worker_main(Worker, case_names)

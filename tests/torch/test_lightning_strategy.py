@@ -19,8 +19,8 @@ from tests.harness.mp import launch
 def worker():
     import warnings
 
-    import torch
     import lightning.pytorch as pl
+    import torch
 
     import bagua_torch
     from bagua_torch.lightning import BaguaStrategy
@@ -53,8 +53,16 @@ def worker():
         model = module()
         g = torch.Generator().manual_seed(0)
         data = torch.utils.data.TensorDataset(torch.randn(96, 32, generator=g), torch.randint(0, 2, (96,), generator=g))
-        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=2, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = pl.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=2,
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
         assert trainer.global_step == 2 * 96 // (2 * 4), trainer.global_step
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), trainer
@@ -103,6 +111,7 @@ def test_algorithm_checked_when_the_strategy_is_made():
         BaguaStrategy(algorithm="nope")
     with pytest.raises(TypeError, match="not the class"):
         from bagua_torch.algorithms import ByteGradAlgorithm
+
         BaguaStrategy(algorithm=ByteGradAlgorithm)
     assert BaguaStrategy(algorithm="bytegrad", hierarchical=False).bagua_algorithm.hierarchical is False
 

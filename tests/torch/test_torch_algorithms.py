@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 
-
 from tests.harness.mp import Session, session_tests
 
 # session -> (world size, local world size)
@@ -35,13 +34,19 @@ LOSS_DOWN = ["loss_goes_down_gradient_allreduce", "loss_goes_down_bytegrad", "lo
 
 def case_names(session: str):
     world, local = SESSIONS[session]
-    names = ["gradient_allreduce_equals_ddp", "bytegrad_equals_reference", "bytegrad_several_buckets_equal_reference",
-             "decentralized_all_equals_reference"]
+    names = [
+        "gradient_allreduce_equals_ddp",
+        "bytegrad_equals_reference",
+        "bytegrad_several_buckets_equal_reference",
+        "decentralized_all_equals_reference",
+    ]
     if session == "w2":
         names += ["gradient_allreduce_no_flatten_equals_ddp", "decentralized_no_flatten_equals_reference"]
     if world % 2 == 0:
-        names += ["decentralized_shift_one_interval_1_equals_reference",
-                  "decentralized_shift_one_interval_2_equals_reference"]
+        names += [
+            "decentralized_shift_one_interval_1_equals_reference",
+            "decentralized_shift_one_interval_2_equals_reference",
+        ]
     else:
         names += ["shift_one_odd_peers_refused"]
     if local:
@@ -75,8 +80,9 @@ class Worker:
     def model(self, seed):
         nn = self.torch.nn
         self.torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(2, 10, bias=False), nn.ReLU(), nn.Linear(10, 50), nn.ReLU(),
-                             nn.Linear(50, 4, bias=False))  # 770 parameters: not a multiple of 3 or 4
+        return nn.Sequential(
+            nn.Linear(2, 10, bias=False), nn.ReLU(), nn.Linear(10, 50), nn.ReLU(), nn.Linear(50, 4, bias=False)
+        )  # 770 parameters: not a multiple of 3 or 4
 
     def batch(self, step, rank=None, n=8):
         torch = self.torch
@@ -157,13 +163,15 @@ class Worker:
             model.with_bagua([opt], algo)
             buckets, wrapped = model.bagua_buckets, model
         else:
-            wrapped = self.bt.DistributedDataParallel(model, optimizers=[opt], algorithm=algo,
-                                                      bucket_cap_mb=bucket_cap_mb)
+            wrapped = self.bt.DistributedDataParallel(
+                model, optimizers=[opt], algorithm=algo, bucket_cap_mb=bucket_cap_mb
+            )
             buckets = wrapped.bagua_buckets
             assert len(buckets) > 2, buckets
         layout = [(b.tensor_names, b.numel) for b in buckets]
-        assert any(numel != b.payload_numel for (_, numel), b in zip(layout, buckets)) or self.world == 2, \
+        assert any(numel != b.payload_numel for (_, numel), b in zip(layout, buckets)) or self.world == 2, (
             "expected a padded bucket"
+        )
         ref = self.model(100)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
         params = dict(ref.named_parameters())
@@ -176,13 +184,13 @@ class Worker:
                 off = 0
                 for name in names:
                     g = params[name].grad.reshape(-1).numpy()
-                    flat[off:off + g.size] = g
+                    flat[off : off + g.size] = g
                     off += g.size
                 out = self.bytegrad_reference(flat)
                 off = 0
                 for name in names:
                     p = params[name]
-                    p.grad.copy_(torch.from_numpy(out[off:off + p.numel()]).view_as(p))
+                    p.grad.copy_(torch.from_numpy(out[off : off + p.numel()]).view_as(p))
                     off += p.numel()
             ropt.step()
         self.close_to(self.flat(model), self.flat(ref))
@@ -207,8 +215,9 @@ class Worker:
 
         model = self.model(100 + self.rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        algo = self.bt.algorithms.DecentralizedAlgorithm(hierarchical=False, peer_selection_mode=mode,
-                                                         communication_interval=interval)
+        algo = self.bt.algorithms.DecentralizedAlgorithm(
+            hierarchical=False, peer_selection_mode=mode, communication_interval=interval
+        )
         model.with_bagua([opt], algo, do_flatten=do_flatten)
         ref = self.model(100)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -267,7 +276,7 @@ class Worker:
         opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
         model.with_bagua([opt], algorithm)
         with torch.no_grad():
-            eval_x, eval_y = self.batch(10 ** 6, rank=0, n=256)
+            eval_x, eval_y = self.batch(10**6, rank=0, n=256)
             before = torch.nn.functional.cross_entropy(model(eval_x), eval_y).item()
         for step in range(40):
             self.train_step(model, opt, step)
@@ -304,7 +313,8 @@ def worker_main():
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names)
+    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names
+)
 
 if __name__ == "__main__":
     worker_main()

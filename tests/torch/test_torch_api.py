@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 
 from bagua_core import algorithms as core  # noqa: E402
 
-
 # ---------------------------------------------------------------- descriptions
 
 
@@ -37,8 +36,16 @@ def test_core_descriptions_defaults_and_validation():
         core.Decentralized(communication_interval=1.5)
     with pytest.raises(KeyError, match=f"available: {', '.join(core.names())}"):
         core.by_name("nope")
-    assert {"async", "bytegrad", "decentralized", "gradient_allreduce", "local_steps", "low_precision_decentralized",
-            "low_rank", "qadam"} <= set(core.names())
+    assert {
+        "async",
+        "bytegrad",
+        "decentralized",
+        "gradient_allreduce",
+        "local_steps",
+        "low_precision_decentralized",
+        "low_rank",
+        "qadam",
+    } <= set(core.names())
     assert core.by_name("async", sync_interval_ms=20) == core.AsyncModelAverage("all", 20, 0)
     assert core.AsyncModelAverage().plan().params == {"peer_selection_mode": "all", "sync_interval_ms": 500}
     assert core.AsyncModelAverage(warmup_steps=3).warmup_plan() == core.GradientAllReduce(False, True).plan()
@@ -48,8 +55,9 @@ def test_core_descriptions_defaults_and_validation():
         core.AsyncModelAverage(warmup_steps=-1)
     with pytest.raises(ValueError, match="unknown peer_selection_mode 'shift_one'"):
         core.AsyncModelAverage(peer_selection_mode="shift_one")
-    assert core.LowPrecisionDecentralized() == core.LowPrecisionDecentralized(hierarchical=True,
-                                                                              communication_interval=1)
+    assert core.LowPrecisionDecentralized() == core.LowPrecisionDecentralized(
+        hierarchical=True, communication_interval=1
+    )
     with pytest.raises(ValueError, match="communication_interval must be >= 1"):
         core.LowPrecisionDecentralized(communication_interval=0)
     assert core.QAdam().plan().params == {"hierarchical": True, "warmup_steps": 100, "beta1": "0.9"}
@@ -65,8 +73,9 @@ def test_core_descriptions_defaults_and_validation():
 
 def test_core_algorithms_import_without_torch():
     code = "import sys, bagua_core.algorithms; assert 'torch' not in sys.modules and 'jax' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60,
-                   env={**os.environ, "PYTHONPATH": REPO})
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=REPO, timeout=60, env={**os.environ, "PYTHONPATH": REPO}
+    )
 
 
 def test_torch_algorithms_api():
@@ -75,7 +84,10 @@ def test_torch_algorithms_api():
 
     d = DecentralizedAlgorithm(peer_selection_mode="shift_one", communication_interval=2)
     assert (d.hierarchical, d.peer_selection_mode, d.communication_interval) == (True, "shift_one", 2)
-    assert repr(d) == "DecentralizedAlgorithm(hierarchical=True, peer_selection_mode='shift_one', communication_interval=2)"
+    assert (
+        repr(d)
+        == "DecentralizedAlgorithm(hierarchical=True, peer_selection_mode='shift_one', communication_interval=2)"
+    )
     assert Algorithm.from_core(d.to_core()) == d
     assert as_algorithm(core.ByteGrad(average=False)) == ByteGradAlgorithm(average=False)
     assert isinstance(Algorithm.init("bytegrad", hierarchical=False), ByteGradAlgorithm)
@@ -152,8 +164,11 @@ class Single:
         assert all(not (lo <= p.data_ptr() < lo + b.nbytes) for p in model.parameters())
 
     def training_without_peers(self):
-        for algo in (self.bt.algorithms.GradientAllReduceAlgorithm(), self.bt.algorithms.ByteGradAlgorithm(),
-                     self.bt.algorithms.DecentralizedAlgorithm()):
+        for algo in (
+            self.bt.algorithms.GradientAllReduceAlgorithm(),
+            self.bt.algorithms.ByteGradAlgorithm(),
+            self.bt.algorithms.DecentralizedAlgorithm(),
+        ):
             model = self.model()
             opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
             ref = self.model()
@@ -195,8 +210,12 @@ def test_single_process(case):
 
 @pytest.mark.timeout(120)
 def test_train_demo_runs():
-    run = launch(os.path.join(REPO, "examples", "train_demo.py"), 2, timeout=90,
-                 args=["--algorithm", "all", "--epochs", "1", "--samples", "1024"])
+    run = launch(
+        os.path.join(REPO, "examples", "train_demo.py"),
+        2,
+        timeout=90,
+        args=["--algorithm", "all", "--epochs", "1", "--samples", "1024"],
+    )
     assert run.ok(), run.summary()
     out = run.workers[0].stdout
     for name in ("gradient_allreduce", "bytegrad", "decentralized"):

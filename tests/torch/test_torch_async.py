@@ -34,12 +34,16 @@ import time
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
-NEVER_MS = 10 ** 7  # a sync interval longer than any test: rounds only at abort()
+NEVER_MS = 10**7  # a sync interval longer than any test: rounds only at abort()
 DEAD_TIMEOUT_S = 4.0
 ABORT_TIMEOUT_S = 3.0
 VICTIM, VICTIM_RC = 2, 3
-SESSIONS = {"w2": Session(2), "w3": Session(3), "dead": Session(3, env={"BAGUA_TIMEOUT": str(DEAD_TIMEOUT_S)}),
-            "abort_timeout": Session(3, env={"BAGUA_TIMEOUT": str(ABORT_TIMEOUT_S)})}
+SESSIONS = {
+    "w2": Session(2),
+    "w3": Session(3),
+    "dead": Session(3, env={"BAGUA_TIMEOUT": str(DEAD_TIMEOUT_S)}),
+    "abort_timeout": Session(3, env={"BAGUA_TIMEOUT": str(ABORT_TIMEOUT_S)}),
+}
 
 
 def case_names(session: str):
@@ -47,9 +51,18 @@ def case_names(session: str):
         return ["survivors_raise_within_timeout"]
     if session == "abort_timeout":
         return ["abort_times_out_unless_every_rank_aborts"]
-    names = ["abort_gives_exact_average", "warmup_allreduces_then_abort_averages", "weights_reach_average_when_idle",
-             "abort_resume_cycles", "state_dict_keeps_step", "bad_input_refused", "loss_goes_down",
-             "torch_api_and_init_by_name", "buffers_broadcast_at_abort", "fast_rank_not_blocked_by_slow_peer"]
+    names = [
+        "abort_gives_exact_average",
+        "warmup_allreduces_then_abort_averages",
+        "weights_reach_average_when_idle",
+        "abort_resume_cycles",
+        "state_dict_keeps_step",
+        "bad_input_refused",
+        "loss_goes_down",
+        "torch_api_and_init_by_name",
+        "buffers_broadcast_at_abort",
+        "fast_rank_not_blocked_by_slow_peer",
+    ]
     from tests.harness.built_with import HAS_TEST_BINDINGS  # here: workers import torch first
 
     if HAS_TEST_BINDINGS:  # the case holds a round through the averager's test hooks
@@ -230,8 +243,9 @@ class Worker(TorchWorker):
         saved = model.bagua_ddp.state_dict()
         assert saved == {"algorithm": "async", "state": {"step": 3}}, saved
         model.bagua_ddp.load_state_dict({"algorithm": "async", "state": {"step": 1}})
-        self.expect_error(ValueError, lambda: model.bagua_ddp.load_state_dict(
-            {"algorithm": "async", "state": {"step": -1}}), "step")
+        self.expect_error(
+            ValueError, lambda: model.bagua_ddp.load_state_dict({"algorithm": "async", "state": {"step": -1}}), "step"
+        )
         algo.abort(model)
         model.bagua_ddp.close()
 
@@ -245,8 +259,9 @@ class Worker(TorchWorker):
         self.expect_error(TypeError, lambda: self.algo(warmup_steps=1.5), "warmup_steps")
         model = self.mlp(1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        self.expect_error(ValueError, lambda: self.bt.distributed.wrap(model, [opt], self.algo(), do_flatten=False),
-                          "do_flatten=True")
+        self.expect_error(
+            ValueError, lambda: self.bt.distributed.wrap(model, [opt], self.algo(), do_flatten=False), "do_flatten=True"
+        )
         self.expect_error(TypeError, lambda: self.algo().abort(torch.nn.Linear(2, 2)), "with_bagua")
 
     def _loss(self, model, x, y):
@@ -267,7 +282,7 @@ class Worker(TorchWorker):
             x = torch.randn(n, 4, generator=gg)
             return x, (x @ w).argmax(1)
 
-        ex, ey = data(10 ** 6, 512)
+        ex, ey = data(10**6, 512)
         before = self._loss(model, ex, ey)
         for step in range(60):
             x, y = data(step)
@@ -354,8 +369,13 @@ class Worker(TorchWorker):
 
         def abort_times_out():
             t0 = time.monotonic()
-            e = self.expect_error(CommTimeoutError, lambda: algo.abort(model), "abort() waited 3 s",
-                                  "other ranks to call abort()", "call abort() on every rank")
+            e = self.expect_error(
+                CommTimeoutError,
+                lambda: algo.abort(model),
+                "abort() waited 3 s",
+                "other ranks to call abort()",
+                "call abort() on every rank",
+            )
             elapsed = time.monotonic() - t0
             assert ABORT_TIMEOUT_S - 0.1 <= elapsed < ABORT_TIMEOUT_S + 3, f"raised after {elapsed:.1f} s: {e}"
             assert averager.running, "the averaging stopped after a timed-out abort"
@@ -453,8 +473,9 @@ def dead_main() -> None:
             opt.step()
         except BaguaError as e:
             elapsed = time.monotonic() - t0
-            report(case, elapsed < DEAD_TIMEOUT_S + 6, f"{type(e).__name__} after {elapsed:.1f} s: {e}",
-                   elapsed=elapsed)
+            report(
+                case, elapsed < DEAD_TIMEOUT_S + 6, f"{type(e).__name__} after {elapsed:.1f} s: {e}", elapsed=elapsed
+            )
             sys.exit(0)
         time.sleep(0.01)
     report(case, False, "no training step raised")
@@ -465,9 +486,14 @@ def dead_main() -> None:
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, SESSIONS, case_names, timeout=150, test_timeout=240,
+    __file__,
+    SESSIONS,
+    case_names,
+    timeout=150,
+    test_timeout=240,
     reporting_ranks=lambda session, case: 2 if session == "dead" else SESSIONS[session].world_size,
-    returncode=lambda session, rank: VICTIM_RC if session == "dead" and rank == VICTIM else 0)
+    returncode=lambda session, rank: VICTIM_RC if session == "dead" and rank == VICTIM else 0,
+)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,17 @@ script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w3": 3}
-CASES = ["gradient_allreduce_buckets_list_parameters_and_mean_gradients",
-         "decentralized_peer_weight_is_the_weights_mean", "decentralized_peer_weight_kept_between_communications",
-         "low_precision_replicas_equal_neighbours_weights", "other_algorithms_say_what_they_keep"]
+CASES = [
+    "gradient_allreduce_buckets_list_parameters_and_mean_gradients",
+    "decentralized_peer_weight_is_the_weights_mean",
+    "decentralized_peer_weight_kept_between_communications",
+    "low_precision_replicas_equal_neighbours_weights",
+    "other_algorithms_say_what_they_keep",
+]
 
 
 class Worker(TorchWorker):
@@ -55,8 +57,9 @@ class Worker(TorchWorker):
         model = self.mlp(1, hidden=64)  # same seed on every rank: the reference starts from the same weights
         ref = self.mlp(1, hidden=64)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ddp = self.bt.DistributedDataParallel(model, [opt], algorithm=self.A.GradientAllReduceAlgorithm(),
-                                              bucket_cap_mb=600 / 2 ** 20)  # 600 bytes: several buckets
+        ddp = self.bt.DistributedDataParallel(
+            model, [opt], algorithm=self.A.GradientAllReduceAlgorithm(), bucket_cap_mb=600 / 2**20
+        )  # 600 bytes: several buckets
         buckets = ddp.bagua_buckets
         assert len(buckets) > 2 and all(isinstance(b, Bucket) for b in buckets), buckets
         names = [b.name for b in buckets]
@@ -80,10 +83,10 @@ class Worker(TorchWorker):
             flat = b.flattened_tensor()
             assert flat.dim() == 1 and flat.numel() == b.numel
             grads = torch.cat([t.grad.reshape(-1) for t in b.tensors])
-            assert torch.equal(flat[:b.payload_numel], grads)  # the gradients live in the bucket
+            assert torch.equal(flat[: b.payload_numel], grads)  # the gradients live in the bucket
             local = torch.cat([rparams[n].grad.reshape(-1) for n in b.tensor_names])
             mean = torch.stack(self.all_gather(local)).sum(0) / self.world
-            self.close_to(flat[:b.payload_numel], mean, rtol=1e-6, atol=1e-7)
+            self.close_to(flat[: b.payload_numel], mean, rtol=1e-6, atol=1e-7)
         opt.step()
         ddp.close()
 
@@ -102,7 +105,7 @@ class Worker(TorchWorker):
         assert not torch.equal(every[0], every[1]), "the ranks' weights should differ (their own data)"
         peer = model.bagua_buckets[0]._peer_weight
         assert peer.shape == (b.numel,) and peer.dtype == torch.float32
-        self.close_to(peer[:b.payload_numel], torch.stack(every).sum(0) / self.world, rtol=1e-6, atol=1e-7)
+        self.close_to(peer[: b.payload_numel], torch.stack(every).sum(0) / self.world, rtol=1e-6, atol=1e-7)
         self.same_everywhere(peer)
         model.bagua_ddp.close()
 
@@ -125,7 +128,7 @@ class Worker(TorchWorker):
         [b] = model.bagua_buckets
         w, left, right = b._weight, b._left_peer_weight, b._right_peer_weight
         assert held.data_ptr() == w.data_ptr()
-        assert torch.equal(w[:b.payload_numel], self.layout_flat(model, b))  # after a communication W is the weights
+        assert torch.equal(w[: b.payload_numel], self.layout_flat(model, b))  # after a communication W is the weights
         W, L, R = self.all_gather(w), self.all_gather(left), self.all_gather(right)
         n = self.world
         assert not torch.equal(W[0], W[1]), "the ranks' weights should differ (their own data)"
@@ -155,8 +158,9 @@ class Worker(TorchWorker):
                 if isinstance(algo, A.LowPrecisionDecentralizedAlgorithm) and attr != "_peer_weight":
                     continue
                 assert not hasattr(b, attr), (algo, attr)
-                self.expect_error(AttributeError, lambda: getattr(b, attr), attr, type(algo).__name__, keeps,
-                                  repr(b.name))
+                self.expect_error(
+                    AttributeError, lambda: getattr(b, attr), attr, type(algo).__name__, keeps, repr(b.name)
+                )
         model.bagua_ddp.close()
 
 
@@ -164,8 +168,8 @@ class Worker(TorchWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world) for name, world in SESSIONS.items()}, lambda _: CASES, timeout=150,
-    test_timeout=200)
+    __file__, {name: Session(world) for name, world in SESSIONS.items()}, lambda _: CASES, timeout=150, test_timeout=200
+)
 
 
 if __name__ == "__main__":

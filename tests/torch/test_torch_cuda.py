@@ -17,9 +17,7 @@ without a CUDA device and run in tests/gpu/run.sh).
 
 from __future__ import annotations
 
-
-
-import pytest  # noqa: E402
+import pytest
 
 from tests.gpu.available import gpu_skip_reason
 from tests.harness.mp import Session, session_tests
@@ -35,8 +33,11 @@ def case_names(session: str):
     if session == "ws1":
         names.append("gradient_allreduce_equals_plain_torch_bitwise")
     else:
-        names += ["async_model_average_ends_equal_everywhere", "torch_cuda_collectives_match_numpy",
-                  "cupy_collectives_match_numpy"]
+        names += [
+            "async_model_average_ends_equal_everywhere",
+            "torch_cuda_collectives_match_numpy",
+            "cupy_collectives_match_numpy",
+        ]
     return names
 
 
@@ -108,8 +109,9 @@ class Worker(TorchWorker):
         bagua_core.allreduce_inplace(x, op="max")
         np.testing.assert_array_equal(cupy.asnumpy(x), np.arange(12, dtype=np.float32) + self.world - 1)
         gathered = bagua_core.allgather(cupy.full((3,), self.rank, dtype=cupy.int32))
-        np.testing.assert_array_equal(cupy.asnumpy(cupy.from_dlpack(gathered)).reshape(-1),
-                                      np.repeat(np.arange(self.world, dtype=np.int32), 3))
+        np.testing.assert_array_equal(
+            cupy.asnumpy(cupy.from_dlpack(gathered)).reshape(-1), np.repeat(np.arange(self.world, dtype=np.int32), 3)
+        )
 
 
 for _name in ALGORITHMS:
@@ -120,8 +122,8 @@ for _name in ALGORITHMS:
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, SESSIONS, case_names, timeout=240, test_timeout=300, skip_reason=gpu_skip_reason,
-    marks=(pytest.mark.gpu,))
+    __file__, SESSIONS, case_names, timeout=240, test_timeout=300, skip_reason=gpu_skip_reason, marks=(pytest.mark.gpu,)
+)
 
 
 if __name__ == "__main__":

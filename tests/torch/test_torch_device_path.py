@@ -18,7 +18,6 @@ script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
@@ -26,11 +25,25 @@ SESSIONS = {"w3": (3, None), "w4n2": (4, 2)}
 DELAY_US = 1500  # per queued task: a missing wait reads stale memory
 STEPS = 4
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",
-              "low_precision_decentralized", "qadam", "low_rank", "local_steps", "local_steps_compressed"]
+ALGORITHMS = [
+    "gradient_allreduce",
+    "bytegrad",
+    "bytegrad_error_feedback",
+    "decentralized",
+    "low_precision_decentralized",
+    "qadam",
+    "low_rank",
+    "local_steps",
+    "local_steps_compressed",
+]
 # on 4 ranks as 2 nodes only (shift_one pairs peers: an even count)
-HIERARCHICAL = ["decentralized_shift_one", "gradient_allreduce_hierarchical", "bytegrad_hierarchical",
-                "low_precision_decentralized_hierarchical", "local_steps_compressed_hierarchical"]
+HIERARCHICAL = [
+    "decentralized_shift_one",
+    "gradient_allreduce_hierarchical",
+    "bytegrad_hierarchical",
+    "low_precision_decentralized_hierarchical",
+    "local_steps_compressed_hierarchical",
+]
 
 
 def case_names(session: str):
@@ -80,8 +93,13 @@ class Worker(TorchWorker):
         model = self.mlp(3)
         model[2].to("meta")
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        self.expect_error(ValueError, lambda: model.with_bagua([opt], self.A.gradient_allreduce.GradientAllReduceAlgorithm()),
-                          "2 devices", "meta", "one device per process")
+        self.expect_error(
+            ValueError,
+            lambda: model.with_bagua([opt], self.A.gradient_allreduce.GradientAllReduceAlgorithm()),
+            "2 devices",
+            "meta",
+            "one device per process",
+        )
 
     def async_model_average_ends_equal_everywhere(self):
         import time
@@ -118,8 +136,12 @@ for _name in ALGORITHMS + HIERARCHICAL:
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=240, test_timeout=300)
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=240,
+    test_timeout=300,
+)
 
 
 if __name__ == "__main__":

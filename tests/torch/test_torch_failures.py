@@ -22,8 +22,12 @@ import pytest
 from tests.harness.mp import launch
 
 TIMEOUT_S = 4.0
-SESSIONS = {"dead": "gradient_allreduce", "stuck": "decentralized", "dead_overlap": "bytegrad",
-            "stuck_overlap": "gradient_allreduce"}
+SESSIONS = {
+    "dead": "gradient_allreduce",
+    "stuck": "decentralized",
+    "dead_overlap": "bytegrad",
+    "stuck_overlap": "gradient_allreduce",
+}
 CASES = ["survivor_raises_within_timeout", "later_steps_raise_at_once"]
 VICTIM = 2
 VICTIM_RC = 3
@@ -44,8 +48,11 @@ def worker_main():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    algo = {"gradient_allreduce": GradientAllReduceAlgorithm, "bytegrad": ByteGradAlgorithm,
-            "decentralized": lambda: DecentralizedAlgorithm(hierarchical=False)}[SESSIONS[mode]]()
+    algo = {
+        "gradient_allreduce": GradientAllReduceAlgorithm,
+        "bytegrad": ByteGradAlgorithm,
+        "decentralized": lambda: DecentralizedAlgorithm(hierarchical=False),
+    }[SESSIONS[mode]]()
     overlap = mode.endswith("_overlap")
     model.with_bagua([opt], algo, overlap_optimizer=overlap)
     assert len(model.bagua_buckets) > 1 or not overlap
@@ -70,8 +77,13 @@ def worker_main():
         except BaguaError as e:
             elapsed = time.monotonic() - t0
             where_ok = not overlap or phase[0] == "optimizer.step()"  # overlapped, backward does not wait
-            report(CASES[0], elapsed < TIMEOUT_S + 4 and where_ok,
-                   f"{type(e).__name__} in {phase[0]} after {elapsed:.1f} s: {e}", elapsed=elapsed, message=str(e))
+            report(
+                CASES[0],
+                elapsed < TIMEOUT_S + 4 and where_ok,
+                f"{type(e).__name__} in {phase[0]} after {elapsed:.1f} s: {e}",
+                elapsed=elapsed,
+                message=str(e),
+            )
             t0 = time.monotonic()
             try:
                 train_step()

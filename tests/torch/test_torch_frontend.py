@@ -11,8 +11,6 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-
-
 from tests.harness.mp import session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main as run_worker
 
@@ -120,8 +118,9 @@ class Worker(TorchWorker):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         first_layer_grad = []
         model.l1.weight.register_post_accumulate_grad_hook(lambda p: first_layer_grad.append(time.monotonic_ns()))
-        ddp = self.bt.DistributedDataParallel(model, optimizers=[opt], algorithm=self.A.GradientAllReduceAlgorithm(),
-                                              bucket_cap_mb=0.0001)  # one bucket per tensor
+        ddp = self.bt.DistributedDataParallel(
+            model, optimizers=[opt], algorithm=self.A.GradientAllReduceAlgorithm(), bucket_cap_mb=0.0001
+        )  # one bucket per tensor
         assert len(ddp.bagua_buckets) == 6 and ddp.bagua_buckets[0].tensor_names == ["l3.bias"]
         for _step in range(2):
             opt.zero_grad()
@@ -161,8 +160,9 @@ class Worker(TorchWorker):
         torch = self.torch
         model = self.mlp(1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ddp = self.bt.DistributedDataParallel(model, optimizers=[opt],
-                                              algorithm=self.A.DecentralizedAlgorithm(hierarchical=False))
+        ddp = self.bt.DistributedDataParallel(
+            model, optimizers=[opt], algorithm=self.A.DecentralizedAlgorithm(hierarchical=False)
+        )
         engine = ddp.inner.engine
         for it in range(3):
             opt.zero_grad()
@@ -182,8 +182,12 @@ class Worker(TorchWorker):
         model = self.mlp(10 + self.rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         step = 0
-        algos = [self.A.GradientAllReduceAlgorithm(), self.A.ByteGradAlgorithm(),
-                 self.A.DecentralizedAlgorithm(hierarchical=False), self.A.GradientAllReduceAlgorithm(hierarchical=True)]
+        algos = [
+            self.A.GradientAllReduceAlgorithm(),
+            self.A.ByteGradAlgorithm(),
+            self.A.DecentralizedAlgorithm(hierarchical=False),
+            self.A.GradientAllReduceAlgorithm(hierarchical=True),
+        ]
         engines = []
         for algo in algos:
             model.with_bagua([opt], algo)
@@ -258,8 +262,9 @@ class Worker(TorchWorker):
         odd = self.world - 1  # the last rank differs
         model = build_mine(self.rank == odd)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        e = self.expect_error(ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()),
-                              f"rank {odd}", *needles)
+        e = self.expect_error(
+            ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()), f"rank {odd}", *needles
+        )
         assert "differs across ranks" in str(e)
         assert "bagua_ddp" not in model.__dict__
 
@@ -283,8 +288,9 @@ class Worker(TorchWorker):
         nn = self.nn
         model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        self.expect_error(ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()),
-                          "sparse", "Embedding")
+        self.expect_error(
+            ValueError, lambda: model.with_bagua([opt], self.A.GradientAllReduceAlgorithm()), "sparse", "Embedding"
+        )
 
     # -- unused parameters --
     def _branchy(self):
@@ -329,8 +335,9 @@ class Worker(TorchWorker):
         for step in range(2):
             opt.zero_grad()
             t0 = time.monotonic()
-            self.expect_error(RuntimeError, lambda: self.loss(ddp, step).backward(), "'never.weight'",
-                              "find_unused_parameters=True")
+            self.expect_error(
+                RuntimeError, lambda: self.loss(ddp, step).backward(), "'never.weight'", "find_unused_parameters=True"
+            )
             assert time.monotonic() - t0 < 10, "took a timeout to notice"
         ddp.close()
 

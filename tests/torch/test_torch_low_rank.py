@@ -24,8 +24,15 @@ from tests.harness.reference.low_rank import initial_q
 from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w2": 2, "w3": 3}
-CASES = ["matches_powersgd_hook_rank_2", "matches_powersgd_hook_rank_4", "matches_without_error_feedback",
-         "rank_too_large_refused", "bad_settings_refused", "checkpoint_resumes_bitwise", "loss_goes_down"]
+CASES = [
+    "matches_powersgd_hook_rank_2",
+    "matches_powersgd_hook_rank_4",
+    "matches_without_error_feedback",
+    "rank_too_large_refused",
+    "bad_settings_refused",
+    "checkpoint_resumes_bitwise",
+    "loss_goes_down",
+]
 START = 2  # torch needs start_powerSGD_iter >= 2 with error feedback or warm start
 STEPS = 7
 
@@ -60,15 +67,20 @@ class Worker(TorchWorker):
         """Torch DDP with powerSGD_hook on the same model; the hook starts
         from the low-rank step's initial Q of each matrix, found by parameter
         name in Bagua's bucket (``bagua_names``: its tensors in layout order)."""
-        import numpy as np
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
         torch = self.torch
         model = self.model(5)
         names = {id(p): n for n, p in model.named_parameters()}
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=START,
-                                 min_compression_rate=2, use_error_feedback=error_feedback, warm_start=True)
+        state = ps.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=rank,
+            start_powerSGD_iter=START,
+            min_compression_rate=2,
+            use_error_feedback=error_feedback,
+            warm_start=True,
+        )
 
         def hook(state, bucket):
             if state.iter == START and bucket.index() not in state.p_memory_dict:
@@ -104,7 +116,9 @@ class Worker(TorchWorker):
                 scale = q.grad.abs().max().item()
                 err = (p.grad - q.grad).abs().max().item()
                 worst = max(worst, err / scale)
-                assert err <= 2e-4 * scale + 1e-7, f"step {t}, {name}: gradients differ by {err:.3g} (scale {scale:.3g})"
+                assert err <= 2e-4 * scale + 1e-7, (
+                    f"step {t}, {name}: gradients differ by {err:.3g} (scale {scale:.3g})"
+                )
                 if p.dim() == 2 and p.shape[0] == 24:  # the compressed matrices: rank r after the warm-up
                     got = torch.linalg.matrix_rank(p.grad).item()
                     assert (got <= rank) == (t >= START), f"step {t}, {name}: gradient of rank {got}"
@@ -125,8 +139,9 @@ class Worker(TorchWorker):
     def rank_too_large_refused(self):
         model = self.model(1)
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        self.expect_error(ValueError, lambda: model.with_bagua([opt], self.algo(rank=25)), "rank 25",
-                          "smaller side", "rank <= 24")
+        self.expect_error(
+            ValueError, lambda: model.with_bagua([opt], self.algo(rank=25)), "rank 25", "smaller side", "rank <= 24"
+        )
         model.with_bagua([opt], self.algo(rank=24)).bagua_ddp.close()  # the (24, 24) matrix takes it
 
     def bad_settings_refused(self):
@@ -135,8 +150,9 @@ class Worker(TorchWorker):
         self.expect_error(ValueError, lambda: A.LowRankAlgorithm(start_iter=-1), "start_iter")
         self.expect_error(ValueError, lambda: A.LowRankAlgorithm(min_compression_rate=-1.0), "min_compression_rate")
         self.expect_error(TypeError, lambda: A.LowRankAlgorithm(warm_start=1), "warm_start")
-        self.expect_error(TypeError, lambda: A.LowRankAlgorithm(orthogonalization_epsilon="0"),
-                          "orthogonalization_epsilon")
+        self.expect_error(
+            TypeError, lambda: A.LowRankAlgorithm(orthogonalization_epsilon="0"), "orthogonalization_epsilon"
+        )
 
     def checkpoint_resumes_bitwise(self):
         torch, bt = self.torch, self.bt
@@ -151,8 +167,10 @@ class Worker(TorchWorker):
         for t in range(cut):
             self.step(ddp, opt, t)
         saved = {k: v.clone() for k, v in ddp.state_dict().items()}
-        saved_opt = {"state": {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()},
-                     "param_groups": opt.state_dict()["param_groups"]}
+        saved_opt = {
+            "state": {k: {n: v.clone() for n, v in s.items()} for k, s in opt.state_dict()["state"].items()},
+            "param_groups": opt.state_dict()["param_groups"],
+        }
         state = saved["bagua.step_state.0"]
         numel = sum(p.numel() for p in ddp.module.parameters())
         assert state.dtype == torch.float32 and state.shape[0] == 1 and state.shape[1] > numel, state.shape
@@ -183,8 +201,8 @@ class Worker(TorchWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world) for name, world in SESSIONS.items()}, lambda s: CASES,
-    timeout=150, test_timeout=240)
+    __file__, {name: Session(world) for name, world in SESSIONS.items()}, lambda s: CASES, timeout=150, test_timeout=240
+)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
@@ -28,9 +27,16 @@ SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 
 def case_names(session: str):
     world, local = SESSIONS[session]
-    names = ["flat_interval_1_equals_reference", "flat_interval_2_equals_reference", "replicas_track_neighbours",
-             "wide_bucket_equals_reference_bitwise", "wide_bucket_replicas_track_neighbours",
-             "state_dict_resumes_bitwise", "bad_input_refused", "loss_goes_down"]
+    names = [
+        "flat_interval_1_equals_reference",
+        "flat_interval_2_equals_reference",
+        "replicas_track_neighbours",
+        "wide_bucket_equals_reference_bitwise",
+        "wide_bucket_replicas_track_neighbours",
+        "state_dict_resumes_bitwise",
+        "bad_input_refused",
+        "loss_goes_down",
+    ]
     if local:
         names += ["hierarchical_equals_reference", "loss_goes_down_hierarchical"]
     return names
@@ -116,7 +122,7 @@ class Worker(TorchWorker):
             with torch.no_grad():
                 for n in names:
                     p = params[n]
-                    p.copy_(torch.from_numpy(x[off:off + p.numel()]).reshape(p.shape))
+                    p.copy_(torch.from_numpy(x[off : off + p.numel()]).reshape(p.shape))
                     off += p.numel()
         got = torch.cat([dict(model.named_parameters())[n].detach().reshape(-1) for n in names])
         self.close_to(got, torch.from_numpy(ref_flat()), rtol=0, atol=atol)
@@ -176,8 +182,11 @@ class Worker(TorchWorker):
         algo = self.algo(hierarchical=False, communication_interval=2)
         model.with_bagua([opt], algo)
         run(model, opt, range(5))
-        saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()),
-                 copy.deepcopy(model.bagua_ddp.state_dict()))
+        saved = (
+            copy.deepcopy(model.state_dict()),
+            copy.deepcopy(opt.state_dict()),
+            copy.deepcopy(model.bagua_ddp.state_dict()),
+        )
         expected = run(model, opt, range(5, 10))
         model.bagua_ddp.close()
 
@@ -222,8 +231,12 @@ class Worker(TorchWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=120, test_timeout=200)
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=120,
+    test_timeout=200,
+)
 
 
 if __name__ == "__main__":

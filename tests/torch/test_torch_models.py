@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main as run_worker
 from tests.harness.worker import threads, wait_for_threads
@@ -34,10 +33,6 @@ CASES = [
 
 
 # ---------------------------------------------------------------- worker side
-
-
-
-
 
 
 class Worker(TorchWorker):
@@ -209,10 +204,17 @@ class Worker(TorchWorker):
         for s in range(before, before + after):
             self.train_step(resumed, [opt2], s)
         assert torch.equal(self.flat(resumed), uninterrupted), (self.flat(resumed) - uninterrupted).abs().max()
-        self.expect_error(ValueError, lambda: resumed.bagua_ddp.load_state_dict(
-            {"algorithm": "gradient_allreduce", "state": {}}), "gradient_allreduce", "decentralized")
-        self.expect_error(ValueError, lambda: resumed.bagua_ddp.load_state_dict(
-            {"algorithm": "decentralized", "state": {"step": -1}}), "step")
+        self.expect_error(
+            ValueError,
+            lambda: resumed.bagua_ddp.load_state_dict({"algorithm": "gradient_allreduce", "state": {}}),
+            "gradient_allreduce",
+            "decentralized",
+        )
+        self.expect_error(
+            ValueError,
+            lambda: resumed.bagua_ddp.load_state_dict({"algorithm": "decentralized", "state": {"step": -1}}),
+            "step",
+        )
         resumed.bagua_ddp.close()
 
     def ddp_wrapper_state_dict_carries_algorithm_state(self):
@@ -305,8 +307,12 @@ class Worker(TorchWorker):
         model = self.mlp(3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model._bagua_params_and_buffers_to_ignore = [".0.weight"]  # the original Bagua's root-module quirk
-        self.expect_error(ValueError, lambda: model.with_bagua([opt], A.GradientAllReduceAlgorithm()),
-                          "'.0.weight'", "named_parameters")
+        self.expect_error(
+            ValueError,
+            lambda: model.with_bagua([opt], A.GradientAllReduceAlgorithm()),
+            "'.0.weight'",
+            "named_parameters",
+        )
         model._bagua_params_and_buffers_to_ignore = [f"{model.bagua_module_name}.0.weight"]
         self.expect_error(ValueError, lambda: model.with_bagua([opt], A.GradientAllReduceAlgorithm()), "0.weight")
         model._bagua_params_and_buffers_to_ignore = "0.weight"  # one name, not its letters
@@ -325,8 +331,12 @@ def worker_main():
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, env=ENV) for name, world in SESSIONS.items()}, lambda _: CASES,
-    timeout=150, test_timeout=200)
+    __file__,
+    {name: Session(world, env=ENV) for name, world in SESSIONS.items()},
+    lambda _: CASES,
+    timeout=150,
+    test_timeout=200,
+)
 
 if __name__ == "__main__":
     worker_main()

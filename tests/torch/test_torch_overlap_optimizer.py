@@ -29,17 +29,29 @@ import sys
 from tests.harness.mp import Session, session_tests
 
 BUCKET_BYTES = 2048
-SESSIONS = {"w2": Session(2, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}),
-            "w3": Session(3, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)})}
+SESSIONS = {
+    "w2": Session(2, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}),
+    "w3": Session(3, env={"BAGUA_BUCKET_SIZE": str(BUCKET_BYTES)}),
+}
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_ef", "low_rank"]
 OPTIMIZERS = ["sgd_momentum", "sgd_nesterov_wd", "adam_two_groups", "adamw"]
 MATRIX = [f"bitwise_{a}_{o}" for a in ALGORITHMS for o in OPTIMIZERS] + ["bitwise_qadam"]
-OTHERS = ["bitwise_with_lr_scheduler", "bitwise_no_flatten", "bitwise_closure", "checkpoint_round_trip",
-          "step_is_open_after_backward_and_ends_in_step", "step_hooks_run_once",
-          "no_sync_accumulation", "skipped_step_with_zero_grad", "skipped_step_next_forward_ends_it",
-          "clipping_after_finish_step",
-          "two_forwards_then_two_backwards", "refuses_weight_algorithms", "refuses_optimizers_not_per_parameter",
-          "refuses_missing_optimizer"]
+OTHERS = [
+    "bitwise_with_lr_scheduler",
+    "bitwise_no_flatten",
+    "bitwise_closure",
+    "checkpoint_round_trip",
+    "step_is_open_after_backward_and_ends_in_step",
+    "step_hooks_run_once",
+    "no_sync_accumulation",
+    "skipped_step_with_zero_grad",
+    "skipped_step_next_forward_ends_it",
+    "clipping_after_finish_step",
+    "two_forwards_then_two_backwards",
+    "refuses_weight_algorithms",
+    "refuses_optimizers_not_per_parameter",
+    "refuses_missing_optimizer",
+]
 
 
 def case_names(session: str):
@@ -62,8 +74,9 @@ class Worker:
     def model(self):
         nn = self.torch.nn
         self.torch.manual_seed(7)
-        return nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 20),
-                             nn.Tanh(), nn.Linear(20, 3))
+        return nn.Sequential(
+            nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 20), nn.Tanh(), nn.Linear(20, 3)
+        )
 
     def batch(self, step):
         g = self.torch.Generator().manual_seed(1000 * step + self.rank)
@@ -132,17 +145,19 @@ class Worker:
         want = run(False)
         got = run(True)
         self.assert_bitwise(got, want)
-        weights = got[:len(list(self.model().parameters()))]  # the steps' state (error feedback) is per rank
+        weights = got[: len(list(self.model().parameters()))]  # the steps' state (error feedback) is per rank
         self.w.same_everywhere(self.torch.cat([t.reshape(-1) for t in weights]))
 
     def _matrix(self, algo, opt_name):
         def run(overlap):
             model, opt = self.wrapped(algo, opt_name, overlap)
             self.train(model, opt, STEPS)
-            out = self.state(model, opt) + [t.clone() for t in model.bagua_ddp.state_dict()["state"].get(
-                "step_state", [])]
+            out = self.state(model, opt) + [
+                t.clone() for t in model.bagua_ddp.state_dict()["state"].get("step_state", [])
+            ]
             model.bagua_ddp.close()
             return out
+
         self.compare(run)
 
     # -- cases --
@@ -157,33 +172,40 @@ class Worker:
             lr = self.torch.tensor(sched.get_last_lr())
             model.bagua_ddp.close()
             return self.state(model, opt) + [lr]
+
         self.compare(run)
 
     def bitwise_no_flatten(self):
         """bagua_torch.DistributedDataParallel, gradients in their own memory (copied per bucket)."""
+
         def run(overlap):
             model = self.model()
             opt = self.optimizer("adam_two_groups", model)
-            ddp = self.w.bt.DistributedDataParallel(model, [opt], self.A.ByteGradAlgorithm(),
-                                                    gradient_as_bucket_view=False, overlap_optimizer=overlap)
+            ddp = self.w.bt.DistributedDataParallel(
+                model, [opt], self.A.ByteGradAlgorithm(), gradient_as_bucket_view=False, overlap_optimizer=overlap
+            )
             assert len(ddp.bagua_buckets) >= 3 and ddp.inner.overlap_optimizer == overlap
             self.train(ddp, opt, STEPS)
             ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def bitwise_closure(self):
         def run(overlap):
             model, opt = self.wrapped("gradient_allreduce", "sgd_momentum", overlap)
             for step in range(STEPS):
+
                 def closure():
                     opt.zero_grad()
                     loss = self.loss(model, step)
                     loss.backward()
                     return loss
+
                 opt.step(closure)
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def checkpoint_round_trip(self):
@@ -200,14 +222,25 @@ class Worker:
         def run(overlap):
             model, opt, sched = make(overlap)
             self.train(model, opt, 3, sched)
-            ckpt = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "opt": opt.state_dict(),
-                    "sched": sched.state_dict(), "bagua": model.bagua_ddp.state_dict()}
-            ckpt["opt"] = {"state": {k: {kk: vv.clone() if isinstance(vv, torch.Tensor) else vv
-                                         for kk, vv in v.items()} for k, v in ckpt["opt"]["state"].items()},
-                           "param_groups": [dict(g) for g in ckpt["opt"]["param_groups"]]}
-            ckpt["bagua"] = {"algorithm": ckpt["bagua"]["algorithm"],
-                             "state": {k: [t.clone() for t in v] if isinstance(v, list) else v
-                                       for k, v in ckpt["bagua"]["state"].items()}}
+            ckpt = {
+                "model": {k: v.clone() for k, v in model.state_dict().items()},
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "bagua": model.bagua_ddp.state_dict(),
+            }
+            ckpt["opt"] = {
+                "state": {
+                    k: {kk: vv.clone() if isinstance(vv, torch.Tensor) else vv for kk, vv in v.items()}
+                    for k, v in ckpt["opt"]["state"].items()
+                },
+                "param_groups": [dict(g) for g in ckpt["opt"]["param_groups"]],
+            }
+            ckpt["bagua"] = {
+                "algorithm": ckpt["bagua"]["algorithm"],
+                "state": {
+                    k: [t.clone() for t in v] if isinstance(v, list) else v for k, v in ckpt["bagua"]["state"].items()
+                },
+            }
             self.train(model, opt, 3, sched, first=3)
             out = self.state(model, opt)
             model.bagua_ddp.close()
@@ -262,6 +295,7 @@ class Worker:
                     opt.zero_grad()
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def skipped_step_with_zero_grad(self):
@@ -275,6 +309,7 @@ class Worker:
                     opt.step()
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def skipped_step_next_forward_ends_it(self):
@@ -287,11 +322,13 @@ class Worker:
                     opt.zero_grad()
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def clipping_after_finish_step(self):
         """The contract's way to read gradients between backward and step:
         finish_step() makes them final (that step is not overlapped)."""
+
         def run(overlap):
             model, opt = self.wrapped("bytegrad", "sgd_momentum", overlap)
             for step in range(STEPS):
@@ -302,6 +339,7 @@ class Worker:
                 opt.step()
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def two_forwards_then_two_backwards(self):
@@ -315,6 +353,7 @@ class Worker:
                 opt.step()
             model.bagua_ddp.close()
             return self.state(model, opt)
+
         self.compare(run)
 
     def _refused(self, model, opts, algo, *needles):
@@ -325,15 +364,20 @@ class Worker:
         A = self.A
         model = self.model()
         opt = self.torch.optim.SGD(model.parameters(), lr=0.1)
-        for algo in (A.DecentralizedAlgorithm(), A.LowPrecisionDecentralizedAlgorithm(), A.LocalStepsAlgorithm(),
-                     A.AsyncModelAverageAlgorithm()):
+        for algo in (
+            A.DecentralizedAlgorithm(),
+            A.LowPrecisionDecentralizedAlgorithm(),
+            A.LocalStepsAlgorithm(),
+            A.AsyncModelAverageAlgorithm(),
+        ):
             self._refused(model, [opt], algo, "overlap_optimizer", "communicates weights")
 
     def refuses_optimizers_not_per_parameter(self):
         torch = self.torch
         model = self.model()
-        self._refused(model, [torch.optim.LBFGS(model.parameters())], self.A.ByteGradAlgorithm(), "LBFGS",
-                      "supported: SGD, Adam")
+        self._refused(
+            model, [torch.optim.LBFGS(model.parameters())], self.A.ByteGradAlgorithm(), "LBFGS", "supported: SGD, Adam"
+        )
 
         class Clipped(torch.optim.SGD):
             def step(self, closure=None):
@@ -352,10 +396,14 @@ class Worker:
         model = self.model()
         self._refused(model, [], self.A.ByteGradAlgorithm(), "needs the optimizers")
         ps = list(model.parameters())
-        self._refused(model, [torch.optim.SGD(ps[:-2], lr=0.1)], self.A.ByteGradAlgorithm(), "'6.weight'",
-                      "not updated")
-        model.with_bagua([torch.optim.SGD(ps[:-2], lr=0.1), torch.optim.Adam(ps[-2:])], self.A.ByteGradAlgorithm(),
-                         overlap_optimizer=True)
+        self._refused(
+            model, [torch.optim.SGD(ps[:-2], lr=0.1)], self.A.ByteGradAlgorithm(), "'6.weight'", "not updated"
+        )
+        model.with_bagua(
+            [torch.optim.SGD(ps[:-2], lr=0.1), torch.optim.Adam(ps[-2:])],
+            self.A.ByteGradAlgorithm(),
+            overlap_optimizer=True,
+        )
         model.bagua_ddp.close()
 
 

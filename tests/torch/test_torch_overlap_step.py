@@ -39,8 +39,9 @@ class FakeOwner:
 
 def model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 6), torch.nn.Tanh(),
-                               torch.nn.Linear(6, 2))
+    return torch.nn.Sequential(
+        torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)
+    )
 
 
 OPTIMIZERS = {

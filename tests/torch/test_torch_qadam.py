@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
@@ -24,8 +23,13 @@ SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 def case_names(session: str):
     if session == "w4n2":  # hierarchical (the default): trains, same weights within a node
         return ["loss_goes_down"]
-    return ["optimizer_alone_is_adam", "equals_reference_through_switch", "bad_input_refused",
-            "state_dict_resumes_bitwise", "loss_goes_down"]
+    return [
+        "optimizer_alone_is_adam",
+        "equals_reference_through_switch",
+        "bad_input_refused",
+        "state_dict_resumes_bitwise",
+        "loss_goes_down",
+    ]
 
 
 LR, WARMUP, STEPS, B1, B2, EPS, WD = 0.01, 4, 9, 0.9, 0.999, 1e-8, 0.01
@@ -65,7 +69,7 @@ class Worker(TorchWorker):
         model = self.model(100 + self.rank)
         opt = self.qadam(model.parameters())
         model.with_bagua([opt], self.A.QAdamAlgorithm(opt, hierarchical=False))
-        (names, numel), = [(list(b.tensor_names), b.numel) for b in model.bagua_buckets]
+        ((names, numel),) = [(list(b.tensor_names), b.numel) for b in model.bagua_buckets]
         assert numel % self.world == 0
 
         ref = self.model(100)
@@ -88,17 +92,17 @@ class Worker(TorchWorker):
                     flat = np.zeros(numel, np.float32)
                     off = 0
                     for n in names:
-                        local = (np.float32(B1) * m[n].numpy() + np.float32(1 - B1) * params[n].grad.numpy())
-                        flat[off:off + local.size] = local.reshape(-1)
+                        local = np.float32(B1) * m[n].numpy() + np.float32(1 - B1) * params[n].grad.numpy()
+                        flat[off : off + local.size] = local.reshape(-1)
                         off += local.size
                     avg = compressed_exchange.scatter_reduce_gather_mean(self.dist, flat)
                     off = 0
                     for n in names:
-                        m[n] = torch.from_numpy(avg[off:off + m[n].numel()].copy()).reshape(m[n].shape)
+                        m[n] = torch.from_numpy(avg[off : off + m[n].numel()].copy()).reshape(m[n].shape)
                         off += m[n].numel()
                 for n, p in params.items():
-                    denom = v[n].sqrt() / math.sqrt(1 - B2 ** t) + EPS
-                    p -= LR / (1 - B1 ** t) * m[n] / denom
+                    denom = v[n].sqrt() / math.sqrt(1 - B2**t) + EPS
+                    p -= LR / (1 - B1**t) * m[n] / denom
         got = self.flat(model)
         self.close_to(got, self.flat(ref), rtol=1e-4, atol=1e-5)
         self.same_everywhere(got)
@@ -115,12 +119,15 @@ class Worker(TorchWorker):
         self.expect_error(ValueError, lambda: self.qadam(model.parameters(), warmup_steps=0), "warmup_steps")
         opt = self.qadam(model.parameters())
         other = self.qadam(model.parameters())
-        self.expect_error(ValueError, lambda: model.with_bagua([other], self.A.QAdamAlgorithm(opt)),
-                          "exactly that optimizer")
-        self.expect_error(ValueError, lambda: model.with_bagua([opt, sgd], self.A.QAdamAlgorithm(opt)),
-                          "exactly that optimizer")
-        self.expect_error(TypeError, lambda: model.with_bagua([opt], self.A.QAdamAlgorithm(opt).to_core()),
-                          "needs its optimizer")
+        self.expect_error(
+            ValueError, lambda: model.with_bagua([other], self.A.QAdamAlgorithm(opt)), "exactly that optimizer"
+        )
+        self.expect_error(
+            ValueError, lambda: model.with_bagua([opt, sgd], self.A.QAdamAlgorithm(opt)), "exactly that optimizer"
+        )
+        self.expect_error(
+            TypeError, lambda: model.with_bagua([opt], self.A.QAdamAlgorithm(opt).to_core()), "needs its optimizer"
+        )
 
     def state_dict_resumes_bitwise(self):
         import copy
@@ -137,8 +144,11 @@ class Worker(TorchWorker):
         opt = self.qadam(model.parameters())
         model.with_bagua([opt], self.A.QAdamAlgorithm(opt, hierarchical=False))
         run(model, opt, range(6))  # past the switch
-        saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()),
-                 copy.deepcopy(model.bagua_ddp.state_dict()))
+        saved = (
+            copy.deepcopy(model.state_dict()),
+            copy.deepcopy(opt.state_dict()),
+            copy.deepcopy(model.bagua_ddp.state_dict()),
+        )
         expected = run(model, opt, range(6, 10))
         model.bagua_ddp.close()
 
@@ -162,8 +172,12 @@ class Worker(TorchWorker):
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world, local) for name, (world, local) in SESSIONS.items()}, case_names,
-    timeout=120, test_timeout=200)
+    __file__,
+    {name: Session(world, local) for name, (world, local) in SESSIONS.items()},
+    case_names,
+    timeout=120,
+    test_timeout=200,
+)
 
 
 if __name__ == "__main__":

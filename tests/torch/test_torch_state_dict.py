@@ -23,31 +23,54 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-
-
 from tests.harness.mp import Session, session_tests
 from tests.harness.torch_worker import TorchWorker, worker_main
 
 SESSIONS = {"w2": 2, "w3": 3}
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "bytegrad_error_feedback", "decentralized",
-              "low_precision_decentralized", "qadam", "async_model_average", "local_steps", "local_steps_compressed"]
+ALGORITHMS = [
+    "gradient_allreduce",
+    "bytegrad",
+    "bytegrad_error_feedback",
+    "decentralized",
+    "low_precision_decentralized",
+    "qadam",
+    "async_model_average",
+    "local_steps",
+    "local_steps_compressed",
+]
 # algorithms whose saved state changes what the next steps do
-STATE_MATTERS = {"bytegrad_error_feedback", "decentralized", "low_precision_decentralized", "async_model_average",
-                 "local_steps", "local_steps_compressed"}
+STATE_MATTERS = {
+    "bytegrad_error_feedback",
+    "decentralized",
+    "low_precision_decentralized",
+    "async_model_average",
+    "local_steps",
+    "local_steps_compressed",
+}
 # those whose engine step keeps per-bucket state (bagua.step_state.<i>)
-STEP_STATE = {"bytegrad_error_feedback", "low_precision_decentralized", "qadam", "local_steps",
-              "local_steps_compressed"}
+STEP_STATE = {
+    "bytegrad_error_feedback",
+    "low_precision_decentralized",
+    "qadam",
+    "local_steps",
+    "local_steps_compressed",
+}
 BEFORE, AFTER = 3, 4  # steps before the save, and after it
-NEVER_MS = 10 ** 7  # Async's sync interval: averaging rounds only at abort()
+NEVER_MS = 10**7  # Async's sync interval: averaging rounds only at abort()
 
 
 def case_names(session: str):
     names = []
     for a in ALGORITHMS:
         names += [f"tensors_only_{a}", f"resumes_bitwise_{a}"]
-    return names + ["torch_ddp_state_dict_loads", "bagua_0_9_2_state_dict_loads",
-                    "nested_entry_of_earlier_versions_loads", "other_algorithm_raises", "malformed_entries_raise",
-                    "with_bagua_state_dict_stays_plain"]
+    return names + [
+        "torch_ddp_state_dict_loads",
+        "bagua_0_9_2_state_dict_loads",
+        "nested_entry_of_earlier_versions_loads",
+        "other_algorithm_raises",
+        "malformed_entries_raise",
+        "with_bagua_state_dict_stays_plain",
+    ]
 
 
 class Worker(TorchWorker):
@@ -67,11 +90,13 @@ class Worker(TorchWorker):
             # the save falls between two synchronisations: the anchor and the outer momentum matter
             "local_steps": lambda: A.LocalStepsAlgorithm(sync_interval=2),
             # and the residual of the compressed synchronisation before the save
-            "local_steps_compressed": lambda: A.LocalStepsAlgorithm(sync_interval=2, compression="minmax_uint8",
-                                                                    error_feedback=True),
+            "local_steps_compressed": lambda: A.LocalStepsAlgorithm(
+                sync_interval=2, compression="minmax_uint8", error_feedback=True
+            ),
             # the warm-up ends after the save: a resumed run must know how far it got
-            "async_model_average": lambda: A.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS,
-                                                                        warmup_steps=BEFORE + 2),
+            "async_model_average": lambda: A.AsyncModelAverageAlgorithm(
+                sync_interval_ms=NEVER_MS, warmup_steps=BEFORE + 2
+            ),
         }[name]()
 
     def wrapped(self, name, seed):
@@ -156,8 +181,9 @@ class Worker(TorchWorker):
             self.end(ddp2)
             got = self.flat(model2)
             if entries is saved:
-                assert torch.equal(got, expected), f"strict={strict}: max abs difference " \
-                                                   f"{(got - expected).abs().max().item():.3g}"
+                assert torch.equal(got, expected), (
+                    f"strict={strict}: max abs difference {(got - expected).abs().max().item():.3g}"
+                )
                 self.assert_same_state(ddp2.state_dict(), expected_sd)
             elif name in STATE_MATTERS:  # the test would not see a state left behind
                 assert not torch.equal(got, expected), "the algorithm's state made no difference"
@@ -221,11 +247,17 @@ class Worker(TorchWorker):
             self.train(ddp2, opt2, range(1))
             before = ddp2.inner.state_dict()
             for strict in (True, False):
-                self.expect_error(RuntimeError, lambda: ddp2.load_state_dict(sd, strict=strict), "'bagua.*'",
-                                  "saved with algorithm 'decentralized'", repr(ddp2.bagua_algorithm.algorithm.name))
+                self.expect_error(
+                    RuntimeError,
+                    lambda: ddp2.load_state_dict(sd, strict=strict),
+                    "'bagua.*'",
+                    "saved with algorithm 'decentralized'",
+                    repr(ddp2.bagua_algorithm.algorithm.name),
+                )
             after = ddp2.inner.state_dict()
             assert after["state"].keys() == before["state"].keys() and after["state"].get("step") == before[
-                "state"].get("step")
+                "state"
+            ].get("step")
             for a, b in zip(after["state"].get("step_state", []), before["state"].get("step_state", [])):
                 assert torch.equal(a, b)
             ddp2.close()
@@ -267,7 +299,8 @@ class Worker(TorchWorker):
             state = model.bagua_ddp.state_dict()
             assert state["algorithm"] == name and state["state"]["step"] == 3, state
             assert [tuple(t.shape) for t in state["state"]["step_state"]] == [
-                (op.num_state, b.numel) for b, op in zip(model.bagua_buckets, model.bagua_algorithm.ops)]
+                (op.num_state, b.numel) for b, op in zip(model.bagua_buckets, model.bagua_algorithm.ops)
+            ]
             assert not model.load_state_dict({k: v.clone() for k, v in sd.items()}).missing_keys
             model.bagua_ddp.close()
 
@@ -281,8 +314,8 @@ for _name in ALGORITHMS:
 
 
 test_case, test_session_exits_cleanly = session_tests(
-    __file__, {name: Session(world) for name, world in SESSIONS.items()}, case_names, timeout=240,
-    test_timeout=300)
+    __file__, {name: Session(world) for name, world in SESSIONS.items()}, case_names, timeout=240, test_timeout=300
+)
 
 
 if __name__ == "__main__":

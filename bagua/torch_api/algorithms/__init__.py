@@ -6,8 +6,15 @@ registered name (:func:`bagua_core.algorithms.names`: the six of Bagua 0.9,
 Every algorithm class is here, listed from that registry; the submodules are
 Bagua 0.9.2's (plus ``local_steps``)."""
 
-from bagua.torch_api.algorithms import (async_model_average, base, bytegrad, decentralized, gradient_allreduce,
-                                        local_steps, q_adam)
+from bagua.torch_api.algorithms import (
+    async_model_average,
+    base,
+    bytegrad,
+    decentralized,
+    gradient_allreduce,
+    local_steps,
+    q_adam,
+)
 from bagua.torch_api.algorithms.base import Algorithm, AlgorithmImpl
 from bagua.torch_api.algorithms.q_adam import QAdamOptimizer
 
@@ -16,6 +23,15 @@ _ALGORITHM_CLASSES = Algorithm.classes()
 globals().update(_ALGORITHM_CLASSES)
 
 __all__ = [
-    "Algorithm", "AlgorithmImpl", *_ALGORITHM_CLASSES, "QAdamOptimizer",
-    "base", "gradient_allreduce", "bytegrad", "decentralized", "q_adam", "async_model_average", "local_steps",
+    "Algorithm",
+    "AlgorithmImpl",
+    *_ALGORITHM_CLASSES,
+    "QAdamOptimizer",
+    "base",
+    "gradient_allreduce",
+    "bytegrad",
+    "decentralized",
+    "q_adam",
+    "async_model_average",
+    "local_steps",
 ]

@@ -2,5 +2,5 @@
 module paths (``cache_loader``, ``cached_dataset``, ``load_balancing_data_loader``,
 ``sync_batchnorm``, ``fuse.optimizer``, ``utils.*_store``)."""
 
-from bagua_torch.contrib import *  # noqa: F401,F403
-from bagua_torch.contrib import __all__  # noqa: F401
+from bagua_torch.contrib import *  # noqa: F403
+from bagua_torch.contrib import __all__

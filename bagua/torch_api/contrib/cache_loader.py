@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.cache_loader`` (:mod:`bagua_torch.contrib.cache_loader`)."""
 
-from bagua_torch.contrib.cache_loader import *  # noqa: F401,F403
+from bagua_torch.contrib.cache_loader import *  # noqa: F403

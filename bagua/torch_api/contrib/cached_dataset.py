@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.cached_dataset`` (:mod:`bagua_torch.contrib.cached_dataset`)."""
 
-from bagua_torch.contrib.cached_dataset import *  # noqa: F401,F403
+from bagua_torch.contrib.cached_dataset import *  # noqa: F403

@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.load_balancing_data_loader`` (:mod:`bagua_torch.contrib.load_balancing_data_loader`)."""
 
-from bagua_torch.contrib.load_balancing_data_loader import *  # noqa: F401,F403
+from bagua_torch.contrib.load_balancing_data_loader import *  # noqa: F403

@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.sync_batchnorm`` (:mod:`bagua_torch.contrib.sync_batchnorm`)."""
 
-from bagua_torch.contrib.sync_batchnorm import *  # noqa: F401,F403
+from bagua_torch.contrib.sync_batchnorm import *  # noqa: F403

@@ -28,8 +28,10 @@ def _bagua_group(process_group) -> Optional[ProcessGroup]:
         return process_group
     if isinstance(process_group, torch.distributed.ProcessGroup):
         return _torch_group.from_torch_group(process_group)
-    raise TypeError("process_group must be a bagua_core.ProcessGroup, a torch.distributed.ProcessGroup or None, "
-                    f"got {type(process_group).__name__}")
+    raise TypeError(
+        "process_group must be a bagua_core.ProcessGroup, a torch.distributed.ProcessGroup or None, "
+        f"got {type(process_group).__name__}"
+    )
 
 
 class DistributedDataParallel_V1_9_0(_BaguaDDP):
@@ -37,41 +39,81 @@ class DistributedDataParallel_V1_9_0(_BaguaDDP):
     constructor (``module``, ``optimizers``, ``algorithm``, ...); a
     ``torch.distributed`` process group is accepted too."""
 
-    def __init__(self, module: torch.nn.Module, optimizers=(), algorithm=None, process_group=None,
-                 bagua_module_name: Optional[str] = None, find_unused_parameters: bool = False,
-                 gradient_as_bucket_view: bool = True, broadcast_buffers: bool = True,
-                 bucket_cap_mb: Optional[float] = None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizers=(),
+        algorithm=None,
+        process_group=None,
+        bagua_module_name: Optional[str] = None,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = True,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: Optional[float] = None,
+    ):
         if not any(p.requires_grad for p in module.parameters()):
-            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
-                               "that requires a gradient.")
-        super().__init__(module, optimizers=list(optimizers), algorithm=algorithm,
-                         process_group=_bagua_group(process_group), find_unused_parameters=find_unused_parameters,
-                         broadcast_buffers=broadcast_buffers, gradient_as_bucket_view=gradient_as_bucket_view,
-                         bucket_cap_mb=bucket_cap_mb)
+            raise RuntimeError(
+                "DistributedDataParallel is not needed when a module doesn't have any parameter "
+                "that requires a gradient."
+            )
+        super().__init__(
+            module,
+            optimizers=list(optimizers),
+            algorithm=algorithm,
+            process_group=_bagua_group(process_group),
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=broadcast_buffers,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            bucket_cap_mb=bucket_cap_mb,
+        )
         if bagua_module_name is not None:
             module.bagua_module_name = bagua_module_name
 
 
-def DistributedDataParallel(module: torch.nn.Module, device_ids=None, output_device=None, dim: int = 0,
-                            broadcast_buffers: bool = True, process_group=None,
-                            bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
-                            check_reduction: bool = False, gradient_as_bucket_view: bool = True,
-                            optimizers=(), algorithm=None):
+def DistributedDataParallel(
+    module: torch.nn.Module,
+    device_ids=None,
+    output_device=None,
+    dim: int = 0,
+    broadcast_buffers: bool = True,
+    process_group=None,
+    bucket_cap_mb: Optional[float] = None,
+    find_unused_parameters: bool = False,
+    check_reduction: bool = False,
+    gradient_as_bucket_view: bool = True,
+    optimizers=(),
+    algorithm=None,
+):
     """Bagua 0.9.2's drop-in for ``torch.nn.parallel.DistributedDataParallel``
     (see the module docstring for when it returns torch's own)."""
     if device_ids is not None or output_device is not None or dim != 0 or check_reduction:
-        warnings.warn("device_ids, output_device, dim or check_reduction given: this is "
-                      "torch.nn.parallel.DistributedDataParallel, not Bagua", stacklevel=2)
+        warnings.warn(
+            "device_ids, output_device, dim or check_reduction given: this is "
+            "torch.nn.parallel.DistributedDataParallel, not Bagua",
+            stacklevel=2,
+        )
         return torch.nn.parallel.DistributedDataParallel(
-            module, device_ids=device_ids, output_device=output_device, dim=dim,
-            broadcast_buffers=broadcast_buffers, process_group=process_group,
+            module,
+            device_ids=device_ids,
+            output_device=output_device,
+            dim=dim,
+            broadcast_buffers=broadcast_buffers,
+            process_group=process_group,
             bucket_cap_mb=25 if bucket_cap_mb is None else bucket_cap_mb,
-            find_unused_parameters=find_unused_parameters, check_reduction=check_reduction,
-            gradient_as_bucket_view=gradient_as_bucket_view)
+            find_unused_parameters=find_unused_parameters,
+            check_reduction=check_reduction,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+        )
     return DistributedDataParallel_V1_9_0(
-        module, optimizers=optimizers, algorithm=algorithm, process_group=process_group,
-        find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=gradient_as_bucket_view,
-        broadcast_buffers=broadcast_buffers, bucket_cap_mb=bucket_cap_mb)
+        module,
+        optimizers=optimizers,
+        algorithm=algorithm,
+        process_group=process_group,
+        find_unused_parameters=find_unused_parameters,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        broadcast_buffers=broadcast_buffers,
+        bucket_cap_mb=bucket_cap_mb,
+    )
 
 
 __all__ = ["DistributedDataParallel", "DistributedDataParallel_V1_9_0"]

@@ -33,8 +33,9 @@ class BoundStep(NamedTuple):
     model: str = ""  # the transform's name: its row in a BAGUA_TRACE trace
 
 
-def algorithm_step(leaves: Sequence[Any], step_number, bound: BoundStep,
-                   state: Sequence[Any] = (), bucket: int = 0) -> Tuple[list, tuple]:
+def algorithm_step(
+    leaves: Sequence[Any], step_number, bound: BoundStep, state: Sequence[Any] = (), bucket: int = 0
+) -> Tuple[list, tuple]:
     """Runs ``bound`` at step ``step_number`` (an int32 scalar) on one bucket
     made of ``leaves`` (one dtype, in bucket order). Returns ``(leaves,
     state)``: the leaves after the step (in-place steps) or its result (weight
@@ -44,7 +45,7 @@ def algorithm_step(leaves: Sequence[Any], step_number, bound: BoundStep,
     the same shape (``num_state == 1``). ``bucket``: the bucket's index, for
     BAGUA_TRACE."""
     out = algorithm_step_p.bind(step_number, *leaves, *state, bound=bound, n_data=len(leaves), bucket=int(bucket))
-    return list(out[:len(leaves)]), tuple(out[len(leaves):])
+    return list(out[: len(leaves)]), tuple(out[len(leaves) :])
 
 
 def _abstract_eval(step_number, *buffers, bound: BoundStep, n_data: int, bucket: int):
@@ -62,20 +63,34 @@ def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int, bucket:
         return groups.handle_for(h, platforms, bound.group.platform)
 
     return _compat.lower_ffi_with_token(
-        ctx, ffi.STEP, step_number, *buffers, alias=False, aliases=aliases, token_first=True,
-        step=bound.name, params=bound.params, comm=np.int64(handle(bound.group.handle)),
-        intra=np.int64(handle(bound.intra)), inter=np.int64(handle(bound.inter)), n_data=np.int64(n_data), model=bound.model,
-        bucket=np.int64(bucket))
+        ctx,
+        ffi.STEP,
+        step_number,
+        *buffers,
+        alias=False,
+        aliases=aliases,
+        token_first=True,
+        step=bound.name,
+        params=bound.params,
+        comm=np.int64(handle(bound.group.handle)),
+        intra=np.int64(handle(bound.intra)),
+        inter=np.int64(handle(bound.inter)),
+        n_data=np.int64(n_data),
+        model=bound.model,
+        bucket=np.int64(bucket),
+    )
 
 
 def _no_autodiff(*args, **kwargs):
     raise NotImplementedError(
-        "bagua_jax.transform's communication is not differentiable; call tx.update outside jax.grad")
+        "bagua_jax.transform's communication is not differentiable; call tx.update outside jax.grad"
+    )
 
 
 def _no_batching(*args, **kwargs):
     raise NotImplementedError(
-        "bagua_jax.transform cannot run under jax.vmap: every rank must run each step exactly once")
+        "bagua_jax.transform cannot run under jax.vmap: every rank must run each step exactly once"
+    )
 
 
 _compat.def_effectful_abstract_eval(algorithm_step_p, _abstract_eval)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
@@ -42,8 +41,9 @@ def _lowering(ctx, x, *, group: GroupInfo):
     validation.check_platform("allgather", platforms, group)
     ffi.check_lowerable("allgather", ffi.ALLGATHER, platforms)
     # The output is size() times larger than the input: no aliasing.
-    return _compat.lower_ffi_with_token(ctx, ffi.ALLGATHER, x, alias=False,
-                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)))
+    return _compat.lower_ffi_with_token(
+        ctx, ffi.ALLGATHER, x, alias=False, comm=np.int64(groups.handle_for(group.handle, platforms, group.platform))
+    )
 
 
 def _batching(args, dims, *, group: GroupInfo):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
@@ -50,8 +49,14 @@ def _lowering(ctx, x, *, group: GroupInfo, op: int, alias: bool):
     platforms = _compat.lowering_platforms(ctx)
     validation.check_platform("allreduce", platforms, group)
     ffi.check_lowerable("allreduce", ffi.ALLREDUCE, platforms)
-    return _compat.lower_ffi_with_token(ctx, ffi.ALLREDUCE, x, alias=alias,
-                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)), op=np.int64(op))
+    return _compat.lower_ffi_with_token(
+        ctx,
+        ffi.ALLREDUCE,
+        x,
+        alias=alias,
+        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)),
+        op=np.int64(op),
+    )
 
 
 def _batching(args, dims, *, group: GroupInfo, op: int, alias: bool):
@@ -64,7 +69,8 @@ def _check_linear(op: int) -> None:
     if op not in (validation.SUM, validation.AVG):
         raise NotImplementedError(
             f"bagua_jax.allreduce: differentiation is defined for op='sum' and "
-            f"op='avg' only, not {validation.OP_NAMES[op]}")
+            f"op='avg' only, not {validation.OP_NAMES[op]}"
+        )
 
 
 def _jvp(primals, tangents, *, group: GroupInfo, op: int, alias: bool):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
@@ -52,8 +51,14 @@ def _lowering(ctx, x, *, group: GroupInfo, root: int, alias: bool):
     platforms = _compat.lowering_platforms(ctx)
     validation.check_platform("broadcast", platforms, group)
     ffi.check_lowerable("broadcast", ffi.BROADCAST, platforms)
-    return _compat.lower_ffi_with_token(ctx, ffi.BROADCAST, x, alias=alias,
-                                        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)), root=np.int64(root))
+    return _compat.lower_ffi_with_token(
+        ctx,
+        ffi.BROADCAST,
+        x,
+        alias=alias,
+        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)),
+        root=np.int64(root),
+    )
 
 
 def _batching(args, dims, *, group: GroupInfo, root: int, alias: bool):

@@ -54,13 +54,15 @@ def _require_lmdb():
     try:
         import lmdb
     except ImportError as e:
-        raise ImportError("the default cache backend needs the 'lmdb' package: pip install 'bagua[contrib]' "
-                          "(or pip install lmdb)") from e
+        raise ImportError(
+            "the default cache backend needs the 'lmdb' package: pip install 'bagua[contrib]' (or pip install lmdb)"
+        ) from e
     return lmdb
 
 
 def default_path() -> str:
     from bagua_core import config
+
     s = config.load()
     job = f"{s.master_addr}-{s.master_port}" if s.world_size > 1 else f"pid{os.getpid()}"
     return os.path.join(tempfile.gettempdir(), f"bagua-cache-{os.getuid()}-{job}")
@@ -76,6 +78,7 @@ class LmdbStore(Store):
         self.path = os.path.abspath(path or default_path())
         if self.owned:
             from bagua_core import config
+
             if config.load().local_rank == 0:
                 atexit.register(shutil.rmtree, self.path, True)
         self._env()  # fail early (bad path, no space) rather than at the first sample
@@ -88,8 +91,17 @@ class LmdbStore(Store):
                 env = _envs.get(key)
                 if env is None:
                     os.makedirs(self.path, exist_ok=True)
-                    env = self.lmdb.open(self.path, map_size=self.capacity, subdir=True, readahead=False,
-                                         meminit=False, max_readers=1024, lock=True, sync=False, metasync=False)
+                    env = self.lmdb.open(
+                        self.path,
+                        map_size=self.capacity,
+                        subdir=True,
+                        readahead=False,
+                        meminit=False,
+                        max_readers=1024,
+                        lock=True,
+                        sync=False,
+                        metasync=False,
+                    )
                     _envs[key] = env
         return env
 
@@ -107,8 +119,12 @@ class LmdbStore(Store):
             try:
                 self._put(items)
             except self.lmdb.MapFullError:
-                warnings.warn(f"the LMDB cache at {self.path} is full even after eviction: {len(items)} samples "
-                              "not cached (raise capacity_per_node)", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"the LMDB cache at {self.path} is full even after eviction: {len(items)} samples "
+                    "not cached (raise capacity_per_node)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def _put(self, items: Dict[bytes, bytes]) -> None:
         with self._env().begin(write=True) as txn:

@@ -46,8 +46,9 @@ def _require_redis():
     try:
         import redis
     except ImportError as e:
-        raise ImportError("backend='redis' needs the 'redis' package: pip install 'bagua[contrib]' "
-                          "(or pip install redis)") from e
+        raise ImportError(
+            "backend='redis' needs the 'redis' package: pip install 'bagua[contrib]' (or pip install redis)"
+        ) from e
     return redis
 
 
@@ -62,6 +63,7 @@ def _parse_host(h) -> dict:
 
 def host_address() -> str:
     from bagua_core import config
+
     return config.load().hostname or socket.gethostbyname(socket.gethostname())
 
 
@@ -106,14 +108,36 @@ def _launch(port: int, capacity: int, extra: List[str], reach: str, timeout_s: f
     at exit, once a client at ``reach`` gets an answer."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError("starting a Redis server needs redis-server, which is not installed: "
-                           "apt-get install redis-server (or pass hosts=[...] of running servers)")
+        raise RuntimeError(
+            "starting a Redis server needs redis-server, which is not installed: "
+            "apt-get install redis-server (or pass hosts=[...] of running servers)"
+        )
     redis = _require_redis()
-    cmd = [binary, "--port", str(port), "--protected-mode", "no", "--daemonize", "no",
-           "--maxmemory", str(capacity), "--maxmemory-policy", "allkeys-random", "--appendonly", "no",
-           "--save", "", "--loglevel", "warning", "--dir", tempfile.gettempdir(), *extra]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=_die_with_parent)
+    cmd = [
+        binary,
+        "--port",
+        str(port),
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
+        "--maxmemory",
+        str(capacity),
+        "--maxmemory-policy",
+        "allkeys-random",
+        "--appendonly",
+        "no",
+        "--save",
+        "",
+        "--loglevel",
+        "warning",
+        "--dir",
+        tempfile.gettempdir(),
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+    )
     client = redis.Redis(host=reach, port=port, socket_connect_timeout=1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -146,17 +170,20 @@ def _bootstrap(capacity: int) -> List[dict]:
         return _bootstrapped
     import bagua_core
     from bagua_core import comm, config
+
     s = config.load()
     mine = start_redis_server(host_address(), capacity) if s.local_rank == 0 else None
     if s.world_size == 1:
         _bootstrapped = [mine]
         return _bootstrapped
     if not bagua_core.is_initialized():
-        raise RuntimeError("backend='redis' without hosts= in a job of several processes needs Bagua's process "
-                           "group to share the servers' addresses: call bagua_torch.init_process_group() first")
+        raise RuntimeError(
+            "backend='redis' without hosts= in a job of several processes needs Bagua's process "
+            "group to share the servers' addresses: call bagua_torch.init_process_group() first"
+        )
     record = json.dumps({"node": s.node_rank, **mine}).encode() if mine else b""
     buf = np.zeros(_HOST_RECORD_BYTES, dtype=np.uint8)
-    buf[:len(record)] = np.frombuffer(record, dtype=np.uint8)
+    buf[: len(record)] = np.frombuffer(record, dtype=np.uint8)
     every = np.from_dlpack(comm.allgather(buf)).reshape(-1, _HOST_RECORD_BYTES)
     nodes = {}
     for row in every:
@@ -169,8 +196,13 @@ def _bootstrap(capacity: int) -> List[dict]:
 
 
 class RedisStore(Store):
-    def __init__(self, hosts: Optional[Sequence] = None, cluster_mode: bool = True,
-                 capacity_per_node: int = DEFAULT_CAPACITY, socket_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        hosts: Optional[Sequence] = None,
+        cluster_mode: bool = True,
+        capacity_per_node: int = DEFAULT_CAPACITY,
+        socket_timeout_s: float = 5.0,
+    ):
         self.redis = _require_redis()
         if not isinstance(capacity_per_node, int) or capacity_per_node < 1 << 20:
             raise ValueError(f"capacity_per_node must be an integer of at least 1 MiB, got {capacity_per_node!r}")
@@ -182,10 +214,15 @@ class RedisStore(Store):
             raise ValueError("hosts is empty: give at least one Redis server, or hosts=None to start them")
         if not cluster_mode:
             from bagua_core import config
+
             hosts = [hosts[config.load().node_rank % len(hosts)]]
         self.hosts = hosts
-        self.clients = [self.redis.Redis(host=h["host"], port=h["port"], socket_timeout=socket_timeout_s,
-                                         socket_connect_timeout=socket_timeout_s) for h in hosts]
+        self.clients = [
+            self.redis.Redis(
+                host=h["host"], port=h["port"], socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+            )
+            for h in hosts
+        ]
 
     def _shard(self, key: bytes) -> int:
         return zlib.crc32(key) % len(self.clients)

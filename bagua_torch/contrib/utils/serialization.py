@@ -43,10 +43,10 @@ def loads(data: bytes, allow_pickle: bool = False) -> Any:
     if bytes(data[:4]) != MAGIC:
         raise ValueError("not a Bagua cache record (bad magic)")
     (n,) = struct.unpack("<I", data[4:8])
-    header = json.loads(bytes(data[8:8 + n]))
+    header = json.loads(bytes(data[8 : 8 + n]))
     buffers, offset = [], 8 + n
     for length in header["b"]:
-        buffers.append(data[offset:offset + length])
+        buffers.append(data[offset : offset + length])
         offset += length
     if offset != len(data):
         raise ValueError("corrupt Bagua cache record (length mismatch)")
@@ -87,9 +87,11 @@ def _encode(v, buffers: List[bytes], allow_pickle: bool):
 
 def _pickled(v, buffers, allow_pickle):
     if not allow_pickle:
-        raise TypeError(f"cannot cache a value of type {type(v).__module__}.{type(v).__qualname__} safely: "
-                        "arrays, tensors, numbers, strings, bytes and lists/tuples/dicts of them are supported; "
-                        "pass allow_pickle=True to pickle other types (only for a cache you trust)")
+        raise TypeError(
+            f"cannot cache a value of type {type(v).__module__}.{type(v).__qualname__} safely: "
+            "arrays, tensors, numbers, strings, bytes and lists/tuples/dicts of them are supported; "
+            "pass allow_pickle=True to pickle other types (only for a cache you trust)"
+        )
     buffers.append(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL))
     return {"K": len(buffers) - 1}
 
@@ -104,7 +106,7 @@ def _torch_dtype(name: str) -> torch.dtype:
 def _decode(v, buffers, allow_pickle: bool):
     if not isinstance(v, dict):
         return v
-    (tag, x), = v.items()
+    ((tag, x),) = v.items()
     if tag == "I":
         return x
     if tag == "F":
@@ -135,7 +137,9 @@ def _decode(v, buffers, allow_pickle: bool):
         return {_decode(k, buffers, allow_pickle): _decode(e, buffers, allow_pickle) for k, e in x}
     if tag == "K":
         if not allow_pickle:
-            raise UnsafeDataError("this cache record holds pickled data; refusing to unpickle it "
-                                  "(pass allow_pickle=True only for a cache you trust)")
+            raise UnsafeDataError(
+                "this cache record holds pickled data; refusing to unpickle it "
+                "(pass allow_pickle=True only for a cache you trust)"
+            )
         return pickle.loads(bytes(buffers[x]))
     raise ValueError(f"corrupt Bagua cache record (unknown tag {tag!r})")

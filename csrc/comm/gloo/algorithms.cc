@@ -24,9 +24,8 @@ void wait_send(UnboundBuffer& buf, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& ctx, const void* send,
-                         void* recv, size_t count, size_t elem_size, ReduceFn reduce,
-                         uint64_t slot, std::chrono::milliseconds timeout,
+void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv, size_t count,
+                         size_t elem_size, ReduceFn reduce, uint64_t slot, std::chrono::milliseconds timeout,
                          size_t max_segment_bytes) {
   const int size = ctx->size;
   const int rank = ctx->rank;
@@ -87,9 +86,8 @@ void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& ctx, const void* 
   complete(units - 1);
 }
 
-void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send,
-                     const size_t* send_offsets, const size_t* send_lengths, void* recv,
-                     const size_t* recv_offsets, const size_t* recv_lengths,
+void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, const size_t* send_offsets,
+                     const size_t* send_lengths, void* recv, const size_t* recv_offsets, const size_t* recv_lengths,
                      uint64_t slot, std::chrono::milliseconds timeout) {
   const int size = ctx->size;
   const int rank = ctx->rank;
@@ -119,16 +117,16 @@ void alltoallv_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send
   }
 }
 
-void alltoall_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
-                    size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout) {
+void alltoall_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv, size_t block_bytes,
+                    uint64_t slot, std::chrono::milliseconds timeout) {
   const size_t size = static_cast<size_t>(ctx->size);
   std::vector<size_t> offsets(size), lengths(size, block_bytes);
   for (size_t i = 0; i < size; ++i) offsets[i] = i * block_bytes;
   alltoallv_bytes(ctx, send, offsets.data(), lengths.data(), recv, offsets.data(), lengths.data(), slot, timeout);
 }
 
-void allgather_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv,
-                     size_t block_bytes, uint64_t slot, std::chrono::milliseconds timeout) {
+void allgather_bytes(const std::shared_ptr<gloo::Context>& ctx, const void* send, void* recv, size_t block_bytes,
+                     uint64_t slot, std::chrono::milliseconds timeout) {
   const size_t size = static_cast<size_t>(ctx->size);
   std::vector<size_t> send_offsets(size, 0), recv_offsets(size), lengths(size, block_bytes);
   for (size_t i = 0; i < size; ++i) recv_offsets[i] = i * block_bytes;

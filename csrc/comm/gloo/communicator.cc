@@ -60,8 +60,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(StorePtr store, std::string prefix, int rank, int size,
-                   GlooCommunicatorOptions options)
+  GlooCommunicator(StorePtr store, std::string prefix, int rank, int size, GlooCommunicatorOptions options)
       : store_(std::move(store)),
         prefix_(std::move(prefix)),
         rank_(rank),
@@ -98,12 +97,10 @@ class GlooCommunicator : public Communicator {
   DeviceType device_type() const override { return DeviceType::kCPU; }
   milliseconds timeout() const override { return options_.timeout; }
   std::string describe() const override {
-    return "gloo group '" + prefix_ + "' rank " + std::to_string(rank_) + "/" +
-           std::to_string(size_);
+    return "gloo group '" + prefix_ + "' rank " + std::to_string(rank_) + "/" + std::to_string(size_);
   }
 
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                 Stream) override {
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream) override {
     OpDesc d{OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op};
     const CallChecks check(*this, d);
     check.dtype();
@@ -141,8 +138,7 @@ class GlooCommunicator : public Communicator {
             o.setMaxSegmentSize(options_.segment_bytes);
             gloo::allreduce(o);
           });
-          if (op == ReduceOp::kAvg)
-            cpu_average(static_cast<uint8_t*>(recv) + b * es, e - b, dtype, size_);
+          if (op == ReduceOp::kAvg) cpu_average(static_cast<uint8_t*>(recv) + b * es, e - b, dtype, size_);
         });
         // A ring sends and receives 2 (size - 1) / size of the buffer per rank.
         if (packing_.packable(dtype, op, count * es))
@@ -152,8 +148,7 @@ class GlooCommunicator : public Communicator {
     });
   }
 
-  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
-              Stream) override {
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, Stream) override {
     OpDesc d{OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op};
     const CallChecks check(*this, d);
     check.dtype();
@@ -222,13 +217,11 @@ class GlooCommunicator : public Communicator {
       // In place when our block already sits at its slot of recv; any other overlap is copied first.
       if (s != r + rank_ * block && s < r + block * size_ && r < s + block)
         send = std::memcpy(scratch(block), send, block);
-      ga::allgather_bytes(main(), send, recv, block, ga::make_slot(ga::kAllgatherSlotPrefix, tag),
-                          options_.timeout);
+      ga::allgather_bytes(main(), send, recv, block, ga::make_slot(ga::kAllgatherSlotPrefix, tag), options_.timeout);
     });
   }
 
-  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
-              Stream) override {
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream) override {
     OpDesc d{OpKind::kGather, dtype, static_cast<int64_t>(count), root};
     const CallChecks check(*this, d);
     check.dtype();
@@ -251,8 +244,7 @@ class GlooCommunicator : public Communicator {
     });
   }
 
-  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
-               Stream) override {
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream) override {
     OpDesc d{OpKind::kScatter, dtype, static_cast<int64_t>(count), root};
     const CallChecks check(*this, d);
     check.dtype();
@@ -267,8 +259,7 @@ class GlooCommunicator : public Communicator {
         gloo::ScatterOptions o(main());
         if (rank_ == root) {
           std::vector<T*> chunks(size_);
-          for (int i = 0; i < size_; ++i)
-            chunks[i] = static_cast<T*>(const_cast<void*>(send)) + i * count;
+          for (int i = 0; i < size_; ++i) chunks[i] = static_cast<T*>(const_cast<void*>(send)) + i * count;
           o.setInputs(chunks, count);
         }
         o.setOutput(static_cast<T*>(recv), count);
@@ -280,8 +271,7 @@ class GlooCommunicator : public Communicator {
     });
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                      Stream) override {
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream) override {
     OpDesc d{OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op};
     const CallChecks check(*this, d);
     check.dtype();
@@ -293,8 +283,7 @@ class GlooCommunicator : public Communicator {
       if (size_ == 1) {
         copy_bytes(recv, send, count * es);
       } else {
-        ga::ring_reduce_scatter(main(), send, recv, count, es, fn,
-                                ga::make_slot(ga::kReduceScatterSlotPrefix, tag),
+        ga::ring_reduce_scatter(main(), send, recv, count, es, fn, ga::make_slot(ga::kReduceScatterSlotPrefix, tag),
                                 options_.timeout, options_.segment_bytes);
       }
       if (op == ReduceOp::kAvg) cpu_average(recv, count, dtype, size_);
@@ -314,15 +303,13 @@ class GlooCommunicator : public Communicator {
       const auto* s = static_cast<const uint8_t*>(send);
       const auto* r = static_cast<const uint8_t*>(recv);
       if (s < r + total && r < s + total) send = std::memcpy(scratch(total), send, total);  // overlapping
-      ga::alltoall_bytes(main(), send, recv, count * es, ga::make_slot(ga::kAlltoallSlotPrefix, tag),
-                         options_.timeout);
+      ga::alltoall_bytes(main(), send, recv, count * es, ga::make_slot(ga::kAlltoallSlotPrefix, tag), options_.timeout);
     });
   }
 
-  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
-                  const std::vector<size_t>& send_displs, void* recv,
-                  const std::vector<size_t>& recv_counts,
-                  const std::vector<size_t>& recv_displs, DType dtype, Stream) override {
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                  void* recv, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+                  DType dtype, Stream) override {
     OpDesc d{OpKind::kAlltoallV, dtype, 0};
     const CallChecks check(*this, d);
     check.dtype();
@@ -330,9 +317,8 @@ class GlooCommunicator : public Communicator {
     check.layout(recv, recv_counts, recv_displs, "recv");
     for (size_t c : send_counts) d.count += static_cast<int64_t>(c);
     if (send_counts[rank_] != recv_counts[rank_])
-      check.invalid("send_counts[" + std::to_string(rank_) + "]=" +
-                     std::to_string(send_counts[rank_]) + " differs from recv_counts[" +
-                     std::to_string(rank_) + "]=" + std::to_string(recv_counts[rank_]));
+      check.invalid("send_counts[" + std::to_string(rank_) + "]=" + std::to_string(send_counts[rank_]) +
+                    " differs from recv_counts[" + std::to_string(rank_) + "]=" + std::to_string(recv_counts[rank_]));
     const size_t es = dtype_size(dtype);
     std::vector<size_t> so(size_), sl(size_), ro(size_), rl(size_);
     for (int i = 0; i < size_; ++i) {
@@ -342,14 +328,16 @@ class GlooCommunicator : public Communicator {
       rl[i] = recv_counts[i] * es;
     }
     const std::vector<int64_t> counts = encode_alltoallv_counts(send_counts, recv_counts);
-    run(d, -1, [&](uint32_t tag) {
-      if (size_ == 1) {
-        return copy_bytes(static_cast<uint8_t*>(recv) + ro[0],
-                          static_cast<const uint8_t*>(send) + so[0], rl[0]);
-      }
-      ga::alltoallv_bytes(main(), send, so.data(), sl.data(), recv, ro.data(), rl.data(),
-                          ga::make_slot(ga::kAlltoallvSlotPrefix, tag), options_.timeout);
-    }, &counts);
+    run(
+        d, -1,
+        [&](uint32_t tag) {
+          if (size_ == 1) {
+            return copy_bytes(static_cast<uint8_t*>(recv) + ro[0], static_cast<const uint8_t*>(send) + so[0], rl[0]);
+          }
+          ga::alltoallv_bytes(main(), send, so.data(), sl.data(), recv, ro.data(), rl.data(),
+                              ga::make_slot(ga::kAlltoallvSlotPrefix, tag), options_.timeout);
+        },
+        &counts);
   }
 
   void send(const void* buf, size_t count, DType dtype, int peer, Stream) override {
@@ -457,8 +445,7 @@ class GlooCommunicator : public Communicator {
   // Empty calls end after the agreement, so a rank with an empty array still
   // meets its peers. `counts` is alltoall_v's count matrix row.
   template <typename Body>
-  void run(const OpDesc& d, int peer, Body&& body,
-           const std::vector<int64_t>* counts = nullptr) {
+  void run(const OpDesc& d, int peer, Body&& body, const std::vector<int64_t>* counts = nullptr) {
     std::lock_guard<std::mutex> g(mu_);
     check_not_broken(d);
     const uint64_t seq = seq_++;
@@ -508,8 +495,10 @@ class GlooCommunicator : public Communicator {
     agreed_.pop_front();
     if (same_desc(expected, d)) return;
     agreed_.clear();
-    fail(d, seq, peer, "this rank called " + to_string(d) + " where it had promised " + to_string(expected) +
-         " (expect_calls) to its peers, who run the promised call without agreeing on it", FailureKind::kOther);
+    fail(d, seq, peer,
+         "this rank called " + to_string(d) + " where it had promised " + to_string(expected) +
+             " (expect_calls) to its peers, who run the promised call without agreeing on it",
+         FailureKind::kOther);
   }
 
  public:
@@ -551,8 +540,7 @@ class GlooCommunicator : public Communicator {
   void check_not_broken(const OpDesc& d) const {
     if (closed_) throw Error(describe() + ": " + to_string(d) + ": the communicator was closed");
     if (!broken_.empty())
-      throw Error(describe() + ": " + to_string(d) +
-                  ": communicator broken by an earlier failure: " + broken_);
+      throw Error(describe() + ": " + to_string(d) + ": communicator broken by an earlier failure: " + broken_);
   }
 
   // Turns Gloo's exceptions into ours and breaks the communicator.
@@ -599,8 +587,7 @@ class GlooCommunicator : public Communicator {
   }
 
   // Says what failed (comm/gloo/failure_report.h) and breaks the communicator.
-  [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what,
-                         FailureKind kind) {
+  [[noreturn]] void fail(const OpDesc& d, uint64_t seq, int peer, const std::string& what, FailureKind kind) {
     std::string msg = report_.headline(describe(), d, seq, peer, kind);
     // Close first: peers blocked on us should not wait for the store query.
     break_connections(msg + " [gloo: " + what + "]", kind == FailureKind::kTimedOut);
@@ -651,21 +638,20 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank,
-                                         int size, const GlooCommunicatorOptions& options) {
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank, int size,
+                                         const GlooCommunicatorOptions& options) {
   if (size < 1) throw InvalidArgument("gloo communicator: size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
-    throw InvalidArgument("gloo communicator: rank " + std::to_string(rank) +
-                          " is out of range [0, " + std::to_string(size) + ")");
-  if (options.timeout.count() <= 0)
-    throw InvalidArgument("gloo communicator: timeout must be positive");
+    throw InvalidArgument("gloo communicator: rank " + std::to_string(rank) + " is out of range [0, " +
+                          std::to_string(size) + ")");
+  if (options.timeout.count() <= 0) throw InvalidArgument("gloo communicator: timeout must be positive");
   if (!store && size > 1) throw InvalidArgument("gloo communicator: store is null");
   return std::make_shared<GlooCommunicator>(std::move(store), prefix, rank, size, options);
 }
 
-CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank,
-                                         int size, std::chrono::milliseconds timeout,
-                                         const std::string& hostname, DeadRanksFn dead_ranks) {
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank, int size,
+                                         std::chrono::milliseconds timeout, const std::string& hostname,
+                                         DeadRanksFn dead_ranks) {
   GlooCommunicatorOptions options;
   options.timeout = timeout;
   options.hostname = hostname;

@@ -81,14 +81,11 @@ struct GlooCommunicatorOptions {
   size_t wire_packing_segment_bytes = 1u << 20;
 };
 
-CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
-                                         int rank, int size,
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank, int size,
                                          const GlooCommunicatorOptions& options);
 
-CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix,
-                                         int rank, int size,
-                                         std::chrono::milliseconds timeout,
-                                         const std::string& hostname,
+CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank, int size,
+                                         std::chrono::milliseconds timeout, const std::string& hostname,
                                          DeadRanksFn dead_ranks = nullptr);
 
 }  // namespace bagua

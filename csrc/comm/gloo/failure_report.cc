@@ -22,19 +22,13 @@ FailureReport::FailureReport(StorePtr store, std::string prefix, int rank, int s
 
 std::string FailureReport::headline(const std::string& who, const OpDesc& d, uint64_t seq, int peer,
                                     FailureKind kind) const {
-  std::string msg = who + ": " + to_string(d) +
-                    (d.has_peer() ? " (message #" : " (op #") + std::to_string(seq) + ") ";
+  std::string msg = who + ": " + to_string(d) + (d.has_peer() ? " (message #" : " (op #") + std::to_string(seq) + ") ";
   switch (kind) {
-    case FailureKind::kTimedOut:
-      msg += "timed out after " + std::to_string(timeout_.count()) + " ms";
-      break;
+    case FailureKind::kTimedOut: msg += "timed out after " + std::to_string(timeout_.count()) + " ms"; break;
     case FailureKind::kLostPeer:
-      msg += peer >= 0 ? "lost the connection to peer rank " + std::to_string(peer)
-                       : "lost a connection to a peer";
+      msg += peer >= 0 ? "lost the connection to peer rank " + std::to_string(peer) : "lost a connection to a peer";
       break;
-    case FailureKind::kOther:
-      msg += "failed";
-      break;
+    case FailureKind::kOther: msg += "failed"; break;
   }
   return msg;
 }
@@ -59,8 +53,7 @@ std::string FailureReport::dead_ranks_note(FailureKind kind, int* first_dead) co
     const auto deadline = std::chrono::steady_clock::now() + milliseconds(500);
     for (;;) {
       dead = dead_ranks_();
-      if (!dead.empty() || kind != FailureKind::kLostPeer || std::chrono::steady_clock::now() > deadline)
-        break;
+      if (!dead.empty() || kind != FailureKind::kLostPeer || std::chrono::steady_clock::now() > deadline) break;
       std::this_thread::sleep_for(milliseconds(50));
     }
   } catch (const std::exception& e) {
@@ -68,8 +61,7 @@ std::string FailureReport::dead_ranks_note(FailureKind kind, int* first_dead) co
   }
   if (dead.empty()) return "";
   *first_dead = dead[0];
-  return "; " + ranks_text(dead) +
-         (dead.size() == 1 ? " has died" : " have died");
+  return "; " + ranks_text(dead) + (dead.size() == 1 ? " has died" : " have died");
 }
 
 // A failed collective is said in the store (<prefix>/failed/<rank> = its
@@ -117,8 +109,7 @@ std::string FailureReport::absent_ranks_note(uint64_t seq) const {
   }
   std::string note;
   if (!absent.empty())
-    note += "; " + ranks_text(absent) + " did not reach op #" +
-            std::to_string(seq) + " (stuck or busy elsewhere)";
+    note += "; " + ranks_text(absent) + " did not reach op #" + std::to_string(seq) + " (stuck or busy elsewhere)";
   for (size_t i = 0; i < elsewhere.size(); ++i)
     note += "; rank " + std::to_string(elsewhere[i]) + " failed at op #" + std::to_string(their_ops[i]);
   return note;
@@ -126,12 +117,9 @@ std::string FailureReport::absent_ranks_note(uint64_t seq) const {
 
 void throw_failure(FailureKind kind, const std::string& msg, int peer) {
   switch (kind) {
-    case FailureKind::kTimedOut:
-      throw TimeoutError(msg);
-    case FailureKind::kLostPeer:
-      throw PeerError(msg, peer);
-    case FailureKind::kOther:
-      throw Error(msg);
+    case FailureKind::kTimedOut: throw TimeoutError(msg);
+    case FailureKind::kLostPeer: throw PeerError(msg, peer);
+    case FailureKind::kOther: throw Error(msg);
   }
   throw Error(msg);
 }

@@ -90,8 +90,8 @@ PackedAllreduceStats packed_allreduce_totals() {
   return totals;
 }
 
-PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send,
-                                          float* recv, size_t count, bool average, bool pack, uint64_t slot,
+PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
+                                          size_t count, bool average, bool pack, uint64_t slot,
                                           std::chrono::milliseconds timeout, size_t segment_elems,
                                           PackedAllreduceScratch& scratch) {
   const int size = ctx->size;
@@ -103,7 +103,9 @@ PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& 
   if (segs >= kMaxSegments) throw InvalidArgument("packed allreduce: too many segments");
   // Segment j of chunk c: [seg_begin, seg_begin + seg_len), possibly empty.
   auto seg_begin = [&](int c, size_t j) { return std::min(chunk_begin(c + 1), chunk_begin(c) + j * S); };
-  auto seg_len = [&](int c, size_t j) { return std::min(chunk_begin(c + 1), chunk_begin(c) + (j + 1) * S) - seg_begin(c, j); };
+  auto seg_len = [&](int c, size_t j) {
+    return std::min(chunk_begin(c + 1), chunk_begin(c) + (j + 1) * S) - seg_begin(c, j);
+  };
   auto stage_at = [&](std::vector<uint8_t>& v, size_t index) { return v.data() + index * 4 * S; };
 
   scratch.rs_out.resize(static_cast<size_t>(size) * segs * 4 * S);

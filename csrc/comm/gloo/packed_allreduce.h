@@ -56,8 +56,8 @@ struct PackedAllreduceScratch {
 
 // recv may equal send (in place); otherwise they must not overlap. `slot`
 // comes from make_slot(kPackedAllreduceSlotPrefix, tag).
-PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send,
-                                          float* recv, size_t count, bool average, bool pack, uint64_t slot,
+PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
+                                          size_t count, bool average, bool pack, uint64_t slot,
                                           std::chrono::milliseconds timeout, size_t segment_elems,
                                           PackedAllreduceScratch& scratch);
 

@@ -34,8 +34,7 @@ constexpr int kGlooConnectFactor = 5;
 }  // namespace
 
 bool mentions_timeout(const std::string& what) {
-  return what.find("Timed out") != std::string::npos ||
-         what.find("timed out") != std::string::npos;
+  return what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
 }
 
 std::vector<Lane> connect_lanes(const StorePtr& store, const std::string& prefix, int rank, int size,
@@ -63,23 +62,20 @@ std::vector<Lane> connect_lanes(const StorePtr& store, const std::string& prefix
       std::string what = e.what();
       // Gloo says "Unable to find address for: <host>" when socket() fails.
       if (out_of_descriptors())
-        throw Error(who + ": " + out_of_descriptors_message("connecting to peers (listening on '" +
-                                                           options.hostname + "')") +
+        throw Error(who + ": " +
+                    out_of_descriptors_message("connecting to peers (listening on '" + options.hostname + "')") +
                     " [gloo: " + what + "]");
       if (mentions_timeout(what)) throw TimeoutError(who + ": connecting timed out: " + what);
-      throw Error(who + ": connecting to peers (listening on '" + options.hostname +
-                  "') failed: " + what);
+      throw Error(who + ": connecting to peers (listening on '" + options.hostname + "') failed: " + what);
     }
     lanes.push_back(std::move(lane));
   }
   return lanes;
 }
 
-std::unique_ptr<ShmAllreduce> join_shared_memory(const StorePtr& store, const std::string& prefix, int rank,
-                                                 int size, const GlooCommunicatorOptions& options,
-                                                 const std::string& who) {
-  ShmAllreduceOptions o{options.shm_window_bytes, options.shm_threshold_bytes, options.timeout,
-                        options.dead_ranks};
+std::unique_ptr<ShmAllreduce> join_shared_memory(const StorePtr& store, const std::string& prefix, int rank, int size,
+                                                 const GlooCommunicatorOptions& options, const std::string& who) {
+  ShmAllreduceOptions o{options.shm_window_bytes, options.shm_threshold_bytes, options.timeout, options.dead_ranks};
   try {
     return ShmAllreduce::join(store, prefix, rank, size, options.shm, std::move(o));
   } catch (const Error&) {

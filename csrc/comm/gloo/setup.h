@@ -35,9 +35,8 @@ std::vector<Lane> connect_lanes(const StorePtr& store, const std::string& prefix
 
 // The group's shared-memory allreduce; null unless every rank is on this host
 // and options.shm is set (comm/shm/shm_allreduce.h).
-std::unique_ptr<ShmAllreduce> join_shared_memory(const StorePtr& store, const std::string& prefix, int rank,
-                                                 int size, const GlooCommunicatorOptions& options,
-                                                 const std::string& who);
+std::unique_ptr<ShmAllreduce> join_shared_memory(const StorePtr& store, const std::string& prefix, int rank, int size,
+                                                 const GlooCommunicatorOptions& options, const std::string& who);
 
 // Whether a Gloo error message says that something timed out.
 bool mentions_timeout(const std::string& what);

@@ -63,7 +63,7 @@ class WirePackingPolicy {
   double link_bits_per_s_ = 0;  // measured by the last packable allreduce; 0: none yet
   double best_bits_per_s_ = 0;  // the fastest packable allreduce since the last vote
   uint64_t packable_calls_ = 0;
-  bool packed_path_ = false;    // kAuto: what the ranks last voted
+  bool packed_path_ = false;  // kAuto: what the ranks last voted
 };
 
 }  // namespace bagua

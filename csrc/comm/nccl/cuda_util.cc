@@ -5,9 +5,7 @@
 namespace bagua {
 namespace cuda {
 
-std::string error_text(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
-}
+std::string error_text(cudaError_t err) { return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err); }
 
 void check(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) throw Error(what + " failed: " + error_text(err));

@@ -53,8 +53,7 @@ enum ncclDataType_t : int {
 
 // NCCL_VERSION(X,Y,Z) of nccl.h: the encoding changed at 2.9.
 constexpr int version_code(int major, int minor, int patch) {
-  return (major <= 2 && minor <= 8) ? major * 1000 + minor * 100 + patch
-                                    : major * 10000 + minor * 100 + patch;
+  return (major <= 2 && minor <= 8) ? major * 1000 + minor * 100 + patch : major * 10000 + minor * 100 + patch;
 }
 
 // ncclConfig_t in its 2.28 layout. NCCL reads min(size, its own size) bytes
@@ -115,16 +114,13 @@ using CommFn = ncclResult_t (*)(ncclComm_t);
 using CommGetAsyncErrorFn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
 using GetErrorStringFn = const char* (*)(ncclResult_t);
 using GetLastErrorFn = const char* (*)(ncclComm_t);
-using AllReduceFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                     ncclComm_t, cudaStream_t);
-using ReduceFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
-                                  ncclComm_t, cudaStream_t);
-using BroadcastFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                                     cudaStream_t);
-using AllGatherFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
-                                     cudaStream_t);
-using ReduceScatterFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                         ncclComm_t, cudaStream_t);
+using AllReduceFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+using ReduceFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                                  cudaStream_t);
+using BroadcastFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+using AllGatherFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+using ReduceScatterFn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                         cudaStream_t);
 using SendFn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 using RecvFn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 using GroupFn = ncclResult_t (*)();

@@ -10,8 +10,8 @@
 
 namespace bagua {
 
-using nccl::ncclResult_t;
 using nccl::ncclInProgress;
+using nccl::ncclResult_t;
 using nccl::ncclSuccess;
 
 namespace {
@@ -44,8 +44,8 @@ constexpr std::chrono::milliseconds kWatchdogPeriod{20};
 }  // namespace
 
 std::string NcclCommunicator::describe() const {
-  return "nccl group '" + prefix_ + "' rank " + std::to_string(rank_) + "/" +
-         std::to_string(size_) + " on cuda:" + std::to_string(device_);
+  return "nccl group '" + prefix_ + "' rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+         " on cuda:" + std::to_string(device_);
 }
 
 // ---------------------------------------------------------------------------
@@ -56,8 +56,7 @@ NcclCommunicator::NcclCommunicator(Store& store, const std::string& prefix, int 
     : prefix_(prefix), rank_(rank), size_(size), device_(options.device), timeout_(options.timeout) {
   if (size_ < 1) throw InvalidArgument("NCCL communicator size must be >= 1, got " + std::to_string(size_));
   if (rank_ < 0 || rank_ >= size_) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + " is out of range for size " +
-                          std::to_string(size_));
+    throw InvalidArgument("rank " + std::to_string(rank_) + " is out of range for size " + std::to_string(size_));
   }
   if (device_ < 0) throw InvalidArgument("CUDA device index must be >= 0, got " + std::to_string(device_));
   if (timeout_.count() <= 0) throw InvalidArgument("NCCL communicator timeout must be > 0");
@@ -86,8 +85,8 @@ NcclCommunicator::NcclCommunicator(Store& store, const std::string& prefix, int 
     try {
       value = store.get(key, timeout_);
     } catch (const TimeoutError& e) {
-      throw TimeoutError(describe() + ": rank 0 did not publish the NCCL id under '" + key +
-                         "' within " + seconds(timeout_) + " (" + e.what() + ")");
+      throw TimeoutError(describe() + ": rank 0 did not publish the NCCL id under '" + key + "' within " +
+                         seconds(timeout_) + " (" + e.what() + ")");
     }
     if (value.size() != sizeof(id.internal)) {
       throw Error(describe() + ": the value under '" + key + "' has " + std::to_string(value.size()) +
@@ -106,8 +105,7 @@ NcclCommunicator::NcclCommunicator(Store& store, const std::string& prefix, int 
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
     comm_ = comm;
-    wait_ready_locked("initialisation (do all ranks create this communicator with the same prefix?)",
-                      r, deadline);
+    wait_ready_locked("initialisation (do all ranks create this communicator with the same prefix?)", r, deadline);
   }
   try {
     cuda::check(cudaStreamCreateWithFlags(&internal_stream_, cudaStreamDefault), "cudaStreamCreate");
@@ -146,8 +144,10 @@ void NcclCommunicator::release_resources() noexcept {
         ncclResult_t state = ncclInProgress;
         if (lib_->CommGetAsyncError(comm_, &state) != ncclSuccess) state = nccl::ncclInternalError;
         if (state == ncclSuccess) break;
-        if (state != ncclInProgress || Clock::now() > deadline) ok = false;
-        else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (state != ncclInProgress || Clock::now() > deadline)
+          ok = false;
+        else
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       if (ok) {
         lib_->CommDestroy(comm_);
@@ -208,12 +208,10 @@ void NcclCommunicator::fail(FailureKind kind, const std::string& why) {
   throw_failure();
 }
 
-void NcclCommunicator::wait_ready_locked(const char* op, ncclResult_t first,
-                                         Clock::time_point deadline) {
+void NcclCommunicator::wait_ready_locked(const char* op, ncclResult_t first, Clock::time_point deadline) {
   if (first == ncclSuccess) return;
   if (first != ncclInProgress) {
-    abort_locked(FailureKind::kError, describe() + ": NCCL " + op + " failed: " +
-                                          lib_->describe_error(first, comm_));
+    abort_locked(FailureKind::kError, describe() + ": NCCL " + op + " failed: " + lib_->describe_error(first, comm_));
     throw_failure();
   }
   int spins = 0;
@@ -223,8 +221,7 @@ void NcclCommunicator::wait_ready_locked(const char* op, ncclResult_t first,
     if (q != ncclSuccess) state = q;
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
-      abort_locked(FailureKind::kError, describe() + ": NCCL " + op + " failed: " +
-                                            lib_->describe_error(state, comm_));
+      abort_locked(FailureKind::kError, describe() + ": NCCL " + op + " failed: " + lib_->describe_error(state, comm_));
       throw_failure();
     }
     if (Clock::now() > deadline) {
@@ -252,8 +249,7 @@ void NcclCommunicator::wait_stream(const char* op, cudaStream_t stream, Clock::t
     }
     if (q != cudaErrorNotReady) {
       cudaEventDestroy(event);
-      fail(FailureKind::kError, describe() + ": CUDA error while waiting for NCCL " + op + ": " +
-                                        cuda::error_text(q));
+      fail(FailureKind::kError, describe() + ": CUDA error while waiting for NCCL " + op + ": " + cuda::error_text(q));
     }
     if (failed_) {  // the watchdog aborted the communicator meanwhile
       cudaEventDestroy(event);
@@ -261,17 +257,17 @@ void NcclCommunicator::wait_stream(const char* op, cudaStream_t stream, Clock::t
     }
     if (Clock::now() > deadline) {
       cudaEventDestroy(event);
-      fail(FailureKind::kTimeout, describe() + ": NCCL " + op + " did not complete within " +
-                                          seconds(timeout_) + "; the communicator was aborted");
+      fail(FailureKind::kTimeout, describe() + ": NCCL " + op + " did not complete within " + seconds(timeout_) +
+                                      "; the communicator was aborted");
     }
     if (spins >= 100) {  // past the fast path: also watch for asynchronous NCCL errors
       std::lock_guard<std::mutex> lock(comm_mu_);
       ncclResult_t state = ncclSuccess;
-      if (comm_ != nullptr && lib_->CommGetAsyncError(comm_, &state) == ncclSuccess &&
-          state != ncclSuccess && state != ncclInProgress) {
+      if (comm_ != nullptr && lib_->CommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+          state != ncclInProgress) {
         cudaEventDestroy(event);
-        abort_locked(FailureKind::kError, describe() + ": NCCL " + op + " failed: " +
-                                              lib_->describe_error(state, comm_));
+        abort_locked(FailureKind::kError,
+                     describe() + ": NCCL " + op + " failed: " + lib_->describe_error(state, comm_));
         throw_failure();
       }
     }
@@ -364,8 +360,8 @@ void NcclCommunicator::watchdog_loop() {
         if (kind == FailureKind::kNone && lib_->CommGetAsyncError(comm_, &state) == ncclSuccess &&
             state != ncclSuccess && state != ncclInProgress) {
           kind = FailureKind::kError;
-          why = describe() + ": asynchronous NCCL error during " + oldest + ": " +
-                lib_->describe_error(state, comm_) + "; the communicator was aborted";
+          why = describe() + ": asynchronous NCCL error during " + oldest + ": " + lib_->describe_error(state, comm_) +
+                "; the communicator was aborted";
         }
         if (kind != FailureKind::kNone) abort_locked(kind, why);
       }
@@ -383,8 +379,7 @@ void NcclCommunicator::watchdog_loop() {
 // Operations
 
 template <typename Enqueue, typename After>
-void NcclCommunicator::run(const char* op, Stream stream, bool wait, Enqueue&& enqueue,
-                           After&& after) {
+void NcclCommunicator::run(const char* op, Stream stream, bool wait, Enqueue&& enqueue, After&& after) {
   check_alive();
   cuda::DeviceGuard guard(device_);
   cudaStream_t s = stream != nullptr ? static_cast<cudaStream_t>(stream) : internal_stream_;
@@ -427,11 +422,9 @@ void NcclCommunicator::check_device_buffer(const CallChecks& check, const void* 
                       ", not on the communicator's device cuda:" + std::to_string(device_));
       }
       return;
-    case cudaMemoryTypeManaged:
-      return;
+    case cudaMemoryTypeManaged: return;
     default:
-      check.invalid(std::string(what) + " is host memory; NCCL needs device memory on cuda:" +
-                    std::to_string(device_));
+      check.invalid(std::string(what) + " is host memory; NCCL needs device memory on cuda:" + std::to_string(device_));
   }
 }
 
@@ -451,15 +444,13 @@ nccl::ncclRedOp_t NcclCommunicator::nccl_op(ReduceOp op) const {
   throw InvalidArgument(describe() + ": unknown reduce op code " + std::to_string(static_cast<int>(op)));
 }
 
-void NcclCommunicator::divide_if_avg(ReduceOp op, void* data, size_t count, DType dtype,
-                                     cudaStream_t s) const {
+void NcclCommunicator::divide_if_avg(ReduceOp op, void* data, size_t count, DType dtype, cudaStream_t s) const {
   if (op == ReduceOp::kAvg && !native_avg_ && size_ > 1) {
     cuda::launch_divide(data, count, dtype, static_cast<double>(size_), s);
   }
 }
 
-void NcclCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype,
-                                 ReduceOp op, Stream stream) {
+void NcclCommunicator::allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, Stream stream) {
   const OpDesc d{OpKind::kAllreduce, dtype, static_cast<int64_t>(count), -1, op};
   const CallChecks check(*this, d);
   check.dtype();
@@ -467,13 +458,14 @@ void NcclCommunicator::allreduce(const void* send, void* recv, size_t count, DTy
   if (count == 0) return;
   check_device_buffer(check, send, count, "send buffer");
   check_device_buffer(check, recv, count, "recv buffer");
-  run("allreduce", stream, false,
+  run(
+      "allreduce", stream, false,
       [&](cudaStream_t s) { return lib_->AllReduce(send, recv, count, to_nccl(dtype), nop, comm_, s); },
       [&](cudaStream_t s) { divide_if_avg(op, recv, count, dtype, s); });
 }
 
-void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                              int root, Stream stream) {
+void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
+                              Stream stream) {
   const OpDesc d{OpKind::kReduce, dtype, static_cast<int64_t>(count), root, op};
   const CallChecks check(*this, d);
   check.dtype();
@@ -482,10 +474,9 @@ void NcclCommunicator::reduce(const void* send, void* recv, size_t count, DType 
   if (count == 0) return;
   check_device_buffer(check, send, count, "send buffer");
   if (rank_ == root) check_device_buffer(check, recv, count, "recv buffer");
-  run("reduce", stream, false,
-      [&](cudaStream_t s) {
-        return lib_->Reduce(send, recv, count, to_nccl(dtype), nop, root, comm_, s);
-      },
+  run(
+      "reduce", stream, false,
+      [&](cudaStream_t s) { return lib_->Reduce(send, recv, count, to_nccl(dtype), nop, root, comm_, s); },
       [&](cudaStream_t s) {
         if (rank_ == root) divide_if_avg(op, recv, count, dtype, s);
       });
@@ -498,26 +489,23 @@ void NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int root,
   check.root();
   if (count == 0) return;
   check_device_buffer(check, buf, count, "buffer");
-  run("broadcast", stream, [&](cudaStream_t s) {
-    return lib_->Broadcast(buf, buf, count, to_nccl(dtype), root, comm_, s);
-  });
+  run("broadcast", stream,
+      [&](cudaStream_t s) { return lib_->Broadcast(buf, buf, count, to_nccl(dtype), root, comm_, s); });
 }
 
-void NcclCommunicator::allgather(const void* send, void* recv, size_t count, DType dtype,
-                                 Stream stream) {
+void NcclCommunicator::allgather(const void* send, void* recv, size_t count, DType dtype, Stream stream) {
   const OpDesc d{OpKind::kAllgather, dtype, static_cast<int64_t>(count), -1};
   const CallChecks check(*this, d);
   check.dtype();
   if (count == 0) return;
   check_device_buffer(check, send, count, "send buffer");
   check_device_buffer(check, recv, count * size_, "recv buffer");
-  run("allgather", stream, [&](cudaStream_t s) {
-    return lib_->AllGather(send, recv, count, to_nccl(dtype), comm_, s);
-  });
+  run("allgather", stream,
+      [&](cudaStream_t s) { return lib_->AllGather(send, recv, count, to_nccl(dtype), comm_, s); });
 }
 
-void NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                                      ReduceOp op, Stream stream) {
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                      Stream stream) {
   const OpDesc d{OpKind::kReduceScatter, dtype, static_cast<int64_t>(count), -1, op};
   const CallChecks check(*this, d);
   check.dtype();
@@ -525,10 +513,9 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, size_t count
   if (count == 0) return;
   check_device_buffer(check, send, count * size_, "send buffer");
   check_device_buffer(check, recv, count, "recv buffer");
-  run("reduce_scatter", stream, false,
-      [&](cudaStream_t s) {
-        return lib_->ReduceScatter(send, recv, count, to_nccl(dtype), nop, comm_, s);
-      },
+  run(
+      "reduce_scatter", stream, false,
+      [&](cudaStream_t s) { return lib_->ReduceScatter(send, recv, count, to_nccl(dtype), nop, comm_, s); },
       [&](cudaStream_t s) { divide_if_avg(op, recv, count, dtype, s); });
 }
 
@@ -557,8 +544,7 @@ void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t s, co
 
 }  // namespace
 
-void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType dtype, int root,
-                              Stream stream) {
+void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) {
   const OpDesc d{OpKind::kGather, dtype, static_cast<int64_t>(count), root};
   const CallChecks check(*this, d);
   check.dtype();
@@ -568,13 +554,15 @@ void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType 
   if (rank_ == root) check_device_buffer(check, recv, count * size_, "recv buffer");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
-  run("gather", stream, false,
+  run(
+      "gather", stream, false,
       [&](cudaStream_t s) {
         return grouped(*lib_, [&] {
           ncclResult_t first = ncclSuccess;
           if (rank_ == root) {
             for (int r = 0; r < size_; ++r) {
-              if (r != root) keep_first(first, lib_->Recv(static_cast<char*>(recv) + r * bytes, count, dt, r, comm_, s));
+              if (r != root)
+                keep_first(first, lib_->Recv(static_cast<char*>(recv) + r * bytes, count, dt, r, comm_, s));
             }
           } else {
             keep_first(first, lib_->Send(send, count, dt, root, comm_, s));
@@ -589,8 +577,7 @@ void NcclCommunicator::gather(const void* send, void* recv, size_t count, DType 
       });
 }
 
-void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType dtype, int root,
-                               Stream stream) {
+void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream) {
   const OpDesc d{OpKind::kScatter, dtype, static_cast<int64_t>(count), root};
   const CallChecks check(*this, d);
   check.dtype();
@@ -600,13 +587,15 @@ void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType
   check_device_buffer(check, recv, count, "recv buffer");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
-  run("scatter", stream, false,
+  run(
+      "scatter", stream, false,
       [&](cudaStream_t s) {
         return grouped(*lib_, [&] {
           ncclResult_t first = ncclSuccess;
           if (rank_ == root) {
             for (int r = 0; r < size_; ++r) {
-              if (r != root) keep_first(first, lib_->Send(static_cast<const char*>(send) + r * bytes, count, dt, r, comm_, s));
+              if (r != root)
+                keep_first(first, lib_->Send(static_cast<const char*>(send) + r * bytes, count, dt, r, comm_, s));
             }
           } else {
             keep_first(first, lib_->Recv(recv, count, dt, root, comm_, s));
@@ -621,8 +610,7 @@ void NcclCommunicator::scatter(const void* send, void* recv, size_t count, DType
       });
 }
 
-void NcclCommunicator::alltoall(const void* send, void* recv, size_t count, DType dtype,
-                                Stream stream) {
+void NcclCommunicator::alltoall(const void* send, void* recv, size_t count, DType dtype, Stream stream) {
   const OpDesc d{OpKind::kAlltoall, dtype, static_cast<int64_t>(count), -1};
   const CallChecks check(*this, d);
   check.dtype();
@@ -632,7 +620,8 @@ void NcclCommunicator::alltoall(const void* send, void* recv, size_t count, DTyp
   if (send == recv && size_ > 1) throw InvalidArgument(describe() + ": alltoall cannot run in place");
   const size_t bytes = count * dtype_size(dtype);
   const auto dt = to_nccl(dtype);
-  run("alltoall", stream, false,
+  run(
+      "alltoall", stream, false,
       [&](cudaStream_t s) {
         return grouped(*lib_, [&] {
           ncclResult_t first = ncclSuccess;
@@ -645,17 +634,15 @@ void NcclCommunicator::alltoall(const void* send, void* recv, size_t count, DTyp
         });
       },
       [&](cudaStream_t s) {
-        copy_on_stream(static_cast<char*>(recv) + rank_ * bytes,
-                       static_cast<const char*>(send) + rank_ * bytes, bytes, s,
-                       describe() + ": alltoall copy");
+        copy_on_stream(static_cast<char*>(recv) + rank_ * bytes, static_cast<const char*>(send) + rank_ * bytes, bytes,
+                       s, describe() + ": alltoall copy");
       });
 }
 
 void NcclCommunicator::alltoall_v(const void* send, const std::vector<size_t>& send_counts,
                                   const std::vector<size_t>& send_displs, void* recv,
-                                  const std::vector<size_t>& recv_counts,
-                                  const std::vector<size_t>& recv_displs, DType dtype,
-                                  Stream stream) {
+                                  const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+                                  DType dtype, Stream stream) {
   const OpDesc d{OpKind::kAlltoallV, dtype, 0, -1};
   const CallChecks check(*this, d);
   check.dtype();
@@ -669,19 +656,20 @@ void NcclCommunicator::alltoall_v(const void* send, const std::vector<size_t>& s
   check_device_buffer(check, recv, recv_total, "recv buffer");
   const size_t esize = dtype_size(dtype);
   const auto dt = to_nccl(dtype);
-  run("alltoall_v", stream, false,
+  run(
+      "alltoall_v", stream, false,
       [&](cudaStream_t s) {
         return grouped(*lib_, [&] {
           ncclResult_t first = ncclSuccess;
           for (int r = 0; r < size_; ++r) {
             if (r == rank_) continue;
             if (send_counts[r] > 0) {
-              keep_first(first, lib_->Send(static_cast<const char*>(send) + send_displs[r] * esize,
-                                           send_counts[r], dt, r, comm_, s));
+              keep_first(first, lib_->Send(static_cast<const char*>(send) + send_displs[r] * esize, send_counts[r], dt,
+                                           r, comm_, s));
             }
             if (recv_counts[r] > 0) {
-              keep_first(first, lib_->Recv(static_cast<char*>(recv) + recv_displs[r] * esize,
-                                           recv_counts[r], dt, r, comm_, s));
+              keep_first(first, lib_->Recv(static_cast<char*>(recv) + recv_displs[r] * esize, recv_counts[r], dt, r,
+                                           comm_, s));
             }
           }
           return first;
@@ -689,8 +677,8 @@ void NcclCommunicator::alltoall_v(const void* send, const std::vector<size_t>& s
       },
       [&](cudaStream_t s) {
         copy_on_stream(static_cast<char*>(recv) + recv_displs[rank_] * esize,
-                       static_cast<const char*>(send) + send_displs[rank_] * esize,
-                       send_counts[rank_] * esize, s, describe() + ": alltoall_v copy");
+                       static_cast<const char*>(send) + send_displs[rank_] * esize, send_counts[rank_] * esize, s,
+                       describe() + ": alltoall_v copy");
       });
 }
 
@@ -701,9 +689,7 @@ void NcclCommunicator::send(const void* buf, size_t count, DType dtype, int peer
   check.peer();
   if (count == 0) return;
   check_device_buffer(check, buf, count, "buffer");
-  run("send", stream, [&](cudaStream_t s) {
-    return lib_->Send(buf, count, to_nccl(dtype), peer, comm_, s);
-  });
+  run("send", stream, [&](cudaStream_t s) { return lib_->Send(buf, count, to_nccl(dtype), peer, comm_, s); });
 }
 
 void NcclCommunicator::recv(void* buf, size_t count, DType dtype, int peer, Stream stream) {
@@ -713,13 +699,12 @@ void NcclCommunicator::recv(void* buf, size_t count, DType dtype, int peer, Stre
   check.peer();
   if (count == 0) return;
   check_device_buffer(check, buf, count, "buffer");
-  run("recv", stream, [&](cudaStream_t s) {
-    return lib_->Recv(buf, count, to_nccl(dtype), peer, comm_, s);
-  });
+  run("recv", stream, [&](cudaStream_t s) { return lib_->Recv(buf, count, to_nccl(dtype), peer, comm_, s); });
 }
 
 void NcclCommunicator::barrier(Stream stream) {
-  run("barrier", stream, true,
+  run(
+      "barrier", stream, true,
       [&](cudaStream_t s) {
         return lib_->AllReduce(barrier_buf_, barrier_buf_, 1, nccl::ncclFloat32, nccl::ncclSum, comm_, s);
       },

@@ -37,9 +37,9 @@
 namespace bagua {
 
 struct NcclOptions {
-  int device = 0;                                    // CUDA device index of this rank
-  std::chrono::milliseconds timeout{600 * 1000};     // every blocking step and operation
-  std::string library_path;                          // full path of libnccl.so.2
+  int device = 0;                                 // CUDA device index of this rank
+  std::chrono::milliseconds timeout{600 * 1000};  // every blocking step and operation
+  std::string library_path;                       // full path of libnccl.so.2
   // Use NCCL's own AVG when the library has it (>= 2.10); false computes AVG
   // as SUM followed by Bagua's divide kernel.
   bool native_avg = true;
@@ -51,8 +51,7 @@ class NcclCommunicator : public Communicator {
   // publishes it in `store` under prefix + "/nccl_id", the others read it
   // (waiting up to the timeout). Use a fresh prefix per communicator. The
   // store is used only during construction.
-  NcclCommunicator(Store& store, const std::string& prefix, int rank, int size,
-                   const NcclOptions& options);
+  NcclCommunicator(Store& store, const std::string& prefix, int rank, int size, const NcclOptions& options);
   ~NcclCommunicator() override;
 
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -78,19 +77,14 @@ class NcclCommunicator : public Communicator {
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
               Stream stream = nullptr) override;
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = nullptr) override;
-  void allgather(const void* send, void* recv, size_t count, DType dtype,
-                 Stream stream = nullptr) override;
-  void gather(const void* send, void* recv, size_t count, DType dtype, int root,
-              Stream stream = nullptr) override;
-  void scatter(const void* send, void* recv, size_t count, DType dtype, int root,
-               Stream stream = nullptr) override;
+  void allgather(const void* send, void* recv, size_t count, DType dtype, Stream stream = nullptr) override;
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream = nullptr) override;
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root, Stream stream = nullptr) override;
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                       Stream stream = nullptr) override;
-  void alltoall(const void* send, void* recv, size_t count, DType dtype,
-                Stream stream = nullptr) override;
-  void alltoall_v(const void* send, const std::vector<size_t>& send_counts,
-                  const std::vector<size_t>& send_displs, void* recv,
-                  const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
+  void alltoall(const void* send, void* recv, size_t count, DType dtype, Stream stream = nullptr) override;
+  void alltoall_v(const void* send, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_displs,
+                  void* recv, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_displs,
                   DType dtype, Stream stream = nullptr) override;
   void send(const void* buf, size_t count, DType dtype, int peer, Stream stream = nullptr) override;
   void recv(void* buf, size_t count, DType dtype, int peer, Stream stream = nullptr) override;

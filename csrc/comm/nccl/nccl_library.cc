@@ -36,8 +36,8 @@ void resolve(void* handle, const std::string& path, const char* name, Fn* out, i
     std::ostringstream msg;
     msg << "the NCCL library '" << path << "' has no symbol '" << name << "'";
     if (version > 0) {
-      msg << " (it is NCCL " << version_to_string(version) << "; Bagua needs NCCL >= "
-          << version_to_string(kMinVersion) << ")";
+      msg << " (it is NCCL " << version_to_string(version) << "; Bagua needs NCCL >= " << version_to_string(kMinVersion)
+          << ")";
     } else {
       msg << " (is it libnccl.so.2?)";
     }
@@ -124,8 +124,8 @@ std::shared_ptr<const Library> load_library(const std::string& path) {
                 "; Bagua needs NCCL >= " + version_to_string(kMinVersion));
   }
   if (v / 10000 != kConfigLayoutMajor) {
-    throw Error("the NCCL library '" + path + "' is NCCL " + version_to_string(v) +
-                "; Bagua passes NCCL " + std::to_string(kConfigLayoutMajor) +
+    throw Error("the NCCL library '" + path + "' is NCCL " + version_to_string(v) + "; Bagua passes NCCL " +
+                std::to_string(kConfigLayoutMajor) +
                 "'s ncclConfig_t layout (2.14 to 2.28 fields) and cannot use another major version");
   }
   loaded.emplace(path, lib);

@@ -46,8 +46,8 @@ std::string segment_name() {
 
 }  // namespace
 
-std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const StorePtr& store, const std::string& prefix, int rank,
-                                                 int size, bool enabled, ShmAllreduceOptions options) {
+std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const StorePtr& store, const std::string& prefix, int rank, int size,
+                                                 bool enabled, ShmAllreduceOptions options) {
   if (options.window_bytes == 0 || options.window_bytes % kLine != 0)
     throw InvalidArgument("shared-memory window must be a positive multiple of 64 bytes, got " +
                           std::to_string(options.window_bytes));
@@ -58,8 +58,7 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const StorePtr& store, const st
   store->set(prefix + "/shm/host/" + std::to_string(rank), bytes(mine));
   bool same = !identity.empty();
   for (int q = 0; q < size; ++q)
-    if (q != rank && text(store->get(prefix + "/shm/host/" + std::to_string(q), options.timeout)) != mine)
-      same = false;
+    if (q != rank && text(store->get(prefix + "/shm/host/" + std::to_string(q), options.timeout)) != mine) same = false;
   if (!same) return nullptr;
   return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(store, prefix, rank, size, std::move(options)));
 }
@@ -230,9 +229,7 @@ void ShmAllreduce::allreduce(const void* send, void* recv, size_t count, DType d
     const size_t base = k * per_chunk;
     wait_all(kArrived, static_cast<uint32_t>(g), "copy its input in");
     if (hi > lo) {
-      auto part_of = [&](int q) -> const uint8_t* {
-        return q == rank_ ? in + (base + lo) * es : slot(b, q) + lo * es;
-      };
+      auto part_of = [&](int q) -> const uint8_t* { return q == rank_ ? in + (base + lo) * es : slot(b, q) + lo * es; };
       uint8_t* dst = result(b) + lo * es;
       fn(dst, part_of(0), part_of(1), hi - lo);
       for (int q = 2; q < size_; ++q) fn(dst, dst, part_of(q), hi - lo);

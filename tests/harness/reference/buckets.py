@@ -37,5 +37,5 @@ def unflatten(flat, bucket, shapes, leaves):
     off = 0
     for i in bucket[0]:
         size = int(np.prod(shapes[i]))
-        leaves[i] = flat[off:off + size].reshape(shapes[i])
+        leaves[i] = flat[off : off + size].reshape(shapes[i])
         off += size

@@ -34,7 +34,7 @@ def scatter_reduce_gather(xs, average, dtype=np.float32, errors=None):
     residuals = None if errors is None else [x - mm.decompress(s, numel, n, dtype) for x, s in zip(xs, sent)]
     out = []
     for r in range(n):
-        received = np.concatenate([s[r * rb:(r + 1) * rb] for s in sent])
+        received = np.concatenate([s[r * rb : (r + 1) * rb] for s in sent])
         mine = mm.reduce_chunks(received, chunk, n, dtype, average)
         out.append(mm.decompress(mm.compress(mine, 1), chunk, 1, dtype))
     return np.concatenate(out), residuals
@@ -59,6 +59,6 @@ def scatter_reduce_gather_mean(dist, flat):
     n, r = dist.get_world_size(), dist.get_rank()
     chunk = flat.size // n
     rb = mm.record_nbytes(chunk)
-    received = np.concatenate([e[r * rb:(r + 1) * rb] for e in allgather_compressed(dist, flat, n)])
+    received = np.concatenate([e[r * rb : (r + 1) * rb] for e in allgather_compressed(dist, flat, n)])
     reduced = mm.reduce_chunks(received, chunk, n, np.float32, average=True)
     return mm.decompress(np.concatenate(allgather_compressed(dist, reduced, 1)), flat.size, n, np.float32)

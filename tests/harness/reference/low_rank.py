@@ -33,11 +33,11 @@ def initial_q(seed: int, step: int, tensor: int, m: int, r: int, dtype=np.float3
     for j in range(12):
         with np.errstate(over="ignore"):
             total += mix(key ^ (_U(12) * e + _U(j))) >> _U(40)
-    return ((total.astype(np.float64) - 6 * 2.0 ** 24) / 2.0 ** 24).astype(dtype).reshape(m, r)
+    return ((total.astype(np.float64) - 6 * 2.0**24) / 2.0**24).astype(dtype).reshape(m, r)
 
 
-LANES = 256      # the orthogonalisation's lane sums
-DOT_LANES = 32   # P = M Q's lane sums
+LANES = 256  # the orthogonalisation's lane sums
+DOT_LANES = 32  # P = M Q's lane sums
 
 
 def compute_type(dtype):
@@ -49,11 +49,11 @@ def lane_sum(terms, lanes):
     lane l adds terms l, l + lanes, ... in ascending order from zero, then the pairwise tree."""
     acc = np.zeros(terms.shape[:-1] + (lanes,), terms.dtype)
     for start in range(0, terms.shape[-1], lanes):
-        chunk = terms[..., start:start + lanes]
-        acc[..., :chunk.shape[-1]] = acc[..., :chunk.shape[-1]] + chunk
+        chunk = terms[..., start : start + lanes]
+        acc[..., : chunk.shape[-1]] = acc[..., : chunk.shape[-1]] + chunk
     s = lanes // 2
     while s >= 1:
-        acc[..., :s] = acc[..., :s] + acc[..., s:2 * s]
+        acc[..., :s] = acc[..., :s] + acc[..., s : 2 * s]
         s //= 2
     return acc[..., 0]
 

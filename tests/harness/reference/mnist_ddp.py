@@ -25,8 +25,9 @@ def main():
     dataset1, dataset2 = mnist.datasets(args)
     test_loader = torch.utils.data.DataLoader(dataset2, batch_size=args.test_batch_size)
     sampler = torch.utils.data.distributed.DistributedSampler(dataset1)
-    loader = torch.utils.data.DataLoader(dataset1, sampler=sampler, shuffle=False,
-                                         batch_size=args.batch_size // dist.get_world_size() or 1)
+    loader = torch.utils.data.DataLoader(
+        dataset1, sampler=sampler, shuffle=False, batch_size=args.batch_size // dist.get_world_size() or 1
+    )
     model = mnist.Net()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
     ddp = torch.nn.parallel.DistributedDataParallel(model)

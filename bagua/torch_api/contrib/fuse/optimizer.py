@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.fuse.optimizer`` (:mod:`bagua_torch.contrib.fused_optimizer`)."""
 
-from bagua_torch.contrib.fused_optimizer import *  # noqa: F401,F403
+from bagua_torch.contrib.fused_optimizer import *  # noqa: F403

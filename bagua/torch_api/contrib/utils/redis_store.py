@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.utils.redis_store`` (:mod:`bagua_torch.contrib.utils.redis_store`)."""
 
-from bagua_torch.contrib.utils.redis_store import *  # noqa: F401,F403
+from bagua_torch.contrib.utils.redis_store import *  # noqa: F403

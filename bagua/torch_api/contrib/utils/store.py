@@ -1,3 +1,3 @@
 """``bagua.torch_api.contrib.utils.store`` (:mod:`bagua_torch.contrib.utils.store`)."""
 
-from bagua_torch.contrib.utils.store import *  # noqa: F401,F403
+from bagua_torch.contrib.utils.store import *  # noqa: F403
