@@ -117,4 +117,24 @@ BAGUA_HD BFloat16 from_float<BFloat16>(float f) {
   return to_bfloat16(f);
 }
 
+// ---- any floating element to and from float32 (float64 rounds to float32) ---------------------
+
+BAGUA_HD float load_f32(float x) { return x; }
+BAGUA_HD float load_f32(double x) { return static_cast<float>(x); }
+BAGUA_HD float load_f32(Half x) { return to_float(x); }
+BAGUA_HD float load_f32(BFloat16 x) { return to_float(x); }
+
+template <typename T>
+BAGUA_HD T store_f32(float x) {
+  return static_cast<T>(x);
+}
+template <>
+BAGUA_HD Half store_f32<Half>(float x) {
+  return to_half(x);
+}
+template <>
+BAGUA_HD BFloat16 store_f32<BFloat16>(float x) {
+  return to_bfloat16(x);
+}
+
 }  // namespace bagua

@@ -87,24 +87,7 @@ BAGUA_HD size_t record_bytes(size_t chunk_len) {
 // Bytes of the whole compressed buffer; n must be divisible by n_chunks.
 BAGUA_HD size_t compressed_size(size_t n, size_t n_chunks) { return n_chunks * record_bytes(n / n_chunks); }
 
-// ---- conversions to and from float32 ----------------------------------------------------------
-BAGUA_HD float load_f32(float x) { return x; }
-BAGUA_HD float load_f32(double x) { return static_cast<float>(x); }
-BAGUA_HD float load_f32(Half x) { return to_float(x); }
-BAGUA_HD float load_f32(BFloat16 x) { return to_float(x); }
-
-template <typename T>
-BAGUA_HD T store_f32(float x) {
-  return static_cast<T>(x);
-}
-template <>
-BAGUA_HD Half store_f32<Half>(float x) {
-  return to_half(x);
-}
-template <>
-BAGUA_HD BFloat16 store_f32<BFloat16>(float x) {
-  return to_bfloat16(x);
-}
+// Conversions to and from float32: load_f32 / store_f32 (kernels/half.h).
 
 // ---- branch-free helpers (selects compile to min/max/blend instructions) ---------------------
 // Round half to even (rint in the default rounding mode). The CPU version avoids a libm call so
