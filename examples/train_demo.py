@@ -9,7 +9,6 @@ held-out accuracy and the throughput of each algorithm.
 """
 
 import argparse
-import functools
 import math
 import sys
 import time
@@ -18,30 +17,19 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_torch.algorithms import (
-    AsyncModelAverageAlgorithm,
-    ByteGradAlgorithm,
-    DecentralizedAlgorithm,
-    GradientAllReduceAlgorithm,
-    LocalStepsAlgorithm,
-    LowPrecisionDecentralizedAlgorithm,
-    LowRankAlgorithm,
-    QAdamAlgorithm,
-    QAdamOptimizer,
-)
+from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
-ALGORITHMS = {
-    "gradient_allreduce": GradientAllReduceAlgorithm,
-    "bytegrad": ByteGradAlgorithm,
-    "decentralized": DecentralizedAlgorithm,
-    "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+# Every registered algorithm, the baseline (gradient_allreduce) first, with demo
+# settings where the defaults are meant for longer runs.
+DEMO_SETTINGS = {
     # inner SGD with momentum: a lighter outer momentum than DiLoCo's 0.9 (meant for AdamW inside)
-    "local_steps": functools.partial(LocalStepsAlgorithm, outer_momentum=0.5),
-    "qadam": QAdamAlgorithm,
-    "async": AsyncModelAverageAlgorithm,
-    # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)
-    "low_rank": functools.partial(LowRankAlgorithm, start_iter=20),
+    "local_steps": {"outer_momentum": 0.5},
+    # weights averaged in the background every 20 ms, after 20 allreduce steps
+    "async": {"sync_interval_ms": 20, "warmup_steps": 20},
+    # compressed from step 20 on, after plain allreduce steps (the default waits 1000)
+    "low_rank": {"start_iter": 20},
 }
+ALGORITHMS = sorted(Algorithm.registered(), key=lambda name: name != "gradient_allreduce")
 
 
 def parse_args():
@@ -108,12 +96,9 @@ def train(name, args, data, test, rank, world):
         # the 8-bit momentum's quantisation noise would otherwise make huge steps
         opt = QAdamOptimizer(model.parameters(), lr=args.lr / 20, warmup_steps=100, eps=1e-3)
         algorithm = QAdamAlgorithm(opt)
-    elif name == "async":  # weights averaged in the background every 20 ms, after 20 allreduce steps
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        algorithm = AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        algorithm = ALGORITHMS[name]()
+        algorithm = Algorithm.init(name, **DEMO_SETTINGS.get(name, {}))
     model = model.with_bagua([opt], algorithm)
 
     steps = math.ceil(x.shape[0] / args.batch_size)
@@ -160,7 +145,7 @@ def main():
     per_rank = args.samples // world
     data = make_data(per_rank, args.features, args.classes, seed=rank + 1)
     test = make_data(2048, args.features, args.classes, seed=0)
-    names = list(ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
+    names = ALGORITHMS if args.algorithm == "all" else [args.algorithm]
     if rank == 0:
         print(
             f"{world} processes, {per_rank} samples each, batch {args.batch_size} per rank, {args.epochs} epochs",

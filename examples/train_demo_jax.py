@@ -15,7 +15,6 @@ of the final loss, the held-out accuracy and the throughput of each algorithm.
 """
 
 import argparse
-import functools
 import math
 import os
 import sys
@@ -31,29 +30,19 @@ from flax import linen as nn
 
 import bagua_jax
 from bagua_core.algorithms import WEIGHTS
-from bagua_jax.algorithms import (
-    AsyncModelAverageAlgorithm,
-    ByteGradAlgorithm,
-    DecentralizedAlgorithm,
-    GradientAllReduceAlgorithm,
-    LocalStepsAlgorithm,
-    LowPrecisionDecentralizedAlgorithm,
-    LowRankAlgorithm,
-    QAdamAlgorithm,
-)
+from bagua_jax.algorithms import Algorithm, QAdamAlgorithm
 
-ALGORITHMS = {
-    "gradient_allreduce": GradientAllReduceAlgorithm,
-    "bytegrad": ByteGradAlgorithm,
-    "decentralized": DecentralizedAlgorithm,
-    "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
+# Every registered algorithm, the baseline (gradient_allreduce) first, with demo
+# settings where the defaults are meant for longer runs.
+DEMO_SETTINGS = {
     # inner SGD with momentum: a lighter outer momentum than DiLoCo's 0.9 (meant for AdamW inside)
-    "local_steps": functools.partial(LocalStepsAlgorithm, outer_momentum=0.5),
-    "qadam": QAdamAlgorithm,
-    "async": AsyncModelAverageAlgorithm,
-    # compressed from step 20 on, after plain allreduce steps (torch's default waits 1000)
-    "low_rank": functools.partial(LowRankAlgorithm, start_iter=20),
+    "local_steps": {"outer_momentum": 0.5},
+    # weights averaged in the background every 20 ms, after 20 allreduce steps
+    "async": {"sync_interval_ms": 20, "warmup_steps": 20},
+    # compressed from step 20 on, after plain allreduce steps (the default waits 1000)
+    "low_rank": {"start_iter": 20},
 }
+ALGORITHMS = sorted(Algorithm.registered(), key=lambda name: name != "gradient_allreduce")
 
 
 def parse_args():
@@ -95,9 +84,7 @@ def optimizer(name, lr):
         # eps bounds m / sqrt(v) where the frozen second moment is tiny (8-bit momentum noise)
         algorithm = QAdamAlgorithm(bagua_jax.qadam(lr / 20, warmup_steps=100, eps=1e-3))
         return bagua_jax.transform(algorithm), algorithm
-    algorithm = (
-        AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20) if name == "async" else ALGORITHMS[name]()
-    )
+    algorithm = Algorithm.init(name, **DEMO_SETTINGS.get(name, {}))
     sgd = optax.sgd(lr, momentum=0.9)
     if algorithm.to_core().plan().communicates == WEIGHTS:
         return optax.chain(sgd, bagua_jax.transform(algorithm)), algorithm
@@ -164,7 +151,7 @@ def main():
     per_rank = args.samples // world
     data = make_data(per_rank, args.features, args.classes, seed=rank + 1)
     test = make_data(2048, args.features, args.classes, seed=0)
-    names = list(ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
+    names = ALGORITHMS if args.algorithm == "all" else [args.algorithm]
     if rank == 0:
         print(
             f"JAX + Flax: {world} processes, {per_rank} samples each, batch {args.batch_size} per rank, "
