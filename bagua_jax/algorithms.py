@@ -34,6 +34,13 @@ class ByteGradAlgorithm(Algorithm):
     core_type = core.ByteGrad
 
 
+class HalfGradAlgorithm(Algorithm):
+    """Gradients averaged over a 16-bit wire (float16 or bfloat16), summed in
+    float32: a gradient algorithm, before the optimizer in the chain."""
+
+    core_type = core.HalfGrad
+
+
 class DecentralizedAlgorithm(Algorithm):
     """Decentralized SGD: weights averaged with peers ("all", or one rotating
     partner with "shift_one") every ``communication_interval`` steps. A weight

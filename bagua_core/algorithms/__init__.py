@@ -23,6 +23,8 @@ What each algorithm communicates, and when:
   bucket while backward runs.
 * :class:`ByteGrad`: gradients, MinMaxUInt8-compressed scatter-reduce-gather
   (buckets padded to a multiple of the group size).
+* :class:`HalfGrad`: gradients, as float16 or bfloat16, scatter-reduce-gather
+  summed in float32 (buckets padded to a multiple of the group size).
 * :class:`Decentralized`: weights, averaged with peers ("all": everyone;
   "shift_one": one rotating partner) concurrently with forward/backward, the
   average replacing the weights before the optimizer step; every
@@ -57,19 +59,34 @@ nine files:
 
 1. ``bagua_core/algorithms/<name>.py``: the ``@register``-ed description:
    fields with defaults, an ``Args:`` entry for each, checks in
-   ``__post_init__``, ``plan()``;
+   ``__post_init__`` (``check_bool``, ``check_int``, ``check_choice``),
+   ``plan()``;
 2. ``bagua_core/algorithms/__init__.py``: its import, and its line in the
    list above;
 3. ``csrc/ops/<step>.h``: its engine step, the header stating its rule;
-4. ``csrc/ops/<step>.cc``: the step (CMake finds the new file; element
-   math it lacks goes in ``csrc/kernels/``, written once for CPU and CUDA);
+4. ``csrc/ops/<step>.cc``: the step (CMake finds the new file);
 5. ``csrc/ops/registry.cc``: the step's entry in the registry of steps;
 6. ``bagua_torch/algorithms/<name>.py``: ``class <Name>Algorithm(Algorithm)``
    with ``core_type = core.<Name>`` and a docstring of its torch specifics;
 7. ``bagua_torch/algorithms/__init__.py``: its import;
 8. ``bagua_jax/algorithms.py``: the same class for JAX;
 9. ``tests/core/test_<name>.py``: its numbers against a reference in both
-   frontends.
+   frontends (a numpy reference of the scheme, ``tests/harness/reference/``,
+   may be a file of its own).
+
+A str field needs one line in the ``NON_DEFAULT`` table of
+``tests/core/test_algorithm_surfaces.py`` (a tenth file). Element math the
+kernels lack costs six more, because it is written once for CPU and CUDA and
+dispatched by device: ``csrc/kernels/<math>.h`` (the ``BAGUA_HD`` element
+functions) and ``<math>_cpu.cc`` (the host loops), the launchers in
+``csrc/kernels/cuda_kernels.h`` / ``.cu``, the dispatch in
+``csrc/ops/kernels.h`` / ``.cc``; and two for their tests: a binding in
+``csrc/bindings/kernels.cc`` and ``tests/core/test_cuda_kernels.py`` (host
+against numpy, CUDA against host on a GPU). One line in
+``tests/core/test_device_path_ranks.py`` runs the step on the host
+implementation of a device. :class:`HalfGrad` was added this way: ten
+files, plus eight for its 16-bit wire kernels (``docs/design.md`` walks
+through it).
 
 Everything else follows the registry: ``names()``, every frontend's
 ``__all__``, ``Algorithm.registered()`` and ``init(name)``,
@@ -77,8 +94,7 @@ Everything else follows the registry: ``names()``, every frontend's
 (``tests/core/test_compare.py`` then compares torch and JAX on it), and
 ``tests/core/test_algorithm_surfaces.py``, which proves that the three surfaces
 agree with the description; it makes up a non-default value for each bool,
-int and float field, and a str field needs one line in its ``NON_DEFAULT``
-table (a tenth file). A frontend without a class for a registered
+int and float field. A frontend without a class for a registered
 description fails to import, naming it. The documentation follows too (not
 counted): the algorithm table (README.md, docs) is made from the plans
 (``python docs/_ext/bagua_docs.py --write-readme`` rewrites the README's
@@ -106,6 +122,7 @@ from bagua_core.algorithms.async_model_average import AsyncModelAverage
 from bagua_core.algorithms.bytegrad import ByteGrad
 from bagua_core.algorithms.decentralized import PEER_SELECTION_MODES, Decentralized
 from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
+from bagua_core.algorithms.halfgrad import HalfGrad
 from bagua_core.algorithms.local_steps import LocalSteps
 from bagua_core.algorithms.low_precision_decentralized import LowPrecisionDecentralized
 from bagua_core.algorithms.low_rank import LowRank

@@ -127,3 +127,10 @@ def check_int(cls: str, name: str, value, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{cls}: {name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_choice(cls: str, name: str, value, choices: Tuple[str, ...]) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{cls}: {name} must be a str, got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{cls}: unknown {name} {value!r} (use one of {', '.join(choices)})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bagua_core.algorithms._base import BACKGROUND, WEIGHTS, Plan, check_int, register
+from bagua_core.algorithms._base import BACKGROUND, WEIGHTS, Plan, check_choice, check_int, register
 from bagua_core.algorithms.gradient_allreduce import GradientAllReduce
 
 ASYNC_PEER_SELECTION_MODES = ("all",)
@@ -40,13 +40,7 @@ class AsyncModelAverage:
     name = "async"
 
     def __post_init__(self):
-        if not isinstance(self.peer_selection_mode, str):
-            raise TypeError(f"AsyncModelAverage: peer_selection_mode must be a str, got {self.peer_selection_mode!r}")
-        if self.peer_selection_mode not in ASYNC_PEER_SELECTION_MODES:
-            raise ValueError(
-                f"AsyncModelAverage: unknown peer_selection_mode {self.peer_selection_mode!r} "
-                f"(use one of {', '.join(ASYNC_PEER_SELECTION_MODES)})"
-            )
+        check_choice("AsyncModelAverage", "peer_selection_mode", self.peer_selection_mode, ASYNC_PEER_SELECTION_MODES)
         interval = check_int("AsyncModelAverage", "sync_interval_ms", self.sync_interval_ms, 0)
         object.__setattr__(self, "sync_interval_ms", interval)
         steps = check_int("AsyncModelAverage", "warmup_steps", self.warmup_steps, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bagua_core.algorithms._base import FORWARD_START, WEIGHTS, Plan, check_bool, check_int, register
+from bagua_core.algorithms._base import FORWARD_START, WEIGHTS, Plan, check_bool, check_choice, check_int, register
 
 PEER_SELECTION_MODES = ("all", "shift_one")
 
@@ -35,13 +35,7 @@ class Decentralized:
 
     def __post_init__(self):
         check_bool("Decentralized", "hierarchical", self.hierarchical)
-        if not isinstance(self.peer_selection_mode, str):
-            raise TypeError(f"Decentralized: peer_selection_mode must be a str, got {self.peer_selection_mode!r}")
-        if self.peer_selection_mode not in PEER_SELECTION_MODES:
-            raise ValueError(
-                f"Decentralized: unknown peer_selection_mode {self.peer_selection_mode!r} "
-                f"(use one of {', '.join(PEER_SELECTION_MODES)})"
-            )
+        check_choice("Decentralized", "peer_selection_mode", self.peer_selection_mode, PEER_SELECTION_MODES)
         interval = check_int("Decentralized", "communication_interval", self.communication_interval, 1)
         object.__setattr__(self, "communication_interval", interval)
 

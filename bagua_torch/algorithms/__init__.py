@@ -12,6 +12,7 @@ from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm, 
 from bagua_torch.algorithms.bytegrad import ByteGradAlgorithm
 from bagua_torch.algorithms.decentralized import DecentralizedAlgorithm
 from bagua_torch.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+from bagua_torch.algorithms.halfgrad import HalfGradAlgorithm
 from bagua_torch.algorithms.local_steps import LocalStepsAlgorithm
 from bagua_torch.algorithms.low_precision_decentralized import LowPrecisionDecentralizedAlgorithm
 from bagua_torch.algorithms.low_rank import LowRankAlgorithm

@@ -24,6 +24,7 @@
 #include "common/error.h"
 #include "device/device.h"
 #include "kernels/compress_cpu.h"
+#include "kernels/half_wire.h"
 #include "kernels/minmax_uint8.h"
 #include "kernels/scale.h"
 #include "ops/kernels.h"
@@ -255,6 +256,52 @@ void bind_step_kernels(py::module_& k) {
       },
       py::arg("src"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"), dev,
       "MinMaxUInt8: the sum (or mean) of n_records records of len(dst) codes into dst.");
+  // HalfGrad's 16-bit wire (kernels/half_wire.h); wire arrays hold 2-byte items.
+  k.def(
+      "wire_encode",
+      [](py::buffer src, int dtype, int wire, py::buffer dst, const std::string& device) {
+        const DType t = to_dtype(dtype), w = to_dtype(wire);
+        half_wire::check_dtypes(t, w);
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[0], t, "src");
+        check_nbytes(a[1], n * dtype_size(w), "dst");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) { step_kernels::wire_encode(ctx, p[0], n, t, w, p[1]); });
+      },
+      py::arg("src"), py::arg("dtype"), py::arg("wire"), py::arg("dst"), dev, "dst = src rounded to the wire dtype.");
+  k.def(
+      "wire_decode",
+      [](py::buffer src, int wire, int dtype, py::buffer dst, const std::string& device) {
+        const DType t = to_dtype(dtype), w = to_dtype(wire);
+        half_wire::check_dtypes(t, w);
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[1], t, "dst");
+        check_nbytes(a[0], n * dtype_size(w), "src");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) { step_kernels::wire_decode(ctx, p[0], n, w, t, p[1]); });
+      },
+      py::arg("src"), py::arg("wire"), py::arg("dtype"), py::arg("dst"), dev, "dst = the wire values src as dtype.");
+  k.def(
+      "wire_reduce",
+      [](py::buffer src, int64_t n_records, int wire, int dtype, bool average, py::buffer dst,
+         const std::string& device) {
+        const DType t = to_dtype(dtype), w = to_dtype(wire);
+        half_wire::check_dtypes(t, w);
+        const size_t records = to_size(n_records, "n_records");
+        if (records == 0) throw InvalidArgument("n_records must be at least 1");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t len = elements(a[1], t, "dst");
+        check_nbytes(a[0], records * len * dtype_size(w), "src");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          step_kernels::wire_reduce(ctx, p[0], len, records, w, t, average, p[1]);
+        });
+      },
+      py::arg("src"), py::arg("n_records"), py::arg("wire"), py::arg("dtype"), py::arg("average"), py::arg("dst"), dev,
+      "The float32 sum (or mean) of n_records records of len(dst) wire values into dst.");
 }
 
 // The low-rank step's kernels (ops/low_rank_kernels.h): M of `dtype`, P, Q and the error memory of

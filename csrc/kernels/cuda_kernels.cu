@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/half_wire.h"
 #include "kernels/scale.h"
 #include "ops/elementwise.h"
 
@@ -105,6 +106,35 @@ struct OuterSgdOp {
   bool nesterov;
   bool fresh;
   __device__ void operator()(size_t i) const { outer_sgd_element(w[i], a[i], m[i], d[i], lr, mu, nesterov, fresh); }
+};
+
+template <typename W, typename T>
+struct WireEncodeOp {
+  const T* src;
+  W* dst;
+  __device__ void operator()(size_t i) const { dst[i] = half_wire::encode<W>(src[i]); }
+};
+
+template <typename T, typename W>
+struct WireDecodeOp {
+  const W* src;
+  T* dst;
+  __device__ void operator()(size_t i) const { dst[i] = half_wire::decode<T>(src[i]); }
+};
+
+// Same order as the host loop: record 0, then 1, ...; one division at the end.
+template <typename T, typename W>
+struct WireReduceOp {
+  const W* records;
+  T* dst;
+  size_t chunk_len;
+  size_t n_records;
+  float divisor;
+  __device__ void operator()(size_t i) const {
+    float acc = load_f32(records[i]);
+    for (size_t r = 1; r < n_records; ++r) acc += load_f32(records[r * chunk_len + i]);
+    dst[i] = store_f32<T>(acc / divisor);
+  }
 };
 
 void check_args(void* data, size_t count, DType dtype) {
@@ -237,6 +267,43 @@ void launch_momentum_update(void* m, const void* g, size_t count, DType dtype, d
     launch_for_each("momentum update", dtype, count,
                     MomentumOp<T>{static_cast<T*>(m), static_cast<const T*>(g), MomentumMath<T>::beta(beta),
                                   MomentumMath<T>::one_minus_beta(beta)},
+                    stream);
+  });
+}
+
+void launch_wire_encode(const void* src, size_t count, DType dtype, DType wire, void* dst, cudaStream_t stream) {
+  half_wire::dispatch(dtype, wire, [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    check_buffers(count, {src, dst});
+    if (count == 0) return;
+    launch_for_each("16-bit encode", dtype, count, WireEncodeOp<W, T>{static_cast<const T*>(src), static_cast<W*>(dst)},
+                    stream);
+  });
+}
+
+void launch_wire_decode(const void* src, size_t count, DType wire, DType dtype, void* dst, cudaStream_t stream) {
+  half_wire::dispatch(dtype, wire, [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    check_buffers(count, {src, dst});
+    if (count == 0) return;
+    launch_for_each("16-bit decode", dtype, count, WireDecodeOp<T, W>{static_cast<const W*>(src), static_cast<T*>(dst)},
+                    stream);
+  });
+}
+
+void launch_wire_reduce(const void* src, size_t chunk_len, size_t n_records, DType wire, DType dtype, bool average,
+                        void* dst, cudaStream_t stream) {
+  if (n_records == 0) throw InvalidArgument("a 16-bit reduction needs at least one record");
+  half_wire::dispatch(dtype, wire, [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    check_buffers(chunk_len, {src, dst});
+    if (chunk_len == 0) return;
+    const float divisor = average ? static_cast<float>(n_records) : 1.0f;
+    launch_for_each("16-bit reduce", dtype, chunk_len,
+                    WireReduceOp<T, W>{static_cast<const W*>(src), static_cast<T*>(dst), chunk_len, n_records, divisor},
                     stream);
   });
 }

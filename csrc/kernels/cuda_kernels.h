@@ -46,5 +46,13 @@ void launch_pseudo_gradient(void* d, const void* a, size_t count, DType dtype, c
 void launch_outer_sgd(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
                       bool nesterov, bool fresh, cudaStream_t stream);
 
+// HalfGrad's 16-bit wire (kernels/half_wire.h; wire: float16 or bfloat16):
+// dst[i] = encode(src[i]), dst[i] = decode(src[i]), and the float32 sum of
+// n_records records of chunk_len wire elements (divided by n_records when average).
+void launch_wire_encode(const void* src, size_t count, DType dtype, DType wire, void* dst, cudaStream_t stream);
+void launch_wire_decode(const void* src, size_t count, DType wire, DType dtype, void* dst, cudaStream_t stream);
+void launch_wire_reduce(const void* src, size_t chunk_len, size_t n_records, DType wire, DType dtype, bool average,
+                        void* dst, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace bagua

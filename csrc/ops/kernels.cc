@@ -5,6 +5,7 @@
 #include "buffer/buffer.h"
 #include "common/error.h"
 #include "kernels/compress_cpu.h"
+#include "kernels/half_wire.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #ifdef BAGUA_WITH_CUDA
@@ -43,6 +44,25 @@ void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, si
       ctx, "MinMaxUInt8 reduction",
       [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); },
       BAGUA_CUDA_LAUNCH(minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, stream)));
+}
+
+void wire_encode(const ExecContext& ctx, const void* src, size_t count, DType dtype, DType wire, void* dst) {
+  on_device(
+      ctx, "16-bit encoding", [=] { half_wire::encode_cpu(src, count, dtype, wire, dst); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_wire_encode(src, count, dtype, wire, dst, stream)));
+}
+
+void wire_decode(const ExecContext& ctx, const void* src, size_t count, DType wire, DType dtype, void* dst) {
+  on_device(
+      ctx, "16-bit decoding", [=] { half_wire::decode_cpu(src, count, wire, dtype, dst); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_wire_decode(src, count, wire, dtype, dst, stream)));
+}
+
+void wire_reduce(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType wire, DType dtype,
+                 bool average, void* dst) {
+  on_device(
+      ctx, "16-bit reduction", [=] { half_wire::reduce_cpu(src, chunk_len, n_records, wire, dtype, average, dst); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_wire_reduce(src, chunk_len, n_records, wire, dtype, average, dst, stream)));
 }
 
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype) {

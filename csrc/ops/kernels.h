@@ -39,6 +39,13 @@ void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const 
 void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t count, DType dtype);
 void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
                double mu, bool nesterov, bool fresh);
+// HalfGrad's 16-bit wire (kernels/half_wire.h): encode count elements of
+// dtype to the wire dtype, decode them back, and reduce n_records records of
+// chunk_len wire elements into chunk_len elements of dtype (float32 sum).
+void wire_encode(const ExecContext& ctx, const void* src, size_t count, DType dtype, DType wire, void* dst);
+void wire_decode(const ExecContext& ctx, const void* src, size_t count, DType wire, DType dtype, void* dst);
+void wire_reduce(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType wire, DType dtype,
+                 bool average, void* dst);
 // dst <- src, nbytes (overlapping allowed on the host).
 void copy(const ExecContext& ctx, void* dst, const void* src, size_t nbytes);
 // dst[0, nbytes) <- 0.

@@ -10,6 +10,7 @@
 #include "ops/bytegrad.h"
 #include "ops/centralized_allreduce.h"
 #include "ops/decentralized.h"
+#include "ops/halfgrad.h"
 #include "ops/local_steps.h"
 #include "ops/low_precision_decentralized.h"
 #include "ops/low_rank.h"
@@ -37,6 +38,7 @@ const std::map<std::string, Factory>& table() {
       {"centralized_allreduce", factory<CentralizedAllreduceStep>()},
       {"bytegrad", factory<ByteGradStep>()},
       {"decentralized", factory<DecentralizedStep>()},
+      {"halfgrad", factory<HalfGradStep>()},
       {"local_steps", factory<LocalStepsStep>()},
       {"low_precision_decentralized", factory<LowPrecisionDecentralizedStep>()},
       {"low_rank", factory<LowRankStep>()},

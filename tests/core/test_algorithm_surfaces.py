@@ -49,6 +49,7 @@ OWN_ARGUMENTS = {"qadam": (["q_adam_optimizer"], {"warmup_steps": QADAM_WARMUP, 
 # fields that need another's value); the others: see non_default().
 NON_DEFAULT = {
     "decentralized": {"peer_selection_mode": "shift_one"},
+    "halfgrad": {"wire": "bfloat16"},
     "local_steps": {"compression": "minmax_uint8"},  # error_feedback=True needs it
     "async": {"peer_selection_mode": "all"},  # the only mode
 }

@@ -159,6 +159,64 @@ def test_host_minmax_uint8_matches_reference(dname, n_chunks, chunk_len):
         assert_same(r, ref.reduce_chunks(c, chunk_len, n_chunks, dtype, average))
 
 
+WIRES = ["float16", "bfloat16"]
+
+
+def wire_inputs(dname, wname, n, n_records=1, seed=0):
+    """Data of dtype dname and n_records wire records of n elements each (encoded by numpy)."""
+    x = data(n, DTYPES[dname][1], seed)
+    w = DTYPES[wname][1]
+    with np.errstate(over="ignore"):  # values beyond float16's range become infinities
+        records = np.concatenate([data(n, np.float32, seed + 1 + r).astype(w) for r in range(n_records)])
+    return x, records
+
+
+def wire_ops(x, records, dname, wname, n_records, average, device):
+    """encode(x), decode(the first record) and reduce(records) with the step kernels on `device`."""
+    code, dtype = DTYPES[dname]
+    wcode, w = DTYPES[wname]
+    n = x.size
+    enc = np.zeros(n, w)
+    K.wire_encode(raw(x), code, wcode, raw(enc), device=device)
+    dec = np.zeros(n, dtype)
+    K.wire_decode(raw(records[:n]), wcode, code, raw(dec), device=device)
+    red = np.zeros(n, dtype)
+    K.wire_reduce(raw(records), n_records, wcode, code, average, raw(red), device=device)
+    return enc, dec, red
+
+
+@pytest.mark.parametrize("average", [False, True])
+@pytest.mark.parametrize("wname", WIRES)
+@pytest.mark.parametrize("dname", list(DTYPES))
+def test_host_wire_kernels_match_numpy(dname, wname, average):
+    """Through float32, rounded to nearest even; the records summed in float32, record 0 first."""
+    dtype, w = DTYPES[dname][1], DTYPES[wname][1]
+    n, n_records = 1000, 3
+    x, records = wire_inputs(dname, wname, n, n_records)
+    enc, dec, red = wire_ops(x, records, dname, wname, n_records, average, "cpu")
+    with np.errstate(all="ignore"):  # the data holds infinities, NaN and values beyond float16
+        assert_same(enc, x.astype(np.float32).astype(w), "encode")
+        assert_same(dec, records[:n].astype(np.float32).astype(dtype), "decode")
+        acc = records[:n].astype(np.float32)
+        for r in range(1, n_records):
+            acc = acc + records[r * n : (r + 1) * n].astype(np.float32)
+        if average:
+            acc = acc / np.float32(n_records)
+        assert_same(red, acc.astype(dtype), "reduce")
+
+
+def test_wire_kernels_reject_bad_dtypes():
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        K.wire_encode(x, 0, 0, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="float32, float64, float16 or bfloat16"):
+        K.wire_encode(x.view(np.int32), 4, 2, np.zeros(4, np.float16))
+    with pytest.raises(ValueError, match="dst"):
+        K.wire_encode(x, 0, 2, np.zeros(3, np.float16))
+    with pytest.raises(ValueError, match="n_records"):
+        K.wire_reduce(np.zeros(4, np.float16), 0, 2, 0, True, x)
+
+
 # ---- host: the binding's checks -----------------------------------------------------------------
 
 
@@ -257,3 +315,16 @@ def test_cuda_minmax_uint8_matches_host(dname, n_chunks, chunk_len, target):
         K.reduce_chunks(c, n_chunks, code, True, raw(r[device]), device=device)
     assert_same(y["cuda"], y["cpu"], "decompress")
     assert_same(r["cuda"], r["cpu"], "reduce_chunks")
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 257, 256 * 4096 + 3])
+@pytest.mark.parametrize("wname", WIRES)
+@pytest.mark.parametrize("dname", list(DTYPES))
+def test_cuda_wire_kernels_match_host(dname, wname, n):
+    x, records = wire_inputs(dname, wname, n, 3, seed=n)
+    for average in (False, True):
+        host = wire_ops(x, records, dname, wname, 3, average, "cpu")
+        cuda = wire_ops(x, records, dname, wname, 3, average, "cuda")
+        for what, got, want in zip(("encode", "decode", "reduce"), cuda, host):
+            assert_same(got, want, f"{what} {dname}->{wname} n={n} average={average}")

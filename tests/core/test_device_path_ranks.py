@@ -33,6 +33,7 @@ SLOW_US = 3000  # per queued task on the slow side of each ordering
 STEPS = {  # case -> (step, params, weights?)
     "centralized": ("centralized_allreduce", {"hierarchical": False, "average": True}, False),
     "bytegrad": ("bytegrad", {"hierarchical": False, "average": True}, False),
+    "halfgrad": ("halfgrad", {"hierarchical": False, "average": True, "wire": "bfloat16"}, False),
     "qadam": ("qadam", {"hierarchical": False, "warmup_steps": 1, "beta1": "0.9"}, False),
     "decentralized_all": (
         "decentralized",
@@ -48,6 +49,7 @@ STEPS = {  # case -> (step, params, weights?)
 HIER_STEPS = {
     "hierarchical_centralized": ("centralized_allreduce", {"hierarchical": True, "average": True}, False),
     "hierarchical_bytegrad": ("bytegrad", {"hierarchical": True, "average": False}, False),
+    "hierarchical_halfgrad": ("halfgrad", {"hierarchical": True, "average": False, "wire": "float16"}, False),
     "decentralized_shift_one": (
         "decentralized",
         {"hierarchical": False, "peer_selection_mode": "shift_one", "communication_interval": 1},
