@@ -25,6 +25,7 @@ POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm sta
 BAGUA_ALGORITHMS = {
     "Bagua GradientAllReduce": "GradientAllReduceAlgorithm",
     "Bagua ByteGrad": "ByteGradAlgorithm",
+    "Bagua HalfGrad": "HalfGradAlgorithm",
     "Bagua Decentralized": "DecentralizedAlgorithm",
     "Bagua LowPrecisionDecentralized": "LowPrecisionDecentralizedAlgorithm",
     "Bagua Async": "AsyncModelAverageAlgorithm",

@@ -15,11 +15,11 @@ transformer, 0.28 M parameters, an order-2 Markov corpus; the metric is next-tok
 held-out sequences). Two tracks:
 
     sgd    SGD with momentum 0.9: DDP, DDP+fp16, DDP+PowerSGD (torch's hooks over gloo), Bagua
-           GradientAllReduce, ByteGrad, ByteGrad+EF (error feedback), Decentralized,
+           GradientAllReduce, HalfGrad, ByteGrad, ByteGrad+EF (error feedback), Decentralized,
            LowPrecisionDecentralized, LowRank, LocalSteps, LocalSteps+8bit
-    adamw  AdamW (weight decay --weight-decay): DDP, DDP+PowerSGD, Bagua QAdam (QAdamOptimizer: Adam
-           with frozen second moments, no weight decay), Bagua LowRank, Bagua LocalSteps and
-           LocalSteps+8bit (AdamW inside)
+    adamw  AdamW (weight decay --weight-decay): DDP, DDP+PowerSGD, Bagua GradientAllReduce, HalfGrad,
+           Bagua QAdam (QAdamOptimizer: Adam with frozen second moments, no weight decay), Bagua LowRank,
+           Bagua LocalSteps and LocalSteps+8bit (AdamW inside)
 
 Bagua LocalSteps is LocalStepsAlgorithm(sync_interval=H, outer_lr=0.7, outer_momentum=0.9,
 nesterov=True, warmup_steps=0); LocalSteps+8bit adds compression="minmax_uint8",
@@ -114,6 +114,7 @@ TRACKS = {
         "DDP+fp16",
         "DDP+PowerSGD",
         "Bagua GradientAllReduce",
+        "Bagua HalfGrad",
         "Bagua ByteGrad",
         "Bagua ByteGrad+EF",
         "Bagua Decentralized",
@@ -122,7 +123,16 @@ TRACKS = {
         "Bagua LocalSteps",
         "Bagua LocalSteps+8bit",
     ),
-    "adamw": ("DDP", "DDP+PowerSGD", "Bagua QAdam", "Bagua LowRank", "Bagua LocalSteps", "Bagua LocalSteps+8bit"),
+    "adamw": (
+        "DDP",
+        "DDP+PowerSGD",
+        "Bagua GradientAllReduce",
+        "Bagua HalfGrad",
+        "Bagua QAdam",
+        "Bagua LowRank",
+        "Bagua LocalSteps",
+        "Bagua LocalSteps+8bit",
+    ),
 }
 METHODS = tuple(dict.fromkeys(m for ms in TRACKS.values() for m in ms))
 BASELINE, POWERSGD = "DDP", "DDP+PowerSGD"

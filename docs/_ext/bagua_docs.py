@@ -270,10 +270,11 @@ def scripts_table() -> str:
 
 def tta_rows() -> list[dict]:
     """One row per (link, workload, track) of the dated time-to-accuracy runs
-    (folders with a ``meta.json``): the first method to the target and
-    Bagua's best against tuned DDP+PowerSGD."""
-    rows = []
-    for folder in result_folders():
+    (folders with a ``meta.json``; a later run replaces an earlier one's row):
+    the first method to the target and Bagua's best against tuned
+    DDP+PowerSGD and against DDP."""
+    rows = {}
+    for folder in result_folders():  # by name: oldest date first
         if not os.path.exists(os.path.join(folder, "meta.json")):
             continue
         for path in glob.glob(os.path.join(folder, "time_to_accuracy.json")):
@@ -288,19 +289,19 @@ def tta_rows() -> list[dict]:
                         }
                         bagua = {m: s for m, s in reached.items() if m.startswith("Bagua")}
                         best = min(bagua, key=bagua.get) if bagua else None
-                        rows.append(
-                            {
-                                "link": link.replace("2 hosts, ", ""),
-                                "workload": workload,
-                                "track": track,
-                                "first": min(reached, key=reached.get) if reached else None,
-                                "best": best,
-                                "best_s": bagua.get(best),
-                                "vs_powersgd": methods[best].get("speedup_vs_powersgd") if best else None,
-                                "powersgd_reached": "DDP+PowerSGD" in reached,
-                            }
-                        )
-    return rows
+                        rows[(link, workload, track)] = {
+                            "run": os.path.basename(folder),
+                            "link": link.replace("2 hosts, ", ""),
+                            "workload": workload,
+                            "track": track,
+                            "first": min(reached, key=reached.get) if reached else None,
+                            "best": best,
+                            "best_s": bagua.get(best),
+                            "vs_powersgd": methods[best].get("speedup_vs_powersgd") if best else None,
+                            "vs_ddp": methods[best].get("speedup_vs_ddp") if best else None,
+                            "powersgd_reached": "DDP+PowerSGD" in reached,
+                        }
+    return list(rows.values())
 
 
 def _link_order(row: dict) -> tuple:
@@ -312,16 +313,21 @@ def _link_order(row: dict) -> tuple:
 
 def tta_summary() -> str:
     rows = [
-        "| link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD |",
-        "|---|---|---|---|---|---:|",
+        "| link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD | × DDP | run |",
+        "|---|---|---|---|---|---:|---:|---|",
     ]
     for r in sorted(tta_rows(), key=_link_order):
         if r["best"] is None:
-            best, ratio = "none reached", "n/a"
+            best, ratio, vs_ddp = "none reached", "n/a", "n/a"
         else:
             best = f"{r['best'].removeprefix('Bagua ')}, {r['best_s']:.1f} s"
             ratio = f"{r['vs_powersgd']:.2f}" if r["vs_powersgd"] is not None else "PowerSGD never reached"
-        rows.append(f"| {r['link']} | {r['workload']} | {r['track']} | {r['first'] or 'none'} | {best} | {ratio} |")
+            vs_ddp = f"{r['vs_ddp']:.2f}" if r["vs_ddp"] is not None else "DDP never reached"
+        run = re.sub(r"^time_to_accuracy-(\d{4}-\d\d-\d\d).*", r"\1", r["run"])
+        rows.append(
+            f"| {r['link']} | {r['workload']} | {r['track']} | {r['first'] or 'none'} | {best} | {ratio} | {vs_ddp} "
+            f"| {run} |"
+        )
     return "\n".join(rows) + "\n"
 
 
