@@ -1,7 +1,8 @@
 # Two commands on a fresh machine:  make demo   and   make test
 # Each installs what it needs first: the system Gloo, a virtual environment
 # .venv, the project and its extras. make test-fast: the tests not marked slow
-# (a few multi-process ones per layer among them), for day-to-day work.
+# (measured: tests/durations.json; a few multi-process ones per layer among
+# them), for day-to-day work. make durations: the whole suite, measuring again.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -18,7 +19,7 @@ LINT   := $(VENV)/.lint-installed
 # C++/CUDA sources clang-format owns (the .inc files are C++ fragments included by .cc files).
 CSRC    = $(shell find csrc -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \) | sort)
 
-.PHONY: demo test test-fast build deps system clean bench lint format lint-deps
+.PHONY: demo test test-fast durations build deps system clean bench lint format lint-deps
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
@@ -29,6 +30,9 @@ test: build
 
 test-fast: build
 	$(PY) -m pytest -q -ra -m "not slow"
+
+durations: build
+	BAGUA_RECORD_DURATIONS=1 $(PY) -m pytest -q -ra
 
 bench: build
 	$(PY) benchmarks/collectives.py

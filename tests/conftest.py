@@ -8,10 +8,13 @@ Two marks are given here, so that test files need not carry them:
   ``tests.harness.mp``, a benchmark script, ``bagua-run``, any ``subprocess``),
   found by what the test, its fixtures and the module's functions they call
   refer to;
-* ``slow``: a multi-process test outside ``FAST_MULTIPROCESS``, or a test in
-  ``SLOW``. ``make test-fast`` (``-m "not slow"``) keeps the few short
-  multi-process tests per layer listed in ``FAST_MULTIPROCESS``, so that every
-  layer still runs across real processes; ``make test`` runs everything.
+* ``slow``: measured: the test (or its whole session, whose tests share the
+  processes) took more than ``SLOW_SECONDS`` in ``tests/durations.json``
+  (``tests/harness/durations.py``; ``make durations`` measures them again), or
+  it starts processes and has not been measured yet. The few short
+  multi-process tests per layer in ``FAST_MULTIPROCESS`` are never slow, so
+  that ``make test-fast`` (``-m "not slow"``) still runs every layer across
+  real processes; ``make test`` runs everything.
 """
 
 import inspect
@@ -25,7 +28,7 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tests.harness import benchmark_scripts, mp
+from tests.harness import benchmark_scripts, durations, mp
 
 # Multi-process tests fast enough for `make test-fast`, a few per layer: node ids relative to
 # tests/, where * matches anything (a session's tests share its processes: keep them together).
@@ -43,8 +46,8 @@ FAST_MULTIPROCESS = (
     "benchmarks/test_benchmarks_agreement.py::*",  # a benchmark script through bagua-run
 )
 
-# Single-process tests that take more than about 10 s alone (none now).
-SLOW = ()
+# A test (or session) measured above this is slow.
+SLOW_SECONDS = 2.0
 
 # What starts processes: these modules, and these functions wherever they are imported.
 _STARTER_MODULES = {"subprocess", "multiprocessing"}
@@ -137,12 +140,16 @@ def _matcher(patterns):
 
 
 def pytest_collection_modifyitems(config, items):
-    fast_multiprocess, slow = _matcher(FAST_MULTIPROCESS), _matcher(SLOW)
-    for item in items:
-        node = _node_id(item)
-        if _item_starts_processes(item):
+    fast_multiprocess = _matcher(FAST_MULTIPROCESS)
+    nodes = [(item, _node_id(item)) for item in items]
+    seconds = durations.group_seconds(nodes, durations.load())
+    for item, node in nodes:
+        starts = _item_starts_processes(item)
+        if starts:
             item.add_marker(pytest.mark.multiprocess)
-            if not fast_multiprocess(node):
-                item.add_marker(pytest.mark.slow)
-        elif slow(node):
+        measured = seconds[durations.group_of(item, node)]
+        slow = (measured is None and starts) or (measured is not None and measured > SLOW_SECONDS)
+        if slow and not fast_multiprocess(node):
             item.add_marker(pytest.mark.slow)
+    if os.environ.get(durations.RECORD_ENV):
+        config.pluginmanager.register(durations.Recorder({item.nodeid: node for item, node in nodes}))
