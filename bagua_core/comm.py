@@ -239,6 +239,8 @@ def _unaliased(s: DLPackView, r: DLPackView):
 
 
 # --- point to point ----------------------------------------------------------
+# The primitives below are named once, in bagua_core.PRIMITIVES (the package
+# lists them without importing this module, which loads the extension).
 
 
 @one_caller

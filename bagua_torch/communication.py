@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 
 import bagua_core
-from bagua_core import comm as _core
+from bagua_core import PRIMITIVES, comm as _core
 from bagua_core.comm import ReduceOp
 from bagua_core.process_group import ProcessGroup
 from bagua_torch import _torch_group
@@ -35,27 +35,7 @@ __all__ = [
     "get_local_rank",
     "get_local_size",
     "get_node_rank",
-    "send",
-    "recv",
-    "broadcast",
-    "broadcast_object",
-    "reduce",
-    "reduce_inplace",
-    "allreduce",
-    "allreduce_inplace",
-    "allgather",
-    "allgather_inplace",
-    "gather",
-    "gather_inplace",
-    "scatter",
-    "scatter_inplace",
-    "reduce_scatter",
-    "reduce_scatter_inplace",
-    "alltoall",
-    "alltoall_inplace",
-    "alltoall_v",
-    "alltoall_v_inplace",
-    "barrier",
+    *PRIMITIVES,
     "broadcast_coalesced",
     "allreduce_coalesced_inplace",
 ]
