@@ -10,6 +10,7 @@ itself."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Optional
 
 from bagua_core import PRIMITIVES
 from bagua_core.group_communicator import GroupCommunicator
@@ -49,17 +50,24 @@ from bagua_torch.communication import (
     send as send,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    from bagua_core.engine import Engine
+
 BaguaProcessGroup = ProcessGroup  # the original's name for the groups new_group returns
 
 
-def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1):
+def init_process_group(
+    store: Optional[torch.distributed.Store] = None, rank: int = -1, world_size: int = -1, local_world_size: int = -1
+) -> ProcessGroup:
     """Bagua 0.9.2's ``init_process_group``: joins the job and initialises
     torch's default process group too, unless the caller made one first
     (see :func:`bagua_torch.init_process_group`)."""
     return _init_process_group(store, rank, world_size, local_world_size, torch_distributed=True)
 
 
-def _get_default_group():
+def _get_default_group() -> ProcessGroup:
     """The world group (Bagua 0.9.2's private name, which user code calls)."""
     return get_default_group()
 
@@ -80,18 +88,18 @@ def get_communicator(group_name: str, comm_name: str) -> GroupCommunicator:
     return getattr(group_named(group_name), getter)()
 
 
-def _rank_not_in_comm(comm=None) -> bool:
+def _rank_not_in_comm(comm: Optional[GroupCommunicator] = None) -> bool:
     """True when this process is not a member of ``comm`` (None: the world)."""
     return comm is not None and not comm.is_member
 
 
-def _rank_not_in_group(group=None) -> bool:
+def _rank_not_in_group(group: Optional[ProcessGroup] = None) -> bool:
     """True when this process is not a member of ``group`` (None: the world)."""
     return group is not None and not group.is_member
 
 
 @functools.lru_cache(maxsize=None)
-def get_backend(model_name: str):
+def get_backend(model_name: str) -> Engine:
     """The communication engine kept under ``model_name`` (a
     :class:`bagua_core.engine.Engine` over a clone of the default group,
     built on first use: every rank asks for the same names in the same order)."""
