@@ -620,4 +620,4 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[Group] = None) -> A
     if g.rank != src:
         payload = np.empty(int(length[0]), dtype=np.uint8)
     broadcast(payload, src, g)
-    return obj if g.rank == src else pickle.loads(payload.tobytes())
+    return obj if g.rank == src else pickle.loads(payload.tobytes())  # type: ignore[union-attr]  # set above

@@ -780,7 +780,7 @@ def with_bagua(
     return self
 
 
-def _ddp_of(module: torch.nn.Module) -> BaguaDistributedDataParallel:
+def _ddp_of(module: object) -> BaguaDistributedDataParallel:
     ddp = module.__dict__.get("bagua_ddp")
     if ddp is None:
         raise AttributeError(f"{type(module).__name__} is not wrapped: call module.with_bagua(...) first")

@@ -20,7 +20,7 @@ import optax
 class QAdamState(NamedTuple):
     """``count``: optimizer steps so far (int32); ``mu``, ``nu``: the moments."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name for it; shadows tuple.count
     mu: optax.Updates
     nu: optax.Updates
 

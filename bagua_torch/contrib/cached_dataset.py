@@ -39,4 +39,4 @@ class CachedDataset(Dataset):
         return self.cache_loader.get_many(list(items), lambda xs: [self.dataset[x] for x in xs])
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset)  # type: ignore[arg-type]  # a map-style dataset has a length

@@ -70,7 +70,7 @@ class DistributedDataParallel_V1_9_0(_BaguaDDP):
             bucket_cap_mb=bucket_cap_mb,
         )
         if bagua_module_name is not None:
-            module.bagua_module_name = bagua_module_name
+            module.bagua_module_name = bagua_module_name  # type: ignore[assignment]  # BaguaModule's property
 
 
 def DistributedDataParallel(
