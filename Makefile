@@ -67,6 +67,7 @@ $(DEPS): pyproject.toml | system
 lint: $(LINT)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy  # the public API's modules: [tool.mypy] in pyproject.toml
 	@echo "clang-format --dry-run -Werror: $(words $(CSRC)) files under csrc/"
 	@$(VENV)/bin/clang-format --dry-run -Werror $(CSRC)
 
@@ -78,7 +79,7 @@ format: $(LINT)
 
 lint-deps: $(LINT)
 
-# Only the pinned linters: make lint needs no build, Gloo or torch.
+# Only the pinned linters and mypy: make lint needs no build, Gloo or torch.
 $(LINT): requirements-lint.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r requirements-lint.txt

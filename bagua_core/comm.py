@@ -45,6 +45,8 @@ from bagua_core.process_group import ProcessGroup, get_default_group
 
 # An array argument: anything exporting DLPack (numpy, torch, jax, CuPy, a bagua_core.Buffer).
 Array = Any
+# A group argument: a process group or one of its communicators (group.get_global_communicator(), ...).
+Group = Union[ProcessGroup, GroupCommunicator]
 
 
 class ReduceOp(enum.IntEnum):
@@ -97,7 +99,7 @@ def _op(op) -> int:
 # --- arguments ---------------------------------------------------------------
 
 
-def _group(group) -> ProcessGroup:
+def _group(group: Optional[Group]) -> ProcessGroup:
     if group is None:
         return get_default_group()
     if isinstance(group, GroupCommunicator):
@@ -239,10 +241,12 @@ def _unaliased(s: DLPackView, r: DLPackView):
 
 
 # --- point to point ----------------------------------------------------------
+# The primitives below are named once, in bagua_core.PRIMITIVES (the package
+# lists them without importing this module, which loads the extension).
 
 
 @one_caller
-def send(tensor: Array, dst: int, group: Optional[ProcessGroup] = None) -> None:
+def send(tensor: Array, dst: int, group: Optional[Group] = None) -> None:
     """Sends ``tensor`` to group rank ``dst`` (which calls :func:`recv`)."""
     g = _group(group)
     if not g.is_member:
@@ -254,7 +258,7 @@ def send(tensor: Array, dst: int, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def recv(tensor: Array, src: int, group: Optional[ProcessGroup] = None) -> None:
+def recv(tensor: Array, src: int, group: Optional[Group] = None) -> None:
     """Receives into ``tensor`` what group rank ``src`` sends."""
     g = _group(group)
     if not g.is_member:
@@ -269,7 +273,7 @@ def recv(tensor: Array, src: int, group: Optional[ProcessGroup] = None) -> None:
 
 
 @one_caller
-def broadcast(tensor: Array, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def broadcast(tensor: Array, src: int = 0, group: Optional[Group] = None) -> None:
     """Copies ``tensor`` of group rank ``src`` into ``tensor`` of every rank (in place;
     only written on the other ranks, so ``src`` may pass a read-only array)."""
     g = _group(group)
@@ -286,7 +290,7 @@ def reduce(
     recv_tensor: Optional[Array] = None,
     dst: int = 0,
     op: Op = ReduceOp.SUM,
-    group: Optional[ProcessGroup] = None,
+    group: Optional[Group] = None,
 ) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of ``dst``.
     ``recv_tensor`` is only needed (and allocated when None) on ``dst``."""
@@ -306,7 +310,7 @@ def reduce(
 
 
 @one_caller
-def reduce_inplace(tensor: Array, dst: int = 0, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def reduce_inplace(tensor: Array, dst: int = 0, op: Op = ReduceOp.SUM, group: Optional[Group] = None) -> None:
     """Like :func:`reduce` with the result written over ``tensor`` on ``dst``
     (left unchanged elsewhere)."""
     g = _group(group)
@@ -320,7 +324,7 @@ def reduce_inplace(tensor: Array, dst: int = 0, op: Op = ReduceOp.SUM, group: Op
 
 @one_caller
 def allreduce(
-    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None
+    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[Group] = None
 ) -> Array:
     """Reduces ``send_tensor`` of every rank into ``recv_tensor`` of every rank
     (returned; a new :class:`Buffer` when ``recv_tensor`` is None). Any array
@@ -345,7 +349,7 @@ def allreduce(
 
 
 @one_caller
-def allreduce_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def allreduce_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[Group] = None) -> None:
     """Reduces ``tensor`` of every rank and writes the result into ``tensor`` on
     every rank.
     """
@@ -358,7 +362,7 @@ def allreduce_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[Proc
 
 
 @one_caller
-def allgather(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[ProcessGroup] = None) -> Array:
+def allgather(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[Group] = None) -> Array:
     """Concatenates every rank's ``send_tensor`` (in rank order) into ``recv_tensor``,
     which holds ``size * send.numel`` elements (allocated as ``(size, *send.shape)``).
 
@@ -379,7 +383,7 @@ def allgather(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Op
 
 
 @one_caller
-def allgather_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> None:
+def allgather_inplace(tensor: Array, group: Optional[Group] = None) -> None:
     """``tensor`` holds ``size`` chunks; each rank contributes the chunk at its rank."""
     g = _group(group)
     if not g.is_member:
@@ -391,7 +395,7 @@ def allgather_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> No
 
 @one_caller
 def gather(
-    send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0, group: Optional[ProcessGroup] = None
+    send_tensor: Array, recv_tensor: Optional[Array] = None, dst: int = 0, group: Optional[Group] = None
 ) -> Array:
     """Like :func:`allgather`, with the result only on ``dst`` (``recv_tensor`` is
     only needed, and allocated when None, there)."""
@@ -410,7 +414,7 @@ def gather(
 
 
 @one_caller
-def gather_inplace(tensor: Array, count: int, dst: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def gather_inplace(tensor: Array, count: int, dst: int = 0, group: Optional[Group] = None) -> None:
     """On ``dst``, ``tensor`` holds ``size * count`` elements and its own
     contribution at chunk ``dst``; elsewhere it holds the ``count`` elements sent."""
     g = _group(group)
@@ -430,7 +434,7 @@ def gather_inplace(tensor: Array, count: int, dst: int = 0, group: Optional[Proc
 
 
 @one_caller
-def scatter(send_tensor: Array, recv_tensor: Array, src: int = 0, group: Optional[ProcessGroup] = None) -> Array:
+def scatter(send_tensor: Array, recv_tensor: Array, src: int = 0, group: Optional[Group] = None) -> Array:
     """Chunk ``i`` of ``send_tensor`` on ``src`` (``size * recv.numel`` elements; only
     read there, may be None elsewhere) goes to ``recv_tensor`` of rank ``i``.
     ``recv_tensor`` is required: non-src ranks could not know its shape."""
@@ -450,7 +454,7 @@ def scatter(send_tensor: Array, recv_tensor: Array, src: int = 0, group: Optiona
 
 
 @one_caller
-def scatter_inplace(tensor: Array, count: int, src: int = 0, group: Optional[ProcessGroup] = None) -> None:
+def scatter_inplace(tensor: Array, count: int, src: int = 0, group: Optional[Group] = None) -> None:
     """On ``src``, ``tensor`` holds ``size * count`` elements (chunk ``src`` stays);
     elsewhere it receives ``count`` elements."""
     g = _group(group)
@@ -471,7 +475,7 @@ def scatter_inplace(tensor: Array, count: int, src: int = 0, group: Optional[Pro
 
 @one_caller
 def reduce_scatter(
-    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None
+    send_tensor: Array, recv_tensor: Optional[Array] = None, op: Op = ReduceOp.SUM, group: Optional[Group] = None
 ) -> Array:
     """Reduces ``send_tensor`` (``size`` chunks) across ranks; rank ``i`` receives
     the reduction of chunk ``i``."""
@@ -489,7 +493,7 @@ def reduce_scatter(
 
 
 @one_caller
-def reduce_scatter_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[ProcessGroup] = None) -> None:
+def reduce_scatter_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional[Group] = None) -> None:
     """The result for this rank is written over chunk ``rank`` of ``tensor``."""
     g = _group(group)
     if not g.is_member:
@@ -504,7 +508,7 @@ def reduce_scatter_inplace(tensor: Array, op: Op = ReduceOp.SUM, group: Optional
 
 
 @one_caller
-def alltoall(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[ProcessGroup] = None) -> Array:
+def alltoall(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Optional[Group] = None) -> Array:
     """Chunk ``j`` of ``send_tensor`` goes to rank ``j``, which stores it as chunk
     ``i`` (the sender's rank) of ``recv_tensor``."""
     g = _group(group)
@@ -521,7 +525,7 @@ def alltoall(send_tensor: Array, recv_tensor: Optional[Array] = None, group: Opt
 
 
 @one_caller
-def alltoall_inplace(tensor: Array, group: Optional[ProcessGroup] = None) -> None:
+def alltoall_inplace(tensor: Array, group: Optional[Group] = None) -> None:
     """As :func:`alltoall`, with ``tensor`` both sent and received (its chunk
     ``j`` goes to rank ``j`` and is replaced by rank ``j``'s chunk ``i``).
     """
@@ -542,7 +546,7 @@ def alltoall_v(
     recv_tensor: Optional[Array],
     recv_counts: Sequence[int],
     recv_displs: Sequence[int],
-    group: Optional[ProcessGroup] = None,
+    group: Optional[Group] = None,
 ) -> Array:
     """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
     rank ``j``, which stores them at ``recv_displs[i]`` (``recv_counts[i]`` of them).
@@ -565,7 +569,7 @@ def alltoall_v(
 
 @one_caller
 def alltoall_v_inplace(
-    tensor: Array, counts: Sequence[int], displs: Sequence[int], group: Optional[ProcessGroup] = None
+    tensor: Array, counts: Sequence[int], displs: Sequence[int], group: Optional[Group] = None
 ) -> None:
     """:func:`alltoall_v` with the same counts and displacements on both sides."""
     g = _group(group)
@@ -580,15 +584,15 @@ def alltoall_v_inplace(
 
 
 @one_caller
-def barrier(group: Optional[ProcessGroup] = None) -> None:
+def barrier(group: Optional[Group] = None) -> None:
     """Returns once every rank of the group has called it."""
     g = _group(group)
     if g.is_member:
-        g.comm.barrier()
+        g.comm.barrier()  # type: ignore[union-attr]  # a member's group has its communicator
 
 
 @one_caller
-def broadcast_object(obj: Any, src: int = 0, group: Optional[ProcessGroup] = None) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: Optional[Group] = None) -> Any:
     """Returns group rank ``src``'s ``obj`` on every rank (pickled: length first,
     then the bytes). It unpickles what ``src`` sent, so it trusts its peers
     (ranks of the same job; see the security model in the documentation). An object that
@@ -616,4 +620,4 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[ProcessGroup] = Non
     if g.rank != src:
         payload = np.empty(int(length[0]), dtype=np.uint8)
     broadcast(payload, src, g)
-    return obj if g.rank == src else pickle.loads(payload.tobytes())
+    return obj if g.rank == src else pickle.loads(payload.tobytes())  # type: ignore[union-attr]  # set above

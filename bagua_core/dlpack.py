@@ -11,14 +11,17 @@ the engine uses its address. Exports go the other way through
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from bagua_core._loader import _C
 from bagua_core.dtypes import DType
 
-DLPackView = _C.DLPackView
+if TYPE_CHECKING:
+    DLPackView = Any  # the extension's class; bagua_core._C has no type stubs
+else:
+    DLPackView = _C.DLPackView
 
 # DLDeviceType codes (dlpack.h) of memory the engine can address.
 _HOST_DEVICES = (1, 3)  # kDLCPU, kDLCUDAHost

@@ -18,10 +18,13 @@ import functools
 import inspect
 import threading
 import weakref
+from typing import Any, Callable, TypeVar, cast
 
 from bagua_core.errors import ConcurrentUseError
 from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.process_group import ProcessGroup, get_default_group
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Guard:
@@ -82,8 +85,9 @@ def _break(group) -> None:
         comm.close()
 
 
-def one_caller(fn):
-    """Decorates a primitive whose ``group`` argument names the group it uses."""
+def one_caller(fn: F) -> F:
+    """Decorates a primitive whose ``group`` argument names the group it uses
+    (its signature, as type checkers see it, is kept)."""
     index = list(inspect.signature(fn).parameters).index("group")
 
     @functools.wraps(fn)
@@ -108,4 +112,4 @@ def one_caller(fn):
         _exit(guard)
         return result
 
-    return wrapper
+    return cast(F, wrapper)

@@ -12,8 +12,10 @@ Not built: the per-expert files of Bagua 0.9's MoE models.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 import bagua_core
 
@@ -34,7 +36,11 @@ def _rank() -> int:
 
 
 def save_checkpoint(
-    iteration: int, checkpoints_path: str, model: torch.nn.Module, optimizer=None, lr_scheduler=None
+    iteration: int,
+    checkpoints_path: str,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    lr_scheduler: Optional[LRScheduler] = None,
 ) -> None:
     """Saves the states at ``iteration`` (rank 0 writes; every rank calls it)."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
@@ -57,7 +63,11 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    checkpoints_path: str, model: torch.nn.Module, optimizer=None, lr_scheduler=None, strict: bool = True
+    checkpoints_path: str,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    lr_scheduler: Optional[LRScheduler] = None,
+    strict: bool = True,
 ) -> int:
     """Loads the latest checkpoint into the given objects and returns its
     iteration; 0 when there is none yet."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 
 from bagua_core.process_group import ProcessGroup
+from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl
 from bagua_torch.algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+from bagua_torch.bucket import BaguaBucket
 from bagua_torch.distributed import wrap
 
 __all__ = ["DistributedDataParallel"]
@@ -73,14 +75,14 @@ class DistributedDataParallel(torch.nn.Module):
         self,
         module: torch.nn.Module,
         optimizers: Sequence[torch.optim.Optimizer] = (),
-        algorithm=None,
+        algorithm: Union[Algorithm, Any, None] = None,
         process_group: Optional[ProcessGroup] = None,
         find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
         gradient_as_bucket_view: bool = True,
         bucket_cap_mb: Optional[float] = None,
         overlap_optimizer: bool = False,
-    ):
+    ) -> None:
         super().__init__()
         self.module = module
         bucket_bytes = None if bucket_cap_mb is None else max(1, int(bucket_cap_mb * 1024 * 1024))
@@ -97,11 +99,11 @@ class DistributedDataParallel(torch.nn.Module):
             overlap_optimizer=overlap_optimizer,
         )
 
-    def forward(self, *inputs, **kwargs):
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Gradients accumulate locally inside; the first backward after it
         communicates their sum (mean over ranks)."""
         with self.inner.no_sync():
@@ -112,19 +114,19 @@ class DistributedDataParallel(torch.nn.Module):
         return self.inner.require_backward_grad_sync
 
     @property
-    def bagua_algorithm(self):
+    def bagua_algorithm(self) -> AlgorithmImpl:
         return self.inner.impl
 
     @property
-    def bagua_optimizers(self):
+    def bagua_optimizers(self) -> List[torch.optim.Optimizer]:
         return self.inner.optimizers
 
     @property
-    def bagua_buckets(self):
+    def bagua_buckets(self) -> List[BaguaBucket]:
         return self.inner.bagua_buckets
 
     @property
-    def parameters_to_ignore(self):
+    def parameters_to_ignore(self) -> List[str]:
         return sorted(self.inner.ignored)
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union, cast
 
 import torch
 
@@ -63,8 +63,12 @@ from bagua_core.process_group import ProcessGroup
 from bagua_torch import _observe, _optimizers, _phases, _sync
 from bagua_torch._step_guard import StepGuard
 from bagua_torch._views import bucket_tensors, same_memory
-from bagua_torch.algorithms.base import Algorithm, as_algorithm
+from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm
 from bagua_torch.bucket import BaguaBucket
+
+if TYPE_CHECKING:
+    from bagua_core.algorithms import Plan
+    from bagua_torch.algorithms.async_model_average import AsyncModelAverageImpl
 
 __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
@@ -108,8 +112,8 @@ class BaguaDistributedDataParallel:
     def __init__(
         self,
         module: torch.nn.Module,
-        optimizers,
-        algorithm,
+        optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None],
+        algorithm: Union[Algorithm, Any],
         process_group: Optional[ProcessGroup] = None,
         module_name: Optional[str] = None,
         do_flatten: bool = True,
@@ -117,7 +121,7 @@ class BaguaDistributedDataParallel:
         broadcast_buffers: bool = True,
         bucket_bytes: Optional[int] = None,
         overlap_optimizer: bool = False,
-    ):
+    ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if isinstance(optimizers, torch.optim.Optimizer):
@@ -146,7 +150,7 @@ class BaguaDistributedDataParallel:
         self._awaiting_optimizer = False  # overlap: backward ended, its step is still open
         self.bucket_params: List[List[torch.nn.Parameter]] = []  # per engine bucket, its parameters
         self._optimizer_spans: List[tuple] = []  # overlap, traced: (bucket, start ns, end ns) of this step
-        self.engine = None
+        self.engine: Engine = None  # type: ignore[assignment]  # set below; None only while a wrap fails
         self._hooks: list = []
         self._marked: set = set()
         self._callback_queued = False
@@ -167,8 +171,8 @@ class BaguaDistributedDataParallel:
         self.plan = self.impl.plan
         # asynchronous model average: the engine runs the warm-up plan, a
         # background loop the weights' plan (see _build_weight_buckets)
-        self.background_plan = getattr(self.impl, "background_plan", None)
-        self.averager = None
+        self.background_plan: Optional[Plan] = getattr(self.impl, "background_plan", None)
+        self.averager: Optional[AsyncAverager] = None
         if self.background_plan is not None and not self.do_flatten:
             raise ValueError(
                 f"{type(self.algorithm).__name__} supports do_flatten=True only: its background loop "
@@ -256,7 +260,7 @@ class BaguaDistributedDataParallel:
         return {t.untyped_storage().data_ptr() for t in slots}
 
     def _signature(self) -> List[tuple]:
-        sig = [
+        sig: List[tuple] = [
             ("algorithm", type(self.algorithm).__name__, repr(self.algorithm.to_core())),
             (
                 "setting",
@@ -345,12 +349,13 @@ class BaguaDistributedDataParallel:
         self.averager = AsyncAverager(
             self.process_group,
             self.weight_buckets,
-            self.background_plan,
+            cast("Plan", self.background_plan),
             device=self._engine_device,
             producer_stream=self._stream,
         )
-        self.impl.averager = self.averager
-        self.impl.after_abort = self._broadcast_buffers_after_abort
+        impl = cast("AsyncModelAverageImpl", self.impl)
+        impl.averager = self.averager
+        impl.after_abort = self._broadcast_buffers_after_abort
 
     def _broadcast_buffers_after_abort(self) -> None:
         """After abort (every rank): rank 0's buffers (e.g. BatchNorm
@@ -362,11 +367,12 @@ class BaguaDistributedDataParallel:
     def _background_before_forward(self) -> None:
         """Asynchronous model average: switches from the warm-up (gradient
         allreduce) to the background loop once the warm-up steps are done."""
-        if not self.impl.in_warmup and self.plan is not self.background_plan:
+        impl = cast("AsyncModelAverageImpl", self.impl)
+        if not impl.in_warmup and self.plan is not self.background_plan:
             self.finish_step()
-            self.plan = self.background_plan
+            self.plan = cast("Plan", self.background_plan)
             self.phase_driver = _phases.BackgroundDriver()
-        self.impl.before_forward()
+        impl.before_forward()
 
     def before_optimizer_step(self) -> None:
         """Called before each step of a wrapped optimizer (asynchronous model
@@ -614,7 +620,7 @@ class BaguaDistributedDataParallel:
     # ------------------------------------------------------------ API
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Within this context gradients accumulate locally (no communication);
         the first backward after it communicates the accumulated sum."""
         old = self.require_backward_grad_sync
@@ -682,7 +688,7 @@ class BaguaDistributedDataParallel:
         for opt in self.optimizers:
             StepGuard.detach(opt, self)
         if self.averager is not None:
-            self.impl.close()
+            cast("AsyncModelAverageImpl", self.impl).close()
             with torch.no_grad():
                 for n, p in self.params:
                     if same_memory(p.data, self.weight_slots[n]):
@@ -712,7 +718,7 @@ class BaguaDistributedDataParallel:
         return f"<BaguaDistributedDataParallel {self.module_name} {self.algorithm!r} buckets={len(self.bagua_buckets)}>"
 
 
-def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParallel:
+def wrap(module: torch.nn.Module, *args: Any, **kwargs: Any) -> BaguaDistributedDataParallel:
     """Builds the module's BaguaDistributedDataParallel (``module.bagua_ddp``),
     first closing the previous one: wrapping again switches algorithm."""
     old = module.__dict__.pop("bagua_ddp", None)
@@ -726,7 +732,7 @@ def wrap(module: torch.nn.Module, *args, **kwargs) -> BaguaDistributedDataParall
 def with_bagua(
     self: torch.nn.Module,
     optimizers: Sequence[torch.optim.Optimizer],
-    algorithm,
+    algorithm: Union[Algorithm, Any],
     process_group: Optional[ProcessGroup] = None,
     do_flatten: bool = True,
     overlap_optimizer: bool = False,
@@ -774,7 +780,7 @@ def with_bagua(
     return self
 
 
-def _ddp_of(module: torch.nn.Module) -> BaguaDistributedDataParallel:
+def _ddp_of(module: object) -> BaguaDistributedDataParallel:
     ddp = module.__dict__.get("bagua_ddp")
     if ddp is None:
         raise AttributeError(f"{type(module).__name__} is not wrapped: call module.with_bagua(...) first")
@@ -796,15 +802,18 @@ class BaguaModule:
         self.__dict__["_bagua_module_name"] = str(name)
 
     @property
-    def bagua_algorithm(self):
+    def bagua_algorithm(self) -> AlgorithmImpl:
+        """The algorithm bound to this wrapped module (its plan and step state)."""
         return _ddp_of(self).impl
 
     @property
-    def bagua_optimizers(self):
+    def bagua_optimizers(self) -> List[torch.optim.Optimizer]:
+        """The optimizers given to :meth:`with_bagua`."""
         return _ddp_of(self).optimizers
 
     @property
-    def bagua_buckets(self):
+    def bagua_buckets(self) -> List[BaguaBucket]:
+        """The engine's buckets (see :attr:`BaguaDistributedDataParallel.bagua_buckets`)."""
         return _ddp_of(self).bagua_buckets
 
 

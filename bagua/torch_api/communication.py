@@ -10,52 +10,64 @@ itself."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Optional
 
+from bagua_core import PRIMITIVES
 from bagua_core.group_communicator import GroupCommunicator
 from bagua_core.process_group import ProcessGroup, group_named
-from bagua_torch.communication import (  # re-exported
-    ReduceOp,
-    allgather,
-    allgather_inplace,
-    allreduce,
-    allreduce_coalesced_inplace,
-    allreduce_inplace,
-    alltoall,
-    alltoall_inplace,
-    alltoall_v,
-    alltoall_v_inplace,
-    barrier,
-    broadcast,
-    broadcast_coalesced,
-    broadcast_object,
-    from_torch_group,
-    gather,
-    gather_inplace,
+
+# "name as name": an explicit re-export, which type checkers see without
+# reading __all__ (they cannot expand the names it takes from PRIMITIVES).
+from bagua_torch.communication import (
+    ReduceOp as ReduceOp,
+    allgather as allgather,
+    allgather_inplace as allgather_inplace,
+    allreduce as allreduce,
+    allreduce_coalesced_inplace as allreduce_coalesced_inplace,
+    allreduce_inplace as allreduce_inplace,
+    alltoall as alltoall,
+    alltoall_inplace as alltoall_inplace,
+    alltoall_v as alltoall_v,
+    alltoall_v_inplace as alltoall_v_inplace,
+    barrier as barrier,
+    broadcast as broadcast,
+    broadcast_coalesced as broadcast_coalesced,
+    broadcast_object as broadcast_object,
+    from_torch_group as from_torch_group,
+    gather as gather,
+    gather_inplace as gather_inplace,
     get_default_group,
     init_process_group as _init_process_group,
-    is_initialized,
-    new_group,
-    recv,
-    reduce,
-    reduce_inplace,
-    reduce_scatter,
-    reduce_scatter_inplace,
-    scatter,
-    scatter_inplace,
-    send,
+    is_initialized as is_initialized,
+    new_group as new_group,
+    recv as recv,
+    reduce as reduce,
+    reduce_inplace as reduce_inplace,
+    reduce_scatter as reduce_scatter,
+    reduce_scatter_inplace as reduce_scatter_inplace,
+    scatter as scatter,
+    scatter_inplace as scatter_inplace,
+    send as send,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from bagua_core.engine import Engine
 
 BaguaProcessGroup = ProcessGroup  # the original's name for the groups new_group returns
 
 
-def init_process_group(store=None, rank: int = -1, world_size: int = -1, local_world_size: int = -1):
+def init_process_group(
+    store: Optional[torch.distributed.Store] = None, rank: int = -1, world_size: int = -1, local_world_size: int = -1
+) -> ProcessGroup:
     """Bagua 0.9.2's ``init_process_group``: joins the job and initialises
     torch's default process group too, unless the caller made one first
     (see :func:`bagua_torch.init_process_group`)."""
     return _init_process_group(store, rank, world_size, local_world_size, torch_distributed=True)
 
 
-def _get_default_group():
+def _get_default_group() -> ProcessGroup:
     """The world group (Bagua 0.9.2's private name, which user code calls)."""
     return get_default_group()
 
@@ -76,18 +88,18 @@ def get_communicator(group_name: str, comm_name: str) -> GroupCommunicator:
     return getattr(group_named(group_name), getter)()
 
 
-def _rank_not_in_comm(comm=None) -> bool:
+def _rank_not_in_comm(comm: Optional[GroupCommunicator] = None) -> bool:
     """True when this process is not a member of ``comm`` (None: the world)."""
     return comm is not None and not comm.is_member
 
 
-def _rank_not_in_group(group=None) -> bool:
+def _rank_not_in_group(group: Optional[ProcessGroup] = None) -> bool:
     """True when this process is not a member of ``group`` (None: the world)."""
     return group is not None and not group.is_member
 
 
 @functools.lru_cache(maxsize=None)
-def get_backend(model_name: str):
+def get_backend(model_name: str) -> Engine:
     """The communication engine kept under ``model_name`` (a
     :class:`bagua_core.engine.Engine` over a clone of the default group,
     built on first use: every rank asks for the same names in the same order)."""
@@ -103,27 +115,7 @@ __all__ = [
     "new_group",
     "from_torch_group",
     "get_backend",
-    "send",
-    "recv",
-    "broadcast",
-    "broadcast_object",
-    "reduce",
-    "reduce_inplace",
-    "allreduce",
-    "allreduce_inplace",
-    "allgather",
-    "allgather_inplace",
-    "gather",
-    "gather_inplace",
-    "scatter",
-    "scatter_inplace",
-    "reduce_scatter",
-    "reduce_scatter_inplace",
-    "alltoall",
-    "alltoall_inplace",
-    "alltoall_v",
-    "alltoall_v_inplace",
-    "barrier",
+    *PRIMITIVES,
     "broadcast_coalesced",
     "allreduce_coalesced_inplace",
     "get_communicator",

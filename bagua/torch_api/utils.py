@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 
-def apply_flattened_call(bucket: Sequence[torch.Tensor], call, extra_args: Optional[Sequence] = None) -> None:
+def apply_flattened_call(
+    bucket: Sequence[torch.Tensor], call: Callable[..., Any], extra_args: Optional[Sequence[Any]] = None
+) -> None:
     flat = flatten(bucket)
     call(flat, *(extra_args or ()))
     if call is dist.all_reduce:
@@ -52,7 +54,7 @@ def apply_flattened_call(bucket: Sequence[torch.Tensor], call, extra_args: Optio
         t.copy_(synced)
 
 
-def apply_flattened_call_all(tensors: Sequence[torch.Tensor], call) -> None:
+def apply_flattened_call_all(tensors: Sequence[torch.Tensor], call: Callable[..., Any]) -> None:
     by_type: "OrderedDict[str, List[torch.Tensor]]" = OrderedDict()
     for t in tensors:
         by_type.setdefault(t.type(), []).append(t)
@@ -82,7 +84,7 @@ def to_bagua_datatype(datatype: torch.dtype) -> str:
         raise ValueError(f"unsupported data type {datatype}.") from None
 
 
-def average_by_removing_extreme_values(raw_score_list: Sequence[float]):
+def average_by_removing_extreme_values(raw_score_list: Sequence[float]) -> Tuple[float, float, List[float]]:
     scores = np.asarray(raw_score_list)
     scores = scores[len(scores) // 3 :]
 
@@ -116,7 +118,7 @@ class StatisticalAverage:
     ) -> None:
         self.last_update_time: float = time.time() if last_update_time is None else last_update_time
         self.records: List[float] = list(records or [])
-        self.record_tail: Tuple[float, float] = tuple(record_tail)
+        self.record_tail: Tuple[float, ...] = tuple(record_tail)
 
     def record_seconds(self) -> float:
         return 2.0 ** (len(self.records) - 1) if self.records else 0.0

@@ -12,12 +12,16 @@ the handle of the group's communicator staged on this process's GPU
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import bagua_core
 from bagua_core import devices
 from bagua_core._loader import _C
 from bagua_jax import _compat
+
+if TYPE_CHECKING:
+    from bagua_core.config import Settings
+    from bagua_core.process_group import ProcessGroup
 
 _groups: Dict[int, Any] = {}  # communicator handle -> its ProcessGroup (for staging)
 _staged: Dict[Tuple[int, int], int] = {}  # (handle, CUDA index) -> the staged communicator's handle
@@ -34,7 +38,7 @@ class GroupNotInitializedError(RuntimeError):
     """A collective was called before bagua_jax.init_process_group() (or with no group)."""
 
 
-def init_process_group(settings: Optional[Any] = None) -> Any:
+def init_process_group(settings: Optional[Settings] = None) -> ProcessGroup:
     """Initialises Bagua's default process group and returns it.
 
     Reads torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR,
@@ -50,7 +54,7 @@ def init_process_group(settings: Optional[Any] = None) -> Any:
 init = init_process_group  # the earlier name
 
 
-def process_group(group: Optional[Any], what: str = "bagua_jax") -> Any:
+def process_group(group: Optional[ProcessGroup], what: str = "bagua_jax") -> ProcessGroup:
     """The ``bagua_core`` process group to use: ``group``, or the default one."""
     if group is None:
         if not bagua_core.is_initialized():
@@ -69,7 +73,7 @@ def _platform_of(group: Any) -> str:
     return "cuda" if str(group.device_type).lower() == "cuda" else "cpu"
 
 
-def resolve(group: Optional[Any]) -> GroupInfo:
+def resolve(group: Union[ProcessGroup, GroupInfo, None]) -> GroupInfo:
     if isinstance(group, GroupInfo):
         return group
     group = process_group(group)

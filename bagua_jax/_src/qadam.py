@@ -10,7 +10,7 @@ the engine's ``qadam`` step (csrc/ops/qadam.h), as the torch frontend does.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Union
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +20,14 @@ import optax
 class QAdamState(NamedTuple):
     """``count``: optimizer steps so far (int32); ``mu``, ``nu``: the moments."""
 
-    count: Any
-    mu: Any
-    nu: Any
+    count: jax.Array  # type: ignore[assignment]  # optax's name for it; shadows tuple.count
+    mu: optax.Updates
+    nu: optax.Updates
 
 
 @dataclasses.dataclass(frozen=True)
 class QAdamHyperparameters:
-    learning_rate: Union[float, Callable[[Any], Any]]
+    learning_rate: optax.ScalarOrSchedule
     warmup_steps: int
     b1: float
     b2: float
@@ -35,7 +35,7 @@ class QAdamHyperparameters:
     weight_decay: float
 
 
-def hyperparameters_of(tx) -> QAdamHyperparameters:
+def hyperparameters_of(tx: optax.GradientTransformation) -> QAdamHyperparameters:
     """The hyperparameters of a :func:`qadam` transformation; TypeError otherwise."""
     hp = getattr(getattr(tx, "update", None), "bagua_qadam", None)
     if not isinstance(hp, QAdamHyperparameters):
@@ -44,7 +44,7 @@ def hyperparameters_of(tx) -> QAdamHyperparameters:
 
 
 def qadam(
-    learning_rate,
+    learning_rate: optax.ScalarOrSchedule,
     warmup_steps: int = 100,
     b1: float = 0.9,
     b2: float = 0.999,
@@ -94,5 +94,5 @@ def qadam(
         )
         return new_updates, QAdamState(count=count, mu=mu, nu=nu)
 
-    update_fn.bagua_qadam = hp
+    update_fn.bagua_qadam = hp  # type: ignore[attr-defined]  # read by hyperparameters_of
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,9 @@ from bagua_core.engine import default_bucket_bytes, plan_buckets
 from bagua_jax import algorithms
 from bagua_jax._src import groups, validation
 from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
+
+if TYPE_CHECKING:
+    from bagua_core.process_group import ProcessGroup
 
 # dtypes the steps average (every algorithm so far works on floating data)
 FLOAT_DTYPES = tuple(np.dtype(t) for t in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16))
@@ -60,8 +63,8 @@ class BaguaState(NamedTuple):
     memory and Q matrices, one 1-D float32 array, float64 for float64
     gradients), empty otherwise."""
 
-    step: Any
-    step_state: Tuple[Any, ...] = ()
+    step: jax.Array
+    step_state: Tuple[jax.Array, ...] = ()
 
 
 class _Layout(NamedTuple):
@@ -159,7 +162,10 @@ _made = itertools.count()  # transforms made by this process: their default name
 
 
 def transform(
-    algorithm: Any, *, process_group: Optional[Any] = None, name: Optional[str] = None
+    algorithm: Union[algorithms.Algorithm, str, Any],
+    *,
+    process_group: Optional[ProcessGroup] = None,
+    name: Optional[str] = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Runs ``algorithm`` as an optax gradient transformation.
 
@@ -273,10 +279,10 @@ def transform(
 
     def communicate(leaves: List[Any], step, step_state) -> Tuple[List[Any], Tuple[Any, ...]]:
         out: List[Any] = [None] * len(leaves)
-        new_state = []
+        new_state: List[Any] = []
         layout = layout_of(leaves)
         for k, (bucket, padded) in enumerate(zip(layout.buckets, layout.padded)):
-            state = ()
+            state: Tuple[Any, ...] = ()
             if info.num_state:
                 expected = state_layout_of([leaves[i] for i in bucket], padded).count
                 if k >= len(step_state) or step_state[k].shape != (expected,):

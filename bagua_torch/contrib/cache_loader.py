@@ -28,7 +28,7 @@ import multiprocessing.util
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from bagua_torch.contrib.utils import serialization
 from bagua_torch.contrib.utils.store import Store
@@ -38,7 +38,7 @@ __all__ = ["CacheLoader"]
 _FLUSH_EVERY_READS = 1000
 
 
-def make_store(backend: str, **kwargs) -> Store:
+def make_store(backend: str, **kwargs: Any) -> Store:
     if backend == "lmdb":
         from bagua_torch.contrib.utils.lmdb_store import LmdbStore
 
@@ -58,8 +58,8 @@ class CacheLoader:
         writer_buffer_size: int = 1,
         allow_pickle: bool = False,
         retry_after_s: float = 10.0,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(writer_buffer_size, int) or writer_buffer_size < 1:
             raise ValueError(f"writer_buffer_size must be a positive integer, got {writer_buffer_size!r}")
         self.backend = backend
@@ -73,7 +73,7 @@ class CacheLoader:
         self._warned = False
         self._reads = 0
         self.hits = self.misses = self.errors = 0
-        self._finalizer_pid = None
+        self._finalizer_pid: Optional[int] = None
 
     def _flush_at_exit(self) -> None:
         """Pending writes are flushed when this process exits, once registered
@@ -97,11 +97,11 @@ class CacheLoader:
     def _key(self, key) -> bytes:
         return f"{self.dataset_name}_{key}".encode()
 
-    def get(self, key, load_fn: Callable[[Any], Any]):
+    def get(self, key: Any, load_fn: Callable[[Any], Any]) -> Any:
         """The cached value of ``key``, else ``load_fn(key)`` (then cached)."""
         return self.get_many([key], lambda keys: [load_fn(k) for k in keys])[0]
 
-    def get_many(self, keys: Sequence, load_many: Callable[[List[Any]], List[Any]]) -> List[Any]:
+    def get_many(self, keys: Sequence[Any], load_many: Callable[[List[Any]], List[Any]]) -> List[Any]:
         """Values of ``keys`` in one round trip; ``load_many(missing keys)`` loads the misses."""
         skeys = [self._key(k) for k in keys]
         raw = self._read(skeys)

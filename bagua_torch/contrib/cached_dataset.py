@@ -10,7 +10,7 @@ failure). ``DataLoader`` fetches a batch of indices in one round trip
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Any, List, Sequence
 
 from torch.utils.data import Dataset
 
@@ -21,17 +21,22 @@ __all__ = ["CachedDataset"]
 
 class CachedDataset(Dataset):
     def __init__(
-        self, dataset: Dataset, backend: str = "lmdb", dataset_name: str = "", writer_buffer_size: int = 20, **kwargs
-    ):
+        self,
+        dataset: Dataset,
+        backend: str = "lmdb",
+        dataset_name: str = "",
+        writer_buffer_size: int = 20,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         self.dataset = dataset
         self.cache_loader = CacheLoader(backend, dataset_name, writer_buffer_size, **kwargs)
 
-    def __getitem__(self, item):
+    def __getitem__(self, item: Any) -> Any:
         return self.cache_loader.get(item, lambda x: self.dataset[x])
 
-    def __getitems__(self, items: Sequence) -> List:
+    def __getitems__(self, items: Sequence[Any]) -> List[Any]:
         return self.cache_loader.get_many(list(items), lambda xs: [self.dataset[x] for x in xs])
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.dataset)  # type: ignore[arg-type]  # a map-style dataset has a length

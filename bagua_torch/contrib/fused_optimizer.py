@@ -41,7 +41,7 @@ import copy
 import types
 import warnings
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -109,10 +109,11 @@ def _contiguous_run(tensors: Sequence[Optional[torch.Tensor]]) -> bool:
     cover them) and each starts where the previous ends."""
     if any(t is None or not t.is_contiguous() for t in tensors):
         return False
-    first = tensors[0]
-    if any(t.dtype != first.dtype or t.device != first.device or _storage(t) != _storage(first) for t in tensors):
+    dense = cast(Sequence[torch.Tensor], tensors)  # none is None (checked above)
+    first = dense[0]
+    if any(t.dtype != first.dtype or t.device != first.device or _storage(t) != _storage(first) for t in dense):
         return False
-    return all(_end(a) == b.data_ptr() for a, b in zip(tensors, tensors[1:]))
+    return all(_end(a) == b.data_ptr() for a, b in zip(dense, dense[1:]))
 
 
 def calculate_mutual_groups(tensors_list: Sequence[Sequence[torch.Tensor]]) -> List[List[int]]:
@@ -256,7 +257,7 @@ class _Fuser:
         if self.stepped_unfused:
             self.plans.clear()
             self.stepped_unfused = False
-        state = defaultdict(dict)
+        state: DefaultDict[Any, dict] = defaultdict(dict)
         plans = []
         for gi, group in enumerate(opt.param_groups):
             params = group["params"]
@@ -315,7 +316,8 @@ class _Fuser:
         ]
         candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(p.grad) not in wrapped]
         candidates.sort(key=lambda p: p.data_ptr())
-        weight_runs, current = [], []
+        weight_runs: List[List[torch.nn.Parameter]] = []
+        current: List[torch.nn.Parameter] = []
         for p in candidates:
             if current and _contiguous_run([current[-1], p]):
                 current.append(p)

@@ -93,7 +93,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         self.seed = seed
         self.drop_last = drop_last
         self.random_level = random_level
-        n = len(dataset)
+        n = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length
         if drop_last and n % num_replicas != 0:
             self.num_samples = math.ceil((n - num_replicas) / num_replicas)
         else:

@@ -17,7 +17,7 @@ call forward and backward in the same order (they are collectives).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -115,9 +115,9 @@ class SyncBatchNorm(_BatchNorm):
         affine: bool = True,
         track_running_stats: bool = True,
         process_group: Optional[ProcessGroup] = None,
-        device=None,
-        dtype=None,
-    ):
+        device: Union[torch.device, str, None] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if process_group is not None and not isinstance(process_group, ProcessGroup):
             raise TypeError(f"process_group must be a bagua_core.ProcessGroup, got {type(process_group).__name__}")

@@ -110,6 +110,27 @@ def test_module_is_patched():
     assert bagua_torch.BaguaModule.with_bagua is torch.nn.Module.with_bagua
 
 
+def test_primitives_are_listed_once():
+    # bagua_core.PRIMITIVES names them; the packages' __all__ take them from it
+    import bagua.torch_api as api
+    import bagua.torch_api.communication as api_comm
+    import bagua_core
+    import bagua_core.comm
+    import bagua_torch
+    import bagua_torch.communication as torch_comm
+
+    primitives = list(bagua_core.PRIMITIVES)
+    for module in (bagua_core, bagua_torch, torch_comm, api_comm):
+        assert [n for n in module.__all__ if n in primitives] == primitives, module.__name__
+        assert len(set(module.__all__)) == len(module.__all__), module.__name__
+        assert [n for n in module.__all__ if not hasattr(module, n)] == [], module.__name__
+    for name in primitives:
+        assert callable(getattr(bagua_core.comm, name)), name
+        assert getattr(bagua_torch, name) is getattr(torch_comm, name) is getattr(api_comm, name), name
+    # bagua.torch_api's own list is Bagua 0.9.2's: every primitive but broadcast_object
+    assert set(primitives) - set(api.__all__) == {"broadcast_object"}
+
+
 # ---------------------------------------------------------------- one process
 
 SINGLE = ["gradients_are_bucket_views", "weights_are_bucket_views", "training_without_peers"]

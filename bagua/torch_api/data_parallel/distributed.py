@@ -14,16 +14,19 @@ is honoured when given (default: ``BAGUA_BUCKET_SIZE``), and
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from bagua_core.process_group import ProcessGroup
 from bagua_torch import _torch_group
+from bagua_torch.algorithms import Algorithm
 from bagua_torch.data_parallel import DistributedDataParallel as _BaguaDDP
 
 
-def _bagua_group(process_group) -> Optional[ProcessGroup]:
+def _bagua_group(
+    process_group: Union[ProcessGroup, torch.distributed.ProcessGroup, None],
+) -> Optional[ProcessGroup]:
     if process_group is None or isinstance(process_group, ProcessGroup):
         return process_group
     if isinstance(process_group, torch.distributed.ProcessGroup):
@@ -42,15 +45,15 @@ class DistributedDataParallel_V1_9_0(_BaguaDDP):
     def __init__(
         self,
         module: torch.nn.Module,
-        optimizers=(),
-        algorithm=None,
-        process_group=None,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        algorithm: Union[Algorithm, Any, None] = None,
+        process_group: Union[ProcessGroup, torch.distributed.ProcessGroup, None] = None,
         bagua_module_name: Optional[str] = None,
         find_unused_parameters: bool = False,
         gradient_as_bucket_view: bool = True,
         broadcast_buffers: bool = True,
         bucket_cap_mb: Optional[float] = None,
-    ):
+    ) -> None:
         if not any(p.requires_grad for p in module.parameters()):
             raise RuntimeError(
                 "DistributedDataParallel is not needed when a module doesn't have any parameter "
@@ -67,23 +70,23 @@ class DistributedDataParallel_V1_9_0(_BaguaDDP):
             bucket_cap_mb=bucket_cap_mb,
         )
         if bagua_module_name is not None:
-            module.bagua_module_name = bagua_module_name
+            module.bagua_module_name = bagua_module_name  # type: ignore[assignment]  # BaguaModule's property
 
 
 def DistributedDataParallel(
     module: torch.nn.Module,
-    device_ids=None,
-    output_device=None,
+    device_ids: Optional[Sequence[Union[int, torch.device]]] = None,
+    output_device: Union[int, torch.device, None] = None,
     dim: int = 0,
     broadcast_buffers: bool = True,
-    process_group=None,
+    process_group: Union[ProcessGroup, torch.distributed.ProcessGroup, None] = None,
     bucket_cap_mb: Optional[float] = None,
     find_unused_parameters: bool = False,
     check_reduction: bool = False,
     gradient_as_bucket_view: bool = True,
-    optimizers=(),
-    algorithm=None,
-):
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+    algorithm: Union[Algorithm, Any, None] = None,
+) -> Union[DistributedDataParallel_V1_9_0, torch.nn.parallel.DistributedDataParallel]:
     """Bagua 0.9.2's drop-in for ``torch.nn.parallel.DistributedDataParallel``
     (see the module docstring for when it returns torch's own)."""
     if device_ids is not None or output_device is not None or dim != 0 or check_reduction:

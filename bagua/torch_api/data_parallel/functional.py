@@ -17,6 +17,7 @@ call (a non-member gets a copy of its tensor back), in the same order.
 from __future__ import annotations
 
 import threading
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,7 @@ _lock = threading.Lock()
 _groups: dict = {}  # id(torch group) -> (torch group, Bagua group of its ranks)
 
 
-def torch_reduce_op_to_bagua(op) -> ReduceOp:
+def torch_reduce_op_to_bagua(op: Union[dist.ReduceOp, dist.ReduceOp.RedOpType]) -> ReduceOp:
     """``torch.distributed.ReduceOp.SUM`` / ``MAX`` as Bagua's ReduceOp;
     ValueError for the others (the original accepts these two only)."""
     if op == dist.ReduceOp.SUM:
@@ -50,7 +51,11 @@ def _bagua_group(group):
         return hit[1]
 
 
-def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> torch.Tensor:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Union[dist.ReduceOp, dist.ReduceOp.RedOpType] = dist.ReduceOp.SUM,
+    group: Optional[dist.ProcessGroup] = None,
+) -> torch.Tensor:
     """``tensor`` reduced over every rank of ``group`` (a new tensor; the input
     is left as it was), differentiable (see the module docstring)."""
     if not isinstance(tensor, torch.Tensor):

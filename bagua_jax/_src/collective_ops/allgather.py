@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
 from bagua_jax._src.collective_ops.allreduce import allreduce_p
 from bagua_jax._src.groups import GroupInfo
 
+if TYPE_CHECKING:
+    from bagua_core.process_group import ProcessGroup
+
 allgather_p = _compat.define_primitive("bagua_allgather")
 
 
-def allgather(x: Any, group: Optional[Any] = None) -> Any:
+def allgather(x: ArrayLike, group: Optional[ProcessGroup] = None) -> jax.Array:
     """Returns ``stack([x of rank 0, x of rank 1, ...])`` on every rank.
 
     The result has shape ``(group.size, *x.shape)``; every rank passes the same

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
 from bagua_jax._src.groups import GroupInfo
 
+if TYPE_CHECKING:
+    from bagua_core.comm import Op
+    from bagua_core.process_group import ProcessGroup
+
 allreduce_p = _compat.define_primitive("bagua_allreduce")
 
 
-def allreduce(x: Any, op: Any = "sum", group: Optional[Any] = None) -> Any:
+def allreduce(x: ArrayLike, op: Op = "sum", group: Optional[ProcessGroup] = None) -> jax.Array:
     """Reduces ``x`` over every rank of ``group``; each rank gets the result.
 
     Works eagerly and inside ``jax.jit``; collectives keep program order on

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi, groups, validation
 from bagua_jax._src.collective_ops.allreduce import allreduce_p
 from bagua_jax._src.groups import GroupInfo
 
+if TYPE_CHECKING:
+    from bagua_core.process_group import ProcessGroup
+
 broadcast_p = _compat.define_primitive("bagua_broadcast")
 
 
-def broadcast(x: Any, root: int = 0, group: Optional[Any] = None) -> Any:
+def broadcast(x: ArrayLike, root: int = 0, group: Optional[ProcessGroup] = None) -> jax.Array:
     """Returns rank ``root``'s ``x`` on every rank of ``group``.
 
     Every rank passes an array of the same shape and dtype (its values are

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from bagua_torch.contrib.utils.store import Store
 
@@ -36,7 +36,7 @@ __all__ = ["LmdbStore", "DEFAULT_CAPACITY"]
 DEFAULT_CAPACITY = 107_374_182_400  # 100 GiB, the original's capacity_per_node
 _EVICT_FRACTION = 0.25
 
-_envs: Dict[tuple, object] = {}  # (pid, path) -> lmdb.Environment: one per process, as LMDB requires
+_envs: Dict[tuple, Any] = {}  # (pid, path) -> lmdb.Environment: one per process, as LMDB requires
 _lock = threading.Lock()
 
 

@@ -174,7 +174,7 @@ def _bootstrap(capacity: int) -> List[dict]:
     s = config.load()
     mine = start_redis_server(host_address(), capacity) if s.local_rank == 0 else None
     if s.world_size == 1:
-        _bootstrapped = [mine]
+        _bootstrapped = [mine]  # type: ignore[list-item]  # one process: local rank 0, which started it
         return _bootstrapped
     if not bagua_core.is_initialized():
         raise RuntimeError(

@@ -39,16 +39,16 @@ def dumps(value: Any, allow_pickle: bool = False) -> bytes:
 
 
 def loads(data: bytes, allow_pickle: bool = False) -> Any:
-    data = memoryview(data)
-    if bytes(data[:4]) != MAGIC:
+    view = memoryview(data)
+    if bytes(view[:4]) != MAGIC:
         raise ValueError("not a Bagua cache record (bad magic)")
-    (n,) = struct.unpack("<I", data[4:8])
-    header = json.loads(bytes(data[8 : 8 + n]))
+    (n,) = struct.unpack("<I", view[4:8])
+    header = json.loads(bytes(view[8 : 8 + n]))
     buffers, offset = [], 8 + n
     for length in header["b"]:
-        buffers.append(data[offset : offset + length])
+        buffers.append(view[offset : offset + length])
         offset += length
-    if offset != len(data):
+    if offset != len(view):
         raise ValueError("corrupt Bagua cache record (length mismatch)")
     return _decode(header["v"], buffers, allow_pickle)
 
