@@ -16,20 +16,20 @@
 #include <climits>
 #include <cstring>
 #include <map>
-#include <set>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
 #include "store/tcp_store_handshake.h"
+#include "store/tcp_store_liveness.h"
 #include "store/tcp_store_protocol.h"
 #include "store/tcp_store_table.h"
 
 namespace bagua {
 
 namespace proto = store_protocol;
-using Clock = std::chrono::steady_clock;
+using Clock = LivenessClock;
 
 namespace {
 
@@ -45,6 +45,7 @@ std::string endpoint(const std::string& host, int port) {
 }
 
 struct Conn {
+  explicit Conn(Clock::time_point accepted) : clocks(accepted) {}
   int fd = -1;
   uint64_t id = 0;
   std::string in;     // received, not yet processed
@@ -55,20 +56,13 @@ struct Conn {
   ServerHandshake handshake;  // until `hello`; names the client's rank
   bool goodbye = false;       // said goodbye: closes cleanly after the reply
   bool closed = false;        // to be removed at the end of the loop iteration
-  Clock::time_point accepted;
-  Clock::time_point partial_since;  // last progress of the unfinished frame
-  bool partial = false;
-  Clock::time_point out_since;    // last progress sending replies
-  Clock::time_point last_active;  // last bytes received or last reply fully sent
+  ConnLiveness clocks;        // store/tcp_store_liveness.h
 
   enum class Pending { kNone, kGet, kWait } pending = Pending::kNone;
   std::vector<std::string> pending_keys;
-  Clock::time_point pending_deadline;
 
   size_t buffered() const { return in.size() - in_off; }
-  // Authenticated, nothing waiting, nothing unsent, nothing half received:
-  // only a keep-alive ping or a new request is expected.
-  bool idle() const { return hello && pending == Pending::kNone && !has_output() && !partial; }
+  ConnActivity activity() const { return {hello, pending != Pending::kNone, has_output()}; }
   // Input buffered at most: a whole frame once authenticated, a tiny one before.
   size_t max_buffered() const { return hello ? kMaxBuffered : proto::kMaxHandshakeFrame + 4; }
   bool has_output() const { return out_off < out.size(); }
@@ -92,9 +86,9 @@ struct TcpStoreServer::Impl {
   std::unique_ptr<StoreTable> data;  // made with the options
   // key -> connections whose pending get/wait is blocked on that key.
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;
-  std::vector<uint64_t> ready;  // connections that may process more input
-  std::set<int> dead;
-  size_t max_connections = 0;  // options.max_connections within the descriptor limit
+  std::vector<uint64_t> ready;              // connections that may process more input
+  std::unique_ptr<StoreLiveness> liveness;  // made with the options; holds the dead ranks
+  size_t max_connections = 0;               // options.max_connections within the descriptor limit
   Clock::time_point accept_paused_until{};
 
   void listen_on(const std::string& h, int p);
@@ -181,6 +175,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServer
   impl_->host = host;
   impl_->options = options;
   impl_->data = std::make_unique<StoreTable>(options.max_value_bytes, options.max_total_bytes);
+  impl_->liveness = std::make_unique<StoreLiveness>(options.io_timeout, options.idle_timeout);
   impl_->max_connections = options.max_connections;
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
@@ -272,17 +267,12 @@ void TcpStoreServer::Impl::run() {
   }
 }
 
+// Wakes for the earliest liveness deadline or the end of an accept pause, and
+// at least once a second.
 int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
   auto next = now + std::chrono::seconds(1);
   if (now < accept_paused_until) next = std::min(next, accept_paused_until);
-  for (auto& kv : conns) {
-    const Conn& c = *kv.second;
-    if (!c.hello) next = std::min(next, c.accepted + options.io_timeout);
-    if (c.partial) next = std::min(next, c.partial_since + options.io_timeout);
-    if (c.has_output()) next = std::min(next, c.out_since + options.io_timeout);
-    if (c.pending != Conn::Pending::kNone) next = std::min(next, c.pending_deadline);
-    if (c.idle() && options.idle_timeout.count() > 0) next = std::min(next, c.last_active + options.idle_timeout);
-  }
+  for (auto& kv : conns) next = std::min(next, liveness->next_check(kv.second->clocks, kv.second->activity()));
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
   return int(std::max<int64_t>(0, ms));
 }
@@ -306,7 +296,7 @@ void TcpStoreServer::Impl::accept_all() {
       Conn& o = *kv.second;
       if (o.hello || o.closed) continue;
       ++handshakes;
-      if (!oldest || o.accepted < oldest->accepted) oldest = &o;
+      if (!oldest || o.clocks.accepted() < oldest->clocks.accepted()) oldest = &o;
     }
     if (oldest && handshakes >= options.max_handshakes) {
       // Its descriptor goes now, not at the end of the loop iteration: a burst
@@ -327,11 +317,9 @@ void TcpStoreServer::Impl::accept_all() {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-    auto c = std::make_unique<Conn>();
+    auto c = std::make_unique<Conn>(Clock::now());
     c->fd = fd;
     c->id = next_id++;
-    c->accepted = Clock::now();
-    c->last_active = c->accepted;
     conns.emplace(c->id, std::move(c));
   }
 }
@@ -355,8 +343,8 @@ void TcpStoreServer::Impl::read_from(Conn& c) {
     ssize_t n = ::recv(c.fd, &c.in[at], want, 0);
     if (n > 0) {
       c.in.resize(at + size_t(n));
-      c.partial_since = c.last_active = Clock::now();  // progress: the stall and idle clocks restart
-      continue;                                        // until EAGAIN
+      c.clocks.received(Clock::now());
+      continue;  // until EAGAIN
     }
     c.in.resize(at);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -380,7 +368,7 @@ void TcpStoreServer::Impl::flush(Conn& c) {
     ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out_off += size_t(n);
-      c.out_since = Clock::now();  // progress: the stall clock restarts
+      c.clocks.sent(Clock::now());
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -390,7 +378,7 @@ void TcpStoreServer::Impl::flush(Conn& c) {
   }
   c.out.clear();
   c.out_off = 0;
-  c.last_active = Clock::now();  // a get answered after a long wait is not idle yet
+  c.clocks.drained(Clock::now());
   if (c.goodbye) drop(c);
 }
 
@@ -398,7 +386,7 @@ void TcpStoreServer::Impl::reply(Conn& c, std::string frame) {
   if (!c.has_output()) {
     c.out = std::move(frame);
     c.out_off = 0;
-    c.out_since = Clock::now();
+    c.clocks.sent(Clock::now());
   } else {
     c.out += frame;
   }
@@ -417,17 +405,10 @@ void TcpStoreServer::Impl::process(Conn& c) {
       return;
     }
     if (avail < 4 || avail - 4 < len) {
-      // An unfinished message must finish within io_timeout.
-      if (avail == 0) {
-        c.partial = false;
-      } else if (!c.partial) {
-        c.partial = true;
-        c.partial_since = Clock::now();
-      }
+      c.clocks.unfinished(avail, Clock::now());  // must finish within io_timeout
       return;
     }
-    c.partial = false;
-    c.partial_since = {};
+    c.clocks.framed();
     const char* body = &c.in[c.in_off + 4];
     c.in_off += 4 + len;
     if (!handle(c, body, len)) {
@@ -474,11 +455,7 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
       if (!r.ok() || !r.at_end() || timeout_ms < 0) return false;
       c.pending = op == proto::kGet ? Conn::Pending::kGet : Conn::Pending::kWait;
       c.pending_keys = std::move(keys);
-      auto now = Clock::now();
-      // Cap so the deadline arithmetic cannot overflow.
-      auto cap = std::chrono::hours(24 * 365 * 10);
-      auto t = std::chrono::milliseconds(timeout_ms);
-      c.pending_deadline = now + (t > cap ? std::chrono::duration_cast<std::chrono::milliseconds>(cap) : t);
+      c.clocks.blocked(Clock::now(), timeout_ms);
       try_complete(c);
       return true;
     }
@@ -511,8 +488,8 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t size) {
     case proto::kDeadRanks: {
       if (!r.at_end()) return false;
       proto::Writer w;
-      w.u8(proto::kOk).u32(uint32_t(dead.size()));
-      for (int d : dead) w.i32(d);
+      w.u8(proto::kOk).u32(uint32_t(liveness->dead().size()));
+      for (int d : liveness->dead()) w.i32(d);
       reply(c, w.finish());
       return true;
     }
@@ -544,7 +521,7 @@ bool TcpStoreServer::Impl::handshake(Conn& c, uint8_t op, proto::Reader& r) {
       return true;
     case ServerHandshake::Outcome::kAuthenticated:
       c.hello = true;
-      if (c.handshake.rank() >= 0) dead.erase(c.handshake.rank());  // a rank that reconnects is alive again
+      liveness->authenticated(c.handshake.rank());  // a rank that reconnects is alive again
       reply(c, std::move(step.reply));
       return true;
   }
@@ -598,21 +575,19 @@ void TcpStoreServer::Impl::check_timers(Clock::time_point now) {
   for (auto& kv : conns) {
     Conn& c = *kv.second;
     if (c.closed) continue;
-    if (c.pending != Conn::Pending::kNone && now >= c.pending_deadline) {
-      c.pending = Conn::Pending::kNone;
-      c.pending_keys.clear();
-      reply_status(c, proto::kTimeout);
-      ready.push_back(c.id);
-      continue;
-    }
-    bool stalled = (!c.hello && now >= c.accepted + options.io_timeout) ||
-                   (c.partial && now >= c.partial_since + options.io_timeout) ||
-                   (c.has_output() && now >= c.out_since + options.io_timeout);
-    if (stalled) {
-      drop(c);
-    } else if (c.idle() && options.idle_timeout.count() > 0 && now >= c.last_active + options.idle_timeout) {
-      c.goodbye = true;  // silence is not death: a frozen rank is found by its peers' timeouts
-      drop(c);
+    switch (liveness->check(c.clocks, c.activity(), now)) {
+      case StoreLiveness::Verdict::kKeep: break;
+      case StoreLiveness::Verdict::kPendingExpired:
+        c.pending = Conn::Pending::kNone;
+        c.pending_keys.clear();
+        reply_status(c, proto::kTimeout);
+        ready.push_back(c.id);
+        break;
+      case StoreLiveness::Verdict::kStalled: drop(c); break;
+      case StoreLiveness::Verdict::kIdle:
+        c.goodbye = true;  // a clean close: its rank is not dead
+        drop(c);
+        break;
     }
   }
   // Forget waiter lists whose connections are all gone.
@@ -636,7 +611,7 @@ void TcpStoreServer::Impl::drop(Conn& c) {
   c.closed = true;
   c.pending = Conn::Pending::kNone;
   c.pending_keys.clear();
-  if (c.hello && !c.goodbye && c.handshake.rank() >= 0) dead.insert(c.handshake.rank());
+  liveness->closed(c.handshake.rank(), c.hello, c.goodbye);
   ::shutdown(c.fd, SHUT_RDWR);
 }
 

@@ -6,9 +6,12 @@
 // and nothing else. Clients say hello with their rank and prove they hold the
 // job's secret; a connection that closes without a goodbye marks that rank
 // dead (see Store::dead_ranks). An authenticated connection that goes silent
-// outside a blocking request is closed after idle_timeout. Keys are written once (a SET of an existing
-// key with another value is refused), so a rendezvous cannot be rewritten.
-// This file's server runs the event loop (connections, timers, requests);
+// outside a blocking request is closed after idle_timeout. Keys are written
+// once (a SET of an existing key with another value is refused), so a
+// rendezvous cannot be rewritten.
+// This file's server runs the event loop (connections, requests, wake-ups);
+// store/tcp_store_liveness.h decides when a connection is given up, when a
+// blocked request times out and which ranks are dead;
 // store/tcp_store_handshake.h checks a client's hello and proof, and
 // store/tcp_store_table.h holds the keys under the store's quotas.
 #pragma once
