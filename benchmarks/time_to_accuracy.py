@@ -18,8 +18,8 @@ held-out sequences). Two tracks:
            GradientAllReduce, HalfGrad, ByteGrad, ByteGrad+EF (error feedback), Decentralized,
            LowPrecisionDecentralized, LowRank, LocalSteps, LocalSteps+8bit
     adamw  AdamW (weight decay --weight-decay): DDP, DDP+PowerSGD, Bagua GradientAllReduce, HalfGrad,
-           Bagua QAdam (QAdamOptimizer: Adam with frozen second moments, no weight decay), Bagua LowRank,
-           Bagua LocalSteps and LocalSteps+8bit (AdamW inside)
+           ByteGrad+EF, QAdam (QAdamOptimizer: Adam with frozen second moments, no weight decay),
+           LowRank, LocalSteps and LocalSteps+8bit (AdamW inside)
 
 Bagua LocalSteps is LocalStepsAlgorithm(sync_interval=H, outer_lr=0.7, outer_momentum=0.9,
 nesterov=True, warmup_steps=0); LocalSteps+8bit adds compression="minmax_uint8",
@@ -128,6 +128,7 @@ TRACKS = {
         "DDP+PowerSGD",
         "Bagua GradientAllReduce",
         "Bagua HalfGrad",
+        "Bagua ByteGrad+EF",
         "Bagua QAdam",
         "Bagua LowRank",
         "Bagua LocalSteps",
