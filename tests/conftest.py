@@ -8,8 +8,9 @@ Two marks are given here, so that test files need not carry them:
   ``tests.harness.mp``, a benchmark script, ``bagua-run``, any ``subprocess``),
   found by what the test, its fixtures and the module's functions they call
   refer to;
-* ``slow``: measured: the test (or its whole session, whose tests share the
-  processes) took more than ``SLOW_SECONDS`` in ``tests/durations.json``
+* ``slow``: measured: the test (or, for a multi-process test, all of its
+  module's multi-process tests, which share processes) took more than
+  ``SLOW_SECONDS`` in ``tests/durations.json``
   (``tests/harness/durations.py``; ``make durations`` measures them again), or
   it starts processes and has not been measured yet. The few short
   multi-process tests per layer in ``FAST_MULTIPROCESS`` are never slow, so
@@ -46,7 +47,7 @@ FAST_MULTIPROCESS = (
     "benchmarks/test_benchmarks_agreement.py::*",  # a benchmark script through bagua-run
 )
 
-# A test (or session) measured above this is slow.
+# A test (or a module's multi-process tests together) measured above this is slow.
 SLOW_SECONDS = 2.0
 
 # What starts processes: these modules, and these functions wherever they are imported.
@@ -141,15 +142,14 @@ def _matcher(patterns):
 
 def pytest_collection_modifyitems(config, items):
     fast_multiprocess = _matcher(FAST_MULTIPROCESS)
-    nodes = [(item, _node_id(item)) for item in items]
-    seconds = durations.group_seconds(nodes, durations.load())
-    for item, node in nodes:
-        starts = _item_starts_processes(item)
+    nodes = [(item, _node_id(item), _item_starts_processes(item)) for item in items]
+    seconds = durations.group_seconds([(node, starts) for _, node, starts in nodes], durations.load())
+    for item, node, starts in nodes:
         if starts:
             item.add_marker(pytest.mark.multiprocess)
-        measured = seconds[durations.group_of(item, node)]
+        measured = seconds[durations.group_of(node, starts)]
         slow = (measured is None and starts) or (measured is not None and measured > SLOW_SECONDS)
         if slow and not fast_multiprocess(node):
             item.add_marker(pytest.mark.slow)
     if os.environ.get(durations.RECORD_ENV):
-        config.pluginmanager.register(durations.Recorder({item.nodeid: node for item, node in nodes}))
+        config.pluginmanager.register(durations.Recorder({item.nodeid: node for item, node, _ in nodes}))

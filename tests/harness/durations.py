@@ -28,19 +28,19 @@ def load(path: str = PATH) -> Dict[str, float]:
         return {}
 
 
-def group_of(item, node: str) -> str:
-    """The unit whose cost counts: a session of ``mp.session_tests``, else the test itself."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.originalname in ("test_case", "test_session_exits_cleanly") and "name" in params:
-        return node.split("::", 1)[0] + f"::session[{params['name']}]"
-    return node
+def group_of(node: str, starts_processes: bool) -> str:
+    """The unit whose cost counts: a module's multi-process tests together
+    (sessions, module fixtures and cached launches share processes among
+    them, so the cost lands on whichever test comes first), else the test."""
+    return node.split("::", 1)[0] + "::<multiprocess>" if starts_processes else node
 
 
-def group_seconds(items_nodes, seconds: Dict[str, float]) -> Dict[str, Optional[float]]:
-    """Each group's measured total; None when a test of it has no measurement."""
+def group_seconds(nodes, seconds: Dict[str, float]) -> Dict[str, Optional[float]]:
+    """Each group's measured total, from (node, starts_processes) pairs; None
+    when a test of it has no measurement."""
     totals: Dict[str, Optional[float]] = {}
-    for item, node in items_nodes:
-        group = group_of(item, node)
+    for node, starts in nodes:
+        group = group_of(node, starts)
         value = seconds.get(node)
         if group in totals and totals[group] is None:
             continue
