@@ -30,7 +30,7 @@ template <typename H>
 void narrow(const void* src, void* dst, size_t n) {
   const float* s = static_cast<const float*>(src);
   H* d = static_cast<H*>(dst);
-  for (size_t i = 0; i < n; ++i) d[i] = from_float<H>(s[i]);
+  for (size_t i = 0; i < n; ++i) d[i] = store_f32<H>(s[i]);
 }
 
 // dtype 2 (float16) or 3 (bfloat16); to_float: 16-bit elements at src -> float32 at dst,

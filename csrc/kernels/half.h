@@ -106,17 +106,6 @@ BAGUA_HD Half to_half(float f) {
   return Half{static_cast<uint16_t>(((u >> 16) & 0x8000u) | (r >> 13))};
 }
 
-template <typename T>
-BAGUA_HD T from_float(float f);
-template <>
-BAGUA_HD Half from_float<Half>(float f) {
-  return to_half(f);
-}
-template <>
-BAGUA_HD BFloat16 from_float<BFloat16>(float f) {
-  return to_bfloat16(f);
-}
-
 // ---- any floating element to and from float32 (float64 rounds to float32) ---------------------
 
 BAGUA_HD float load_f32(float x) { return x; }

@@ -42,8 +42,8 @@ struct HalfScaleMath {
   using Divisor = float;
   static Factor factor(double f) { return static_cast<float>(f); }
   static Divisor divisor(double d) { return static_cast<float>(d); }
-  static BAGUA_HD H scale(H x, Factor f) { return from_float<H>(to_float(x) * f); }
-  static BAGUA_HD H divide(H x, Divisor d) { return from_float<H>(to_float(x) / d); }
+  static BAGUA_HD H scale(H x, Factor f) { return store_f32<H>(to_float(x) * f); }
+  static BAGUA_HD H divide(H x, Divisor d) { return store_f32<H>(to_float(x) / d); }
 };
 
 template <>
