@@ -10,6 +10,7 @@ This package imports neither torch nor jax; the frontends ``bagua_torch`` and
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 # The communication primitives (defined in bagua_core.comm), in the order the
 # packages list them: the one list of their names. The __all__ of bagua_core,
@@ -64,6 +65,50 @@ _EXPORTS = {
     "_loader": ["_C"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # what type checkers see of _EXPORTS (test_type_checkers_see_every_lazy_name)
+    from bagua_core._loader import _C
+    from bagua_core.buffer import Buffer, empty, from_array, zeros
+    from bagua_core.comm import (
+        ReduceOp,
+        allgather,
+        allgather_inplace,
+        allreduce,
+        allreduce_inplace,
+        alltoall,
+        alltoall_inplace,
+        alltoall_v,
+        alltoall_v_inplace,
+        barrier,
+        broadcast,
+        broadcast_object,
+        gather,
+        gather_inplace,
+        recv,
+        reduce,
+        reduce_inplace,
+        reduce_scatter,
+        reduce_scatter_inplace,
+        scatter,
+        scatter_inplace,
+        send,
+    )
+    from bagua_core.dlpack import DLPackView, import_array
+    from bagua_core.dtypes import DType, as_dtype
+    from bagua_core.errors import BaguaError, CommTimeoutError, ConcurrentUseError, MismatchError, PeerError
+    from bagua_core.process_group import (
+        ProcessGroup,
+        destroy_process_group,
+        get_default_group,
+        get_local_rank,
+        get_local_world_size,
+        get_node_rank,
+        get_rank,
+        get_world_size,
+        init_process_group,
+        is_initialized,
+        new_group,
+    )
 
 
 def __getattr__(name):

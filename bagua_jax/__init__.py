@@ -54,6 +54,8 @@ Sharp bits:
   before fail with a clear error; jit them again.
 """
 
+from typing import TYPE_CHECKING
+
 from bagua_core import ReduceOp
 from bagua_jax import algorithms
 from bagua_jax._src.collective_ops.allgather import allgather
@@ -69,6 +71,8 @@ _register_targets()
 # Every algorithm class (GradientAllReduceAlgorithm, ...), one per registered description.
 _ALGORITHM_CLASSES = algorithms.Algorithm.classes()
 globals().update(_ALGORITHM_CLASSES)
+if TYPE_CHECKING:  # what type checkers see of the line above (its names are computed)
+    from bagua_jax.algorithms import *  # noqa: F403
 
 __all__ = [
     *_ALGORITHM_CLASSES,

@@ -7,6 +7,8 @@ description; ``__all__`` lists them from that registry."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bagua_core import algorithms as core
 from bagua_core.algorithms.frontend import FrontendAlgorithm
 
@@ -176,4 +178,5 @@ def as_algorithm(algorithm) -> Algorithm:
     return Algorithm.coerce(algorithm, accept_names=True)
 
 
-__all__ = ["Algorithm", *Algorithm.classes(), "as_algorithm"]
+if not TYPE_CHECKING:  # type checkers cannot read a computed __all__; without one they see every class
+    __all__ = ["Algorithm", *Algorithm.classes(), "as_algorithm"]
