@@ -289,9 +289,11 @@ def tta_rows() -> list[dict]:
                         }
                         bagua = {m: s for m, s in reached.items() if m.startswith("Bagua")}
                         best = min(bagua, key=bagua.get) if bagua else None
+                        hosts, _, rate = link.partition(" hosts, ")  # "2 hosts, 100mbit+5ms"
                         rows[(link, workload, track)] = {
                             "run": os.path.basename(folder),
-                            "link": link.replace("2 hosts, ", ""),
+                            "hosts": int(hosts),
+                            "link": rate,
                             "workload": workload,
                             "track": track,
                             "first": min(reached, key=reached.get) if reached else None,
@@ -305,16 +307,17 @@ def tta_rows() -> list[dict]:
 
 
 def _link_order(row: dict) -> tuple:
-    """Slowest link first, added latency after the plain link."""
+    """Fewer hosts first, then the slowest link, added latency after the plain link."""
     m = re.match(r"(\d+)(mbit|gbit)(.*)", row["link"])
     rate = int(m.group(1)) * (1000 if m.group(2) == "gbit" else 1) if m else 0
-    return (rate, m.group(3) if m else row["link"], row["workload"] != "mlp", row["workload"] != "cnn")
+    latency = m.group(3) if m else row["link"]
+    return (row["hosts"], rate, latency, row["workload"] != "mlp", row["workload"] != "cnn")
 
 
 def tta_summary() -> str:
     rows = [
-        "| link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD | × DDP | run |",
-        "|---|---|---|---|---|---:|---:|---|",
+        "| hosts | link | workload | optimizer | first to target | Bagua's best | × DDP+PowerSGD | × DDP | run |",
+        "|---:|---|---|---|---|---|---:|---:|---|",
     ]
     for r in sorted(tta_rows(), key=_link_order):
         if r["best"] is None:
@@ -325,7 +328,7 @@ def tta_summary() -> str:
             vs_ddp = f"{r['vs_ddp']:.2f}" if r["vs_ddp"] is not None else "DDP never reached"
         run = re.sub(r"^time_to_accuracy-(\d{4}-\d\d-\d\d).*", r"\1", r["run"])
         rows.append(
-            f"| {r['link']} | {r['workload']} | {r['track']} | {r['first'] or 'none'} | {best} | {ratio} | {vs_ddp} "
+            f"| {r['hosts']} | {r['link']} | {r['workload']} | {r['track']} | {r['first'] or 'none'} | {best} | {ratio} | {vs_ddp} "
             f"| {run} |"
         )
     return "\n".join(rows) + "\n"
