@@ -18,7 +18,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave NCCL and Bagua their memory
 
 import jax

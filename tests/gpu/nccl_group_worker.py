@@ -5,8 +5,6 @@ Started by tests/core/test_backend.py through tests.harness.mp.launch: at world 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 
 def case_names():
     return [name for name, _ in CASES]

@@ -9,8 +9,6 @@ computes the expected results locally on the CPU.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 import torch
 
 from bagua_core import _C, _nccl
