@@ -33,13 +33,22 @@ BAGUA_ALGORITHMS = {
     "Bagua ByteGrad+EF": "ByteGradAlgorithm",
     "Bagua LowRank": "LowRankAlgorithm",
     "Bagua LocalSteps+8bit": "LocalStepsAlgorithm",
+    "Bagua LocalAvg+8bit": "LocalStepsAlgorithm",
 }
 # Constructor arguments a configuration passes unless wrap()'s options give others. Bagua LowRank
 # starts as DDP+PowerSGD does (rank 1 from step POWERSGD_START_ITER), not at its own defaults
-# (rank 4 after 1000 steps: a throughput run of a few steps would never compress).
+# (rank 4 after 1000 steps: a throughput run of a few steps would never compress). The local-step
+# configurations name their outer optimizer: DiLoCo's Nesterov SGD, or plain periodic averaging
+# (post-local SGD), which does not amplify the inner steps (Nesterov 0.7/0.9 moves the weights about
+# 7x the averaged pseudo-gradient once its momentum has built up).
+OUTER_NESTEROV = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+OUTER_AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+PSEUDO_GRADIENT_8BIT = {"compression": "minmax_uint8", "error_feedback": True}
 FIXED_OPTIONS = {
     "Bagua ByteGrad+EF": {"error_feedback": True},
-    "Bagua LocalSteps+8bit": {"compression": "minmax_uint8", "error_feedback": True},
+    "Bagua LocalSteps": OUTER_NESTEROV,
+    "Bagua LocalSteps+8bit": {**OUTER_NESTEROV, **PSEUDO_GRADIENT_8BIT},
+    "Bagua LocalAvg+8bit": {**OUTER_AVERAGE, **PSEUDO_GRADIENT_8BIT},
     "Bagua LowRank": {"rank": 1, "start_iter": POWERSGD_START_ITER},
 }
 # A low-rank algorithm's settings under the names of wrap()'s options, and the names its

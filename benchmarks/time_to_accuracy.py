@@ -16,14 +16,16 @@ held-out sequences). Two tracks:
 
     sgd    SGD with momentum 0.9: DDP, DDP+fp16, DDP+PowerSGD (torch's hooks over gloo), Bagua
            GradientAllReduce, HalfGrad, ByteGrad, ByteGrad+EF (error feedback), Decentralized,
-           LowPrecisionDecentralized, LowRank, LocalSteps, LocalSteps+8bit
+           LowPrecisionDecentralized, LowRank, LocalSteps, LocalSteps+8bit, LocalAvg+8bit
     adamw  AdamW (weight decay --weight-decay): DDP, DDP+PowerSGD, Bagua GradientAllReduce, HalfGrad,
            ByteGrad+EF, QAdam (QAdamOptimizer: Adam with frozen second moments, no weight decay),
-           LowRank, LocalSteps and LocalSteps+8bit (AdamW inside)
+           LowRank, LocalSteps, LocalSteps+8bit and LocalAvg+8bit (AdamW inside)
 
 Bagua LocalSteps is LocalStepsAlgorithm(sync_interval=H, outer_lr=0.7, outer_momentum=0.9,
-nesterov=True, warmup_steps=0); LocalSteps+8bit adds compression="minmax_uint8",
-error_feedback=True (the pseudo-gradient averaged in 8 bits, its residual fed back). A method whose algorithm (or argument) this checkout lacks, such as
+nesterov=True, warmup_steps=0) (DiLoCo's outer optimizer); LocalSteps+8bit adds
+compression="minmax_uint8", error_feedback=True (the pseudo-gradient averaged in 8 bits, its residual
+fed back); LocalAvg+8bit is LocalSteps+8bit with plain averaging (outer_lr=1, outer_momentum=0:
+post-local SGD). A method whose algorithm (or argument) this checkout lacks, such as
 ByteGradAlgorithm(error_feedback=True) or LowRankAlgorithm before they are merged, is skipped with a
 one-line notice, printed and in the JSON. Hosts: 2 and 4 emulated hosts, one process each (network
 namespaces; 4 hosts hang off a bridge, see benchmarks/_hosts.py), each link shaped with tc tbf to
@@ -122,6 +124,7 @@ TRACKS = {
         "Bagua LowRank",
         "Bagua LocalSteps",
         "Bagua LocalSteps+8bit",
+        "Bagua LocalAvg+8bit",
     ),
     "adamw": (
         "DDP",
@@ -133,11 +136,12 @@ TRACKS = {
         "Bagua LowRank",
         "Bagua LocalSteps",
         "Bagua LocalSteps+8bit",
+        "Bagua LocalAvg+8bit",
     ),
 }
 METHODS = tuple(dict.fromkeys(m for ms in TRACKS.values() for m in ms))
 BASELINE, POWERSGD = "DDP", "DDP+PowerSGD"
-LOCAL_STEPS_FIXED = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "warmup_steps": 0}
+LOCAL_STEPS_FIXED = {"warmup_steps": 0}  # the outer optimizer: _training.FIXED_OPTIONS
 DEFAULT_LINKS = "100mbit,1gbit,10gbit,100mbit+5ms"
 UNSHAPED = "loopback (unshaped)"
 PARTIAL_PREFIX = "partial-"  # a launch's results while it runs (removed once time_to_accuracy.json is written)
@@ -320,13 +324,17 @@ def _check(args):
 # ---------------------------------------------------------------- tuning ---
 
 
+def is_local_steps(method):
+    return _training.BAGUA_ALGORITHMS.get(method) == "LocalStepsAlgorithm"
+
+
 def knob_grid(method, args):
     """The settings a method tunes beside its learning rate (dicts of wrap() / optimizer options)."""
     if method == POWERSGD:
         return [{"rank": r, "start_iter": s} for r in args.powersgd_ranks for s in args.powersgd_starts]
     if method == "Bagua LowRank":
         return [{"rank": r, "start_iter": s} for r in args.lowrank_ranks for s in args.powersgd_starts]
-    if method.startswith("Bagua LocalSteps"):
+    if is_local_steps(method):
         return [{"sync_interval": h} for h in args.local_steps_h]
     if method == "Bagua QAdam":
         return [{"warmup_steps": w} for w in args.qadam_warmups]
@@ -675,7 +683,7 @@ def wrap_options(method, hp):
     if method == "Bagua QAdam":
         return {}
     knobs = {k: v for k, v in hp.items() if k != "lr"}
-    return {**LOCAL_STEPS_FIXED, **knobs} if method.startswith("Bagua LocalSteps") else knobs
+    return {**LOCAL_STEPS_FIXED, **knobs} if is_local_steps(method) else knobs
 
 
 def train(args, workload, track, method, hp, seed, max_seconds, max_steps, tx_bytes_path):
