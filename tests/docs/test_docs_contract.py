@@ -73,7 +73,16 @@ def test_time_to_accuracy_summary_from_the_data(bagua_docs):
     # a later run replaces an earlier one's rows: the CNN with AdamW on a quiet machine
     quiet = rows[(2, "100mbit", "cnn", "adamw")]
     assert quiet["run"].endswith("-quiet") and quiet["best"] == "Bagua LocalSteps+8bit"
-    assert len([r for (h, link, _, _), r in rows.items() if (h, link) == (2, "10gbit")]) == 6
+    for hosts in (2, 4):
+        fast = [r for (h, link, _, _), r in rows.items() if (h, link) == (hosts, "10gbit")]
+        assert len(fast) == 6 and all(r["vs_ddp"] >= 0.95 for r in fast), hosts
+        delayed = [r for (h, link, _, _), r in rows.items() if (h, link) == (hosts, "100mbit+5ms")]
+        assert len(delayed) == 6, hosts
+        assert all(not r["powersgd_reached"] or r["vs_powersgd"] >= 2.2 for r in delayed), hosts
+    # the CNN on 4 hosts at 1 Gbit/s: reached first with plain averaging, never by tuned PowerSGD
+    for track in ("sgd", "adamw"):
+        cnn = rows[(4, "1gbit", "cnn", track)]
+        assert cnn["best"] == "Bagua LocalAvg+8bit" and not cnn["powersgd_reached"], track
 
 
 def test_benchmark_scripts_say_where_their_result_is(bagua_docs):
