@@ -63,9 +63,10 @@ def fuse_optimizer(
     if is_fused_optimizer(optimizer):
         raise RuntimeError("this optimizer is already fused; call fuse_optimizer once per optimizer")
     fuser = _Fuser(optimizer, bool(do_flatten), bool(do_flatten and check_flatten))
-    optimizer._bagua_fused_optimizer = fuser
-    optimizer._bagua_fused_count = 0
-    optimizer.fuse_step = types.MethodType(_fuse_step, optimizer)
+    attrs = vars(optimizer)  # Bagua 0.9.2's API: its attributes live on the optimizer itself
+    attrs["_bagua_fused_optimizer"] = fuser
+    attrs["_bagua_fused_count"] = 0
+    attrs["fuse_step"] = types.MethodType(_fuse_step, optimizer)
     return optimizer
 
 
@@ -79,9 +80,9 @@ def _fuse_step(self: torch.optim.Optimizer, closure=None):
     if closure is not None:  # before the layout is read: the closure may re-allocate gradients
         with torch.enable_grad():
             loss = closure()
-    self._bagua_fused_optimizer.step()
-    self._opt_called = True  # what LR schedulers check, as after step()
-    fuser = self._bagua_fused_optimizer
+    fuser: _Fuser = vars(self)["_bagua_fused_optimizer"]
+    fuser.step()
+    vars(self)["_opt_called"] = True  # what LR schedulers check, as after step()
     for handle_id, hook in list(self._optimizer_step_post_hooks.items()):
         if handle_id != fuser.step_hook.id:
             hook(self, (closure,), {})
@@ -93,6 +94,12 @@ def _fuse_step(self: torch.optim.Optimizer, closure=None):
 
 def _end(t: torch.Tensor) -> int:
     return t.data_ptr() + t.numel() * t.element_size()
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p.grad`` of a parameter already checked to have one."""
+    assert p.grad is not None
+    return p.grad
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -278,7 +285,7 @@ class _Fuser:
                     state[p] = opt.state[p]
             plans.append(plan)
             if plan.runs:
-                opt._bagua_fused_count += 1
+                vars(opt)["_bagua_fused_count"] += 1
         inner.state = state
         cloned = {k: v for k, v in inner.__dict__.items() if k not in ("param_groups", "state")}
         inner.step()
@@ -314,7 +321,7 @@ class _Fuser:
             for p in params
             if p.grad is not None and p.grad.layout == torch.strided and p.numel() > 0 and p.is_contiguous()
         ]
-        candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(p.grad) not in wrapped]
+        candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(_grad(p)) not in wrapped]
         candidates.sort(key=lambda p: p.data_ptr())
         weight_runs: List[List[torch.nn.Parameter]] = []
         current: List[torch.nn.Parameter] = []
@@ -368,7 +375,7 @@ class _Fuser:
     def _layout_matches(self, members: List[torch.nn.Parameter]) -> bool:
         """Gradients and per-element state lie back to back in the members'
         order (flattened into one buffer first when allowed)."""
-        kinds: List[Tuple[str, List[torch.Tensor]]] = [("grad", [p.grad for p in members])]
+        kinds: List[Tuple[str, List[torch.Tensor]]] = [("grad", [_grad(p) for p in members])]
         states = [self.optimizer.state.get(p, {}) for p in members]
         keys = _per_element_keys(states, members)
         if keys is None:
@@ -400,7 +407,7 @@ class _Fuser:
         if fp is None:
             fp = torch.nn.Parameter(_flat_view(first, numel), requires_grad=False)
             self.fused_params[key] = fp
-        fp.grad = _flat_view(first.grad, numel)
+        fp.grad = _flat_view(_grad(first), numel)
         state = self.optimizer.state.get(first, {})
         keys = _per_element_keys([state], [first]) or []
         fstate = {k: (_flat_view(v, numel) if k in keys else _copy_scalar(v)) for k, v in state.items()}
