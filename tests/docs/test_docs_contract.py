@@ -76,6 +76,9 @@ def test_time_to_accuracy_summary_from_the_data(bagua_docs):
     for hosts in (2, 4):
         fast = [r for (h, link, _, _), r in rows.items() if (h, link) == (hosts, "10gbit")]
         assert len(fast) == 6 and all(r["vs_ddp"] >= 0.95 for r in fast), hosts
+        medium = [r for (h, link, _, _), r in rows.items() if (h, link) == (hosts, "1gbit")]
+        assert len(medium) == 6, hosts
+        assert all(r["best"] and (not r["powersgd_reached"] or r["vs_powersgd"] > 1) for r in medium), hosts
         delayed = [r for (h, link, _, _), r in rows.items() if (h, link) == (hosts, "100mbit+5ms")]
         assert len(delayed) == 6, hosts
         assert all(not r["powersgd_reached"] or r["vs_powersgd"] >= 2.2 for r in delayed), hosts
