@@ -19,7 +19,7 @@ LINT   := $(VENV)/.lint-installed
 # C++/CUDA sources clang-format owns (the .inc files are C++ fragments included by .cc files).
 CSRC    = $(shell find csrc -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \) | sort)
 
-.PHONY: demo test test-fast durations build deps system clean bench lint format lint-deps
+.PHONY: demo test test-fast durations build deps system clean bench bench-seed lint format lint-deps
 
 demo: build
 	$(VENV)/bin/bagua-run --nproc-per-node $(NPROC) examples/train_demo.py --algorithm all
@@ -44,6 +44,25 @@ bench: build
 	  echo "benchmarks/bandwidth.py and time_to_accuracy.py skipped: they create network namespaces and tc qdiscs, which needs root: sudo make bench"; \
 	fi
 
+# The seed's benchmark at the seed's scale (benchmarks/seed_scale.py; root: it makes network
+# namespaces). Horovod 0.28.1 is built from its sdist with a patch (torch >= 2.1 needs C++17).
+# QUICK=1: the --quick preset (tiny stand-ins); SEED_ARGS: more flags.
+HOROVOD := $(VENV)/.horovod-built
+HOROVOD_SRC := build/horovod/horovod-0.28.1
+
+bench-seed: build $(HOROVOD)
+	$(PY) benchmarks/seed_scale.py $(if $(QUICK),--quick) --out-dir seed_scale_results $(SEED_ARGS)
+
+$(HOROVOD): benchmarks/horovod-0.28.1-torch2.13.patch | $(DEPS)
+	rm -rf build/horovod && mkdir -p build/horovod
+	$(PIP) download -q --no-deps --no-binary :all: -d build/horovod horovod==0.28.1
+	tar xzf build/horovod/horovod-0.28.1.tar.gz -C build/horovod
+	cd $(HOROVOD_SRC) && patch -p1 < ../../../benchmarks/horovod-0.28.1-torch2.13.patch
+	$(PIP) install -q --no-deps cloudpickle psutil pyyaml packaging
+	HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+	  HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(NPROC) $(PIP) install -q --no-build-isolation --no-deps ./$(HOROVOD_SRC)
+	touch $@
+
 build: $(BUILT)
 
 $(BUILT): $(DEPS) pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
@@ -61,6 +80,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
 	$(PIP) install -q "lmdb>=1.4" "redis>=5" "optuna>=3.4"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
+	$(PIP) install -q "transformers>=4.40" "tqdm>=4.60" "$(TORCH)"  # the bench extra (seed_scale's BERT-large)
 	touch $@
 
 # lint checks and changes nothing; format rewrites the tree so that lint passes.

@@ -24,6 +24,7 @@ POWERSGD_START_ITER = 2  # > 1, as torch requires with error feedback / warm sta
 
 BAGUA_ALGORITHMS = {
     "Bagua GradientAllReduce": "GradientAllReduceAlgorithm",
+    "Bagua GradientAllReduce hierarchical": "GradientAllReduceAlgorithm",
     "Bagua ByteGrad": "ByteGradAlgorithm",
     "Bagua HalfGrad": "HalfGradAlgorithm",
     "Bagua Decentralized": "DecentralizedAlgorithm",
@@ -46,6 +47,7 @@ OUTER_AVERAGE = {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
 PSEUDO_GRADIENT_8BIT = {"compression": "minmax_uint8", "error_feedback": True}
 FIXED_OPTIONS = {
     "Bagua ByteGrad+EF": {"error_feedback": True},
+    "Bagua GradientAllReduce hierarchical": {"hierarchical": True},
     "Bagua LocalSteps": OUTER_NESTEROV,
     "Bagua LocalSteps+8bit": {**OUTER_NESTEROV, **PSEUDO_GRADIENT_8BIT},
     "Bagua LocalAvg+8bit": {**OUTER_AVERAGE, **PSEUDO_GRADIENT_8BIT},
@@ -116,7 +118,8 @@ def wrap(name, model, opt, options=None):
     instead of the default two, so both run side by side; one ending in " overlap" (before any
     " 1 lane") wraps with ``overlap_optimizer=True`` (gradient algorithms).
 
-    ``options``: for DDP+PowerSGD ``rank`` and ``start_iter`` (default 1 and POWERSGD_START_ITER);
+    ``options``: for the DDP names ``gradient_as_bucket_view`` (default False, as DDP's), and for
+    DDP+PowerSGD ``rank`` and ``start_iter`` (default 1 and POWERSGD_START_ITER);
     for a Bagua algorithm, its constructor's keyword arguments (Bagua LowRank: ``rank`` and
     ``start_iter``, under whichever name its signature uses, see LOW_RANK_PARAMETERS)."""
     if name.endswith(ONE_LANE):
@@ -137,11 +140,14 @@ def wrap(name, model, opt, options=None):
     if name.startswith("DDP"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        options = dict(options or {})
+        as_view = {"gradient_as_bucket_view": bool(options.pop("gradient_as_bucket_view", False))}
         if name == "DDP+PowerSGD":
             grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-            ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1)  # one bucket (an explicit cap also sizes the first)
+            # one bucket (an explicit cap also sizes the first)
+            ddp = DDP(model, bucket_cap_mb=int(grad_mib) + 1, **as_view)
         else:
-            ddp = DDP(model)  # defaults: a 1 MiB first bucket, then 25 MiB
+            ddp = DDP(model, **as_view)  # defaults: a 1 MiB first bucket, then 25 MiB
         if name == "DDP+fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -149,7 +155,6 @@ def wrap(name, model, opt, options=None):
         elif name == "DDP+PowerSGD":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-            options = options or {}
             state = powerSGD_hook.PowerSGDState(
                 process_group=None,
                 matrix_approximation_rank=options.get("rank", 1),

@@ -1,0 +1,276 @@
+"""The seed benchmark's models and what they cost in memory: VGG16 (torchvision's) on synthetic
+ImageNet-shaped batches and BERT-large fine-tuned for question answering (transformers, built from
+its configuration: nothing is downloaded) on synthetic SQuAD-shaped batches, plus tiny stand-ins of
+the same code for smoke runs. torch and transformers are imported lazily (the ``bench``
+extra installs transformers).
+
+:func:`per_rank_bytes` is the estimate a run is refused with before it starts: weights, gradients,
+the recorded gradients of the replay, the optimizer's state, each configuration's own state (the
+factors of STATE_COPIES, in copies of the weights) and the activations of a real step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+GIB = 2**30
+# The weights' bytes of each model (float32), so that the driver can estimate memory without
+# building a model: torchvision's vgg16() and transformers' BertForQuestionAnswering(bert-large-uncased).
+PARAMETERS = {"vgg16": 138_357_544, "bert-large": 334_094_338, "tiny-vgg": 2_266, "tiny-bert": 37_762}
+# What a process holds besides the model: torch, the engine, transformers or torchvision (measured
+# RSS of an idle worker, rounded up).
+BASE_BYTES = {"vgg16": 0.8 * GIB, "bert-large": 1.0 * GIB, "tiny-vgg": 0.6 * GIB, "tiny-bert": 0.8 * GIB}
+SQUAD_TRAIN_SAMPLES = 88_641  # SQuAD v1.1's training set: one epoch of the seed's BERT-large figure
+
+# A configuration's state beyond weights, gradients and the optimizer, in copies of the weights.
+STATE_COPIES = {
+    "DDP": 0.0,  # gradient_as_bucket_view=True: the gradients are views of DDP's buckets
+    "DDP+fp16": 0.0,  # the fp16 copy of one 25 MiB bucket at a time
+    "DDP+PowerSGD": 1.0,  # the error-feedback residual
+    "Horovod": 0.0,
+    "Horovod+fp16": 0.0,  # the fp16 copy of one 64 MiB fusion buffer
+    "Bagua GradientAllReduce": 0.0,
+    "Bagua GradientAllReduce hierarchical": 0.0,
+    "Bagua ByteGrad": 0.5,  # compressed send and receive buffers
+    "Bagua ByteGrad+EF": 1.5,  # and the residual
+    "Bagua HalfGrad": 0.5,
+    "Bagua Decentralized": 2.0,  # the peers' weights and their average
+    "Bagua LowPrecisionDecentralized": 2.5,  # the two neighbours' replicas, compressed buffers
+    "Bagua QAdam": 0.5,  # (its Adam moments are the optimizer's: OPTIMIZER_COPIES)
+    "Bagua LowRank": 1.0,  # the error-feedback residual (P and Q are small)
+    "Bagua LocalSteps": 2.0,  # the anchor and the outer momentum
+    "Bagua LocalSteps+8bit": 3.5,  # and the residual, compressed buffers
+    "Bagua Async": 1.0,  # the averaging buffer
+    "JAX Bagua GradientAllReduce": 1.0,  # the update's output beside the donated weights
+    "no communication": 0.0,
+}
+
+
+def optimizer_copies(config: str, momentum: float, stepped: bool = True) -> float:
+    """The optimizer's state in copies of the weights: Adam's two moments for QAdam, SGD's momentum
+    (none when the step never runs: device-time's GPU-timed step; QAdam's moments are the engine's)."""
+    if config == "Bagua QAdam":
+        return 2.0
+    return 1.0 if momentum and stepped else 0.0
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    name: str
+    batch_size: int  # per GPU, as in the seed's figure
+    unit: str  # what a sample is called in the tables
+    build: Callable  # () -> torch.nn.Module
+    make_batch: Callable  # (rank, batch) -> inputs, passed to loss()
+    loss: Callable  # (model, inputs) -> scalar loss
+    activation_bytes: Callable  # (batch) -> bytes of a real step's activations (estimate)
+
+
+# torchvision's vgg16() ("D"): its layout, written out for where torchvision cannot be imported. PyPI's
+# torchvision wheels for Linux link CUDA's libc10_cuda.so, which the CPU build of torch lacks, so
+# `import torchvision` fails there ("operator torchvision::nms does not exist"); where it imports, its
+# own vgg16() is used. Both have the same parameters under the same names (features.N, classifier.N).
+VGG16_LAYERS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+def torchvision_or_none():
+    """torchvision when it imports with this torch, else None."""
+    try:
+        import torchvision
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return torchvision
+
+
+def _vgg(layers, pool, classifier):
+    import torch.nn as nn
+
+    class VGG(nn.Module):
+        def __init__(self):
+            super().__init__()
+            feats, channels = [], 3
+            for v in layers:
+                if v == "M":
+                    feats.append(nn.MaxPool2d(kernel_size=2, stride=2))
+                else:
+                    feats += [nn.Conv2d(channels, v, kernel_size=3, padding=1), nn.ReLU(inplace=True)]
+                    channels = v
+            self.features = nn.Sequential(*feats)
+            self.avgpool = nn.AdaptiveAvgPool2d(pool)
+            self.classifier = classifier()
+            for m in self.modules():  # torchvision's initialisation
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                    nn.init.constant_(m.bias, 0)
+                elif isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, 0, 0.01)
+                    nn.init.constant_(m.bias, 0)
+
+        def forward(self, x):
+            return self.classifier(self.avgpool(self.features(x)).flatten(1))
+
+    return VGG()
+
+
+def _vgg16():
+    tv = torchvision_or_none()
+    if tv is not None:
+        return tv.models.vgg16(weights=None)
+    import torch.nn as nn
+
+    def classifier():
+        return nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(4096, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(4096, 1000),
+        )
+
+    return _vgg(VGG16_LAYERS, (7, 7), classifier)
+
+
+def _tiny_vgg():
+    import torch.nn as nn
+
+    return _vgg((8, "M", 16, "M"), (1, 1), lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)))
+
+
+def _image_batch(size: int, classes: int):
+    def make(rank, batch):
+        import torch
+
+        g = torch.Generator().manual_seed(1000 + rank)
+        return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, classes, (batch,), generator=g)
+
+    return make
+
+
+def _image_loss(model, inputs):
+    import torch.nn.functional as F
+
+    x, y = inputs
+    return F.cross_entropy(model(x), y)
+
+
+BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=128)
+
+
+def _bert(shape: dict):
+    def build():
+        from transformers import BertConfig, BertForQuestionAnswering
+
+        return BertForQuestionAnswering(BertConfig(**shape))  # bert-large-uncased's shape, random weights
+
+    return build
+
+
+def _squad_batch(seq_len: int, vocab: int):
+    def make(rank, batch):
+        import torch
+
+        g = torch.Generator().manual_seed(1000 + rank)
+        ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
+        start = torch.randint(0, seq_len, (batch,), generator=g)
+        end = torch.clamp(start + torch.randint(0, 30, (batch,), generator=g), max=seq_len - 1)
+        return {
+            "input_ids": ids,
+            "token_type_ids": (torch.arange(seq_len) >= seq_len // 4).long().expand(batch, seq_len),
+            "attention_mask": torch.ones(batch, seq_len, dtype=torch.long),
+            "start_positions": start,
+            "end_positions": end,
+        }
+
+    return make
+
+
+def _squad_loss(model, inputs):
+    return model(**inputs).loss
+
+
+def _bert_activations(shape: dict, seq_len: int):
+    h, layers, heads = shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"]
+    ff = shape["intermediate_size"]
+    # per layer and sample, kept for backward: ~10 hidden-sized tensors, 2 of the feed-forward's
+    # width, the attention scores, probabilities and dropout mask
+    per_layer = seq_len * (10 * h + 2 * ff) + 3 * heads * seq_len * seq_len
+    return lambda batch: 4 * batch * layers * per_layer
+
+
+def model_spec(name: str, seq_len: int = 384) -> ModelSpec:
+    """The model called ``name`` (a key of PARAMETERS); ``seq_len`` for the BERT ones."""
+    if name == "vgg16":
+        return ModelSpec(name, 32, "images", _vgg16, _image_batch(224, 1000), _image_loss, lambda b: b * 110 * 2**20)
+    if name == "tiny-vgg":
+        return ModelSpec(name, 4, "images", _tiny_vgg, _image_batch(32, 10), _image_loss, lambda b: b * 2**20)
+    if name == "bert-large":
+        return ModelSpec(
+            name,
+            6,
+            "sequences",
+            _bert(BERT_LARGE),
+            _squad_batch(seq_len, 30522),
+            _squad_loss,
+            _bert_activations({**BERT_LARGE}, seq_len),
+        )
+    if name == "tiny-bert":
+        return ModelSpec(
+            name,
+            2,
+            "sequences",
+            _bert(TINY_BERT),
+            _squad_batch(min(seq_len, 32), 128),
+            _squad_loss,
+            _bert_activations(TINY_BERT, min(seq_len, 32)),
+        )
+    raise ValueError(f"unknown model {name!r}: choose from {sorted(PARAMETERS)}")
+
+
+def per_rank_bytes(
+    model: str,
+    config: str,
+    mode: str,
+    batch: int,
+    record_batch: int,
+    momentum: float,
+    seq_len: int = 384,
+    optimizer_on: str = "gpu-time",
+) -> float:
+    """Estimated peak memory of one rank running ``config`` on ``model`` (see the module docstring)."""
+    weights = 4 * PARAMETERS[model]
+    spec = model_spec(model, seq_len)
+    recorded = 1.0 if mode == "device-time" else 0.0
+    stepped = mode == "real" or optimizer_on == "cpu" or config.startswith("JAX")
+    copies = 2.0 + recorded + optimizer_copies(config, momentum, stepped) + STATE_COPIES[config]
+    if config.startswith("JAX"):  # no torch model in that configuration: the JAX one's weights and gradients
+        copies = 2.0 + optimizer_copies(config, momentum) + STATE_COPIES[config]
+    activations = spec.activation_bytes(batch if mode == "real" else record_batch)
+    return BASE_BYTES[model] + copies * weights + activations
+
+
+def refusal(
+    model: str,
+    config: str,
+    mode: str,
+    batch: int,
+    record_batch: int,
+    momentum: float,
+    ranks: int,
+    budget_bytes: float,
+    seq_len: int = 384,
+    optimizer_on: str = "gpu-time",
+) -> Optional[str]:
+    """Why ``config`` on ``model`` cannot run ``ranks`` ranks on this machine within ``budget_bytes``
+    (with the estimate), or None."""
+    need = per_rank_bytes(model, config, mode, batch, record_batch, momentum, seq_len, optimizer_on)
+    shared = 4 * PARAMETERS[model] * (ranks - 1) if mode == "device-time" else 0  # mapped once, not per rank
+    if need * ranks - shared <= budget_bytes:
+        return None
+    return (
+        f"needs about {need / GIB:.1f} GiB per rank x {ranks} ranks"
+        + (f" - {shared / GIB:.1f} GiB mapped by all" if shared else "")
+        + f" = {(need * ranks - shared) / GIB:.1f} GiB > {budget_bytes / GIB:.1f} GiB of memory budget"
+    )
