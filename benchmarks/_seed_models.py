@@ -239,16 +239,22 @@ def per_rank_bytes(
     seq_len: int = 384,
     optimizer_on: str = "gpu-time",
 ) -> float:
-    """Estimated peak memory of one rank running ``config`` on ``model`` (see the module docstring)."""
+    """Estimated peak memory of one rank while ``config`` runs on ``model`` (see the module docstring).
+    device-time: the weights, their gradients and rank 0's recorded gradients (one copy in shared
+    memory, mapped by every rank: counted here, once for all in :func:`refusal`); the optimizer's state
+    only when its step runs."""
     weights = 4 * PARAMETERS[model]
-    spec = model_spec(model, seq_len)
-    recorded = 1.0 if mode == "device-time" else 0.0
-    stepped = mode == "real" or optimizer_on == "cpu" or config.startswith("JAX")
-    copies = 2.0 + recorded + optimizer_copies(config, momentum, stepped) + STATE_COPIES[config]
-    if config.startswith("JAX"):  # no torch model in that configuration: the JAX one's weights and gradients
+    if mode == "real":
         copies = 2.0 + optimizer_copies(config, momentum) + STATE_COPIES[config]
-    activations = spec.activation_bytes(batch if mode == "real" else record_batch)
-    return BASE_BYTES[model] + copies * weights + activations
+        return BASE_BYTES[model] + copies * weights + model_spec(model, seq_len).activation_bytes(batch)
+    stepped = optimizer_on == "cpu" or config.startswith("JAX")  # JAX's optax update runs here
+    return BASE_BYTES[model] + (3.0 + optimizer_copies(config, momentum, stepped) + STATE_COPIES[config]) * weights
+
+
+def recording_bytes(model: str, record_batch: int, seq_len: int = 384) -> float:
+    """device-time: rank 0's peak while it records (weights, gradients, their copy, activations)."""
+    weights = 4 * PARAMETERS[model]
+    return BASE_BYTES[model] + 3.0 * weights + model_spec(model, seq_len).activation_bytes(record_batch)
 
 
 def refusal(
@@ -267,10 +273,13 @@ def refusal(
     (with the estimate), or None."""
     need = per_rank_bytes(model, config, mode, batch, record_batch, momentum, seq_len, optimizer_on)
     shared = 4 * PARAMETERS[model] * (ranks - 1) if mode == "device-time" else 0  # mapped once, not per rank
-    if need * ranks - shared <= budget_bytes:
+    total = need * ranks - shared
+    if mode == "device-time":  # rank 0 records first, while the others wait
+        total = max(total, recording_bytes(model, record_batch, seq_len) + (ranks - 1) * BASE_BYTES[model])
+    if total <= budget_bytes:
         return None
     return (
         f"needs about {need / GIB:.1f} GiB per rank x {ranks} ranks"
         + (f" - {shared / GIB:.1f} GiB mapped by all" if shared else "")
-        + f" = {(need * ranks - shared) / GIB:.1f} GiB > {budget_bytes / GIB:.1f} GiB of memory budget"
+        + f" = {total / GIB:.1f} GiB > {budget_bytes / GIB:.1f} GiB of memory budget"
     )
