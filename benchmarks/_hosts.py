@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from typing import List, Optional
@@ -27,6 +28,7 @@ from typing import List, Optional
 import _launch  # benchmarks/_launch.py: children that die with their parent
 
 NETNS_PREFIX = "bagua-bw-"
+NETNS_ETC = "/etc/netns"  # per-namespace files that `ip netns exec` mounts over /etc
 MAX_HOSTS = 8
 ADDRESSES = tuple(f"10.231.0.{i + 1}" for i in range(MAX_HOSTS))  # only inside the namespaces
 _LETTERS = "abcdefgh"
@@ -98,6 +100,7 @@ def _delete_netns(name: str) -> None:
         except (ProcessLookupError, ValueError):
             pass
     subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True, timeout=30)
+    shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
 
 
 def remove_stale() -> List[str]:
@@ -165,6 +168,7 @@ class EmulatedHosts:
             for ns in self.netns:
                 _run("ip", "-n", ns, "link", "set", "lo", "up")
             self._add_veth_links()
+            self._write_hosts_files()
         except BaseException:
             self.close()
             raise
@@ -341,7 +345,19 @@ class EmulatedHosts:
         """The command prefix that runs a program on ``host``."""
         return ["ip", "netns", "exec", self.netns[host]]
 
+    def _write_hosts_files(self) -> None:
+        """Inside each host this machine's name resolves to the host's own address, not 127.0.0.1
+        (``ip netns exec`` mounts /etc/netns/<namespace>/hosts over /etc/hosts): programs that find
+        their address from their host name (Horovod's Gloo) then publish one the others can reach."""
+        name = socket.gethostname()
+        for ns, addr in zip(self.netns, ADDRESSES):
+            os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+            with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+                f.write(f"127.0.0.1 localhost\n{addr} {name}\n")
+
     def close(self) -> None:
+        for ns in self.netns:
+            shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
         self._stop_delay_line()
         for ns in self.netns + ([self.switch] if self.switch else []):
             if ns in list_netns(ns):

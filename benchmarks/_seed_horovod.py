@@ -3,7 +3,10 @@ launcher (bagua-run, one per emulated host) has set torchrun's variables, so thi
 Horovod's (``HOROVOD_RANK``, ``_SIZE``, ``_LOCAL_*``, ``_CROSS_*``, ``_HOSTNAME``: host ``h<node>``) and
 rank 0 serves Horovod's Gloo rendezvous (``horovod.runner.http.http_server.RendezvousServer``, what
 ``horovodrun --gloo`` starts) at ``MASTER_ADDR`` on a port it broadcasts over torch.distributed.
-Horovod's Gloo then runs on the interface ``GLOO_SOCKET_IFNAME`` names (loopback without one).
+``HOROVOD_GLOO_IFACE`` is set from ``GLOO_SOCKET_IFNAME`` (loopback without one), but Horovod's Gloo
+publishes the address its host name resolves to: between network namespaces that must be the host's
+own address, which benchmarks/_hosts.py arranges (a hosts file per namespace); with 127.0.0.1 every
+rank connects to its own loopback and aborts ("connect [127.0.0.1]:<port>: Connection refused").
 
 Horovod 0.28.1 builds against torch >= 2.1 only with benchmarks/horovod-0.28.1-torch2.13.patch
 (``make bench-seed`` applies it); docs/benchmarks-seed.md says why.

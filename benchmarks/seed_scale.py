@@ -172,14 +172,6 @@ def batch_size(args, model):
     return args.batch_size or _seed_models.model_spec(model, args.seq_len).batch_size
 
 
-# Seen with Horovod 0.28.1: between network namespaces each rank's Gloo pairs connect to 127.0.0.1 and
-# the rank aborts ("connect [127.0.0.1]:<port>: Connection refused", SIGABRT), although its Gloo
-# interface (HOROVOD_GLOO_IFACE) is the host's link; over loopback it runs.
-HOROVOD_BETWEEN_NAMESPACES = (
-    "Horovod's Gloo aborts between network namespaces (it connects to 127.0.0.1): loopback only"
-)
-
-
 def refusals(args, shaped=False):
     """{(model, configuration): why it cannot run here}, decided before anything starts."""
     ranks = args.hosts * args.nproc_per_host
@@ -204,8 +196,7 @@ def refusals(args, shaped=False):
                 why = "the JAX configuration trains the Flax VGG16 only"
             elif config.startswith("Horovod") and _horovod_missing():
                 why = _horovod_missing()
-            elif config.startswith("Horovod") and shaped:
-                why = HOROVOD_BETWEEN_NAMESPACES
+
             if why:
                 out[(model, config)] = why
     return out

@@ -111,3 +111,20 @@ def test_link_specs_parse():
     assert _hosts.parse_link("1gbit") == ("1gbit", None)
     with pytest.raises(ValueError):
         _hosts.parse_link("100mbit+5")
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_inside_a_host_the_host_name_resolves_to_its_own_address():
+    """What Horovod's Gloo publishes as its address (its host name's), reachable from the other hosts."""
+    import os
+    import socket
+
+    resolve = [sys.executable, "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))"]
+    with _hosts.EmulatedHosts(3) as hosts:
+        for host, addr in enumerate(_hosts.ADDRESSES[:3]):
+            p = subprocess.run(hosts.exec_prefix(host) + resolve, capture_output=True, text=True, timeout=20)
+            assert p.stdout.strip() == addr, p
+        etc = [os.path.join(_hosts.NETNS_ETC, ns) for ns in hosts.netns]
+    assert not any(os.path.exists(d) for d in etc)
+    assert socket.gethostbyname(socket.gethostname()) != _hosts.ADDRESSES[0]  # outside: as before

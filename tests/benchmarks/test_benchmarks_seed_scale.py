@@ -302,6 +302,7 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path):
         proc.kill()
     assert proc.returncode == 130, out[-4000:]
     assert _own_netns(proc.pid) == [] and _shm_files() == []
+    assert not glob.glob(os.path.join(_hosts.NETNS_ETC, f"{_hosts.NETNS_PREFIX}{proc.pid}-*"))
     deadline = time.monotonic() + 15
     while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
