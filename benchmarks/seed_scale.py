@@ -731,6 +731,9 @@ def format_memory(doc):
 
 
 def plot_model(model):
+    """The seed's two figures: images/s against bandwidth, a line per configuration (VGG16), and the
+    time of one epoch of SQuAD v1.1 per network condition, bars per configuration (BERT)."""
+
     def plot(doc, path):
         import matplotlib
 
@@ -739,23 +742,31 @@ def plot_model(model):
 
         runs = {r["link"]: r for r in doc["runs"] if r["model"] == model}
         links = _links_by_bandwidth(runs)
+        first = runs[links[0]]
+        configs = [c for c in doc["configs"] if any("samples_per_s" in runs[k]["results"].get(c, {}) for k in links)]
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        for i, config in enumerate(doc["configs"]):
-            ys = [runs[link]["results"].get(config, {}).get("samples_per_s") for link in links]
-            if any(y is not None for y in ys):
-                style = "--" if config.startswith(("DDP", "Horovod")) else "-"
+        if first["unit"] == "sequences":
+            width = 0.8 / max(1, len(configs))
+            for i, config in enumerate(configs):
+                ys = [runs[k]["results"].get(config, {}).get("samples_per_s") for k in links]
+                hours = [_seed_models.SQUAD_TRAIN_SAMPLES / y / 3600 if y else float("nan") for y in ys]
+                xs = [x - 0.4 + width * (i + 0.5) for x in range(len(links))]
+                ax.bar(xs, hours, width, label=config, color=plt.cm.tab20(i % 20))
+            ax.set_ylabel("hours per epoch of SQuAD v1.1 (88,641 sequences)")
+        else:
+            for i, config in enumerate(configs):
+                ys = [runs[k]["results"].get(config, {}).get("samples_per_s") for k in links]
                 ax.plot(
                     range(len(links)),
                     [y or float("nan") for y in ys],
                     marker="os^vD<>p"[i % 8],
                     color=plt.cm.tab20(i % 20),
                     label=config,
-                    linestyle=style,
+                    linestyle="--" if config.startswith(("DDP", "Horovod")) else "-",
                 )
-        first = runs[links[0]]
+            ax.set_ylabel(f"{first['unit']}/s (all ranks)")
         ax.set_xticks(range(len(links)), links)
         ax.set_xlabel("link bandwidth between hosts (each direction)")
-        ax.set_ylabel(f"{first['unit']}/s (all ranks)")
         ax.set_yscale("log")
         ax.set_title(f"{model}, {first['hosts']} hosts x {first['nproc_per_host']}, {doc['mode']}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
