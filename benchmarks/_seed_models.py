@@ -32,7 +32,7 @@ STATE_COPIES = {
     "DDP+PowerSGD": 3.0,  # the hook's copy of its one bucket, the error-feedback residual, P and Q
     "Horovod": 0.5,
     "Horovod+fp16": 0.5,
-    # Bagua's allreduce: twice its largest bucket (PACKING_SCRATCH), not a share of the weights
+    # Bagua's allreduce: 2.25 times its largest bucket (PACKING_SCRATCH), not a share of the weights
     "Bagua GradientAllReduce": 0.0,
     "Bagua GradientAllReduce hierarchical": 0.0,
     "Bagua ByteGrad": 0.5,  # compressed send and receive buffers
@@ -50,7 +50,8 @@ STATE_COPIES = {
 }
 
 
-# Bagua's allreduce keeps a wire-packing scratch of twice its largest bucket, and a tensor larger than
+# Bagua's allreduce keeps a wire-packing scratch of 2.25 times its largest bucket (send and receive
+# stages of the whole bucket, a share for the gather), and a tensor larger than
 # the bucket size (10 MiB) is a bucket of its own: VGG16's fc6 weight (392 MiB) made GradientAllReduce's
 # peak 925 MiB above DDP's, BERT-large's word embeddings (119 MiB) 312 MiB above.
 LARGEST_TENSOR = {"vgg16": 102_760_448, "bert-large": 31_254_528, "tiny-vgg": 1_152, "tiny-bert": 16_384}
@@ -256,10 +257,10 @@ def per_rank_bytes(
     weights = 4 * PARAMETERS[model]
     if mode == "real":
         copies = 2.0 + optimizer_copies(config, momentum) + STATE_COPIES[config]
-        scratch = 2 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
+        scratch = 2.25 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
         return BASE_BYTES[model] + copies * weights + scratch + model_spec(model, seq_len).activation_bytes(batch)
     stepped = optimizer_on == "cpu" or config.startswith("JAX")  # JAX's optax update runs here
-    scratch = 2 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
+    scratch = 2.25 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
     copies = 3.0 + optimizer_copies(config, momentum, stepped) + STATE_COPIES[config]
     return BASE_BYTES[model] + copies * weights + scratch
 
