@@ -432,12 +432,15 @@ def predict(cases, calib, model):
 
 
 def profile_runs(runs, profile):
-    """The device-time run with most hosts of each model of the seed's setting, under ``profile``."""
+    """Per model of the seed's setting, its device-time runs under ``profile`` as one: each configuration
+    measured, from the run with most hosts that ran it (the replayed compute is the same in all)."""
     chosen = {}
-    for run in runs:
+    for run in sorted(runs, key=lambda r: -r["hosts"]):
         if run["mode"] == "device-time" and run["profile"].get("name") == profile and run.get("model") in DEFAULT_BATCH:
-            if run["model"] not in chosen or run["hosts"] > chosen[run["model"]]["hosts"]:
-                chosen[run["model"]] = run
+            merged = chosen.setdefault(run["model"], {**run, "results": {}})
+            for config, res in run["results"].items():
+                if "refused" not in res and config not in merged["results"]:
+                    merged["results"][config] = res
     return chosen
 
 
