@@ -326,17 +326,21 @@ def _arrays(cases, calib):
     a["bwd"] = np.array([c["bwd_ms"] for c in cases])
     a["meas"] = np.array([c["measured_ms"] for c in cases])
     a["fam"] = np.array([FAMILIES.index(t["family"]) if t["family"] in FAMILIES else -1 for t in terms])
+    a["cfg"] = np.array([list(PATTERNS).index(c["config"]) for c in cases])
     return a, terms
 
 
-def step_ms(a, eta, alpha, phi, gamma=0.0):
+def step_ms(a, eta, alpha, phi, gamma=0.0, overhead=None):
     """t_step of each case; alpha and phi indexed by family (the "none" family: no communication);
-    gamma: ms of this machine's CPU per MB a node sends (sockets, Gloo's reductions, 2 cores shared)."""
+    gamma: ms of this machine's CPU per MB a node sends (sockets, Gloo's reductions, 2 cores shared);
+    overhead: ms of host work per step of each configuration (indexed as PATTERNS: PowerSGD's and
+    LowRank's matrix products, fp16 conversions on this CPU), whatever the link."""
     fam = a["fam"]
+    extra = np.asarray(overhead)[a["cfg"]] if overhead is not None else 0.0
     al = np.where(fam >= 0, np.asarray(alpha)[fam], 0.0)
     ph = np.where(fam >= 0, np.asarray(phi)[fam], 0.0)
     comm = a["rounds"] * al + a["fixed"] + a["line"] / eta + gamma * a["mb"]
-    return a["base"] + np.maximum(0.0, comm - ph * a["bwd"])
+    return a["base"] + extra + np.maximum(0.0, comm - ph * a["bwd"])
 
 
 def _grid_start(a, fams):
@@ -390,21 +394,26 @@ def fit(cases, calib):
     eta0, al0, ph0 = _grid_start(a, fams)
     F = len(FAMILIES)
 
+    cfgs = sorted(set(a["cfg"][a["fam"] >= 0].tolist()))  # "no communication" is the base: no overhead
+    k = 1 + 2 * len(fams)
+
     def unpack(p):
-        alpha, phi = np.zeros(F), np.zeros(F)
-        alpha[fams], phi[fams] = p[1 : 1 + len(fams)], p[1 + len(fams) : -1]
-        return p[0], alpha, phi, p[-1]
+        alpha, phi, over = np.zeros(F), np.zeros(F), np.zeros(len(PATTERNS))
+        alpha[fams], phi[fams] = p[1 : 1 + len(fams)], p[1 + len(fams) : k]
+        over[cfgs] = p[k + 1 :]
+        return p[0], alpha, phi, p[k], over
 
     def resid(p):
         return (step_ms(a, *unpack(p)) - a["meas"]) / a["meas"]
 
-    p0 = np.array([eta0] + [al0[f] for f in fams] + [ph0[f] for f in fams] + [0.0])
-    lo = np.array([0.01] + [0.0] * len(fams) * 2 + [0.0])
-    hi = np.array([1.0] + [1e3] * len(fams) + [PHI_MAX] * len(fams) + [100.0])
-    eta, alpha, phi, gamma = unpack(_least_squares(resid, p0, lo, hi))
+    p0 = np.array([eta0] + [al0[f] for f in fams] + [ph0[f] for f in fams] + [0.0] + [0.0] * len(cfgs))
+    lo = np.array([0.01] + [0.0] * len(fams) * 2 + [0.0] + [0.0] * len(cfgs))
+    hi = np.array([1.0] + [1e3] * len(fams) + [PHI_MAX] * len(fams) + [100.0] + [1e5] * len(cfgs))
+    eta, alpha, phi, gamma, over = unpack(_least_squares(resid, p0, lo, hi))
     return {
         "efficiency": float(eta),
         "cpu_ms_per_mb": float(gamma),
+        "overhead_ms": {list(PATTERNS)[i]: float(over[i]) for i in cfgs},
         "families": {
             FAMILIES[f]: {"alpha_ms": float(alpha[f]), "phi": float(phi[f]), "fit_cases": int((a["fam"] == f).sum())}
             for f in fams
@@ -415,7 +424,8 @@ def fit(cases, calib):
 def _params(model):
     alpha = [model["families"].get(f, {}).get("alpha_ms", math.nan) for f in FAMILIES]
     phi = [model["families"].get(f, {}).get("phi", math.nan) for f in FAMILIES]
-    return model["efficiency"], alpha, phi, model.get("cpu_ms_per_mb", 0.0)
+    over = [model.get("overhead_ms", {}).get(c, 0.0) for c in PATTERNS]
+    return model["efficiency"], alpha, phi, model.get("cpu_ms_per_mb", 0.0), over
 
 
 def predict(cases, calib, model):
@@ -467,7 +477,7 @@ def gpu_model(model):
     host CPU per byte and its per-round latency is small beside megabytes per round, and communication
     started from backward's hooks overlaps backward (phi 1), the rest none."""
     fams = {f: {"alpha_ms": 0.0, "phi": 1.0 if f in OVERLAPS_BACKWARD else 0.0} for f in model["families"]}
-    return {**model, "families": fams, "cpu_ms_per_mb": 0.0}
+    return {**model, "families": fams, "cpu_ms_per_mb": 0.0, "overhead_ms": {}}
 
 
 def predict_setting(args, runs, calib, model):
