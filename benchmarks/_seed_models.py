@@ -217,25 +217,12 @@ def model_spec(name: str, seq_len: int = 384) -> ModelSpec:
         return ModelSpec(name, 32, "images", _vgg16, _image_batch(224, 1000), _image_loss, lambda b: b * 110 * 2**20)
     if name == "tiny-vgg":
         return ModelSpec(name, 4, "images", _tiny_vgg, _image_batch(32, 10), _image_loss, lambda b: b * 2**20)
-    if name == "bert-large":
-        return ModelSpec(
-            name,
-            6,
-            "sequences",
-            _bert(BERT_LARGE),
-            _squad_batch(seq_len, 30522),
-            _squad_loss,
-            _bert_activations({**BERT_LARGE}, seq_len),
+    if name in ("bert-large", "tiny-bert"):
+        shape, seq, vocab, batch = (
+            (BERT_LARGE, seq_len, 30522, 6) if name == "bert-large" else (TINY_BERT, min(seq_len, 32), 128, 2)
         )
-    if name == "tiny-bert":
         return ModelSpec(
-            name,
-            2,
-            "sequences",
-            _bert(TINY_BERT),
-            _squad_batch(min(seq_len, 32), 128),
-            _squad_loss,
-            _bert_activations(TINY_BERT, min(seq_len, 32)),
+            name, batch, "sequences", _bert(shape), _squad_batch(seq, vocab), _squad_loss, _bert_activations(shape, seq)
         )
     raise ValueError(f"unknown model {name!r}: choose from {sorted(PARAMETERS)}")
 

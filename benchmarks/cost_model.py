@@ -24,25 +24,33 @@ counted / formula over the configurations with exact formulas (TCP/IP framing, h
 configuration's fraction of 2(N-1)/N S is the median of counted / that, per configuration and model.
 
 Time (ms), per case:
-    t_comm = R (alpha + d) + w B / (eta rate) + R_in alpha + B_in / beta_in
-    t_step = t_compute + t_opt + max(0, t_comm - phi t_bwd) + t_codec,  t_bwd = 2/3 t_compute
-d: the link's one-way delay; rate: its shaped rate; beta_in: the intra-node bandwidth (a run's
-``intra_node_bytes_per_s``; unknown: that term is 0). Fitted: eta (one efficiency for every link), and
-per configuration family alpha (ms per round) and phi (0 to 1.5: how much of backward the communication
+    t_comm = R (alpha + d) + w B / (eta rate) + gamma w B + R_in alpha + B_in / beta_in
+    t_step = t_base + overhead[config] + max(0, t_comm - phi t_bwd)
+t_base: the run's measured step without communication (same processes, same link) plus the
+configuration's codec time; without that measurement, t_compute + t_opt + t_codec. d: the link's
+one-way delay; rate: its shaped rate; gamma: this machine's CPU ms per MB sent (sockets, Gloo's
+reductions on shared cores); overhead: a configuration's host work per step, whatever the link
+(PowerSGD's and LowRank's matrix products, fp16 conversions); beta_in: the intra-node bandwidth (a run's
+``intra_node_bytes_per_s``; unknown: that term is 0); t_bwd: the run's backward_fraction (else 2/3) of
+t_compute. Fitted: eta (one efficiency for every link), gamma, each configuration's overhead, and per
+configuration family alpha (ms per round) and phi (0 to 1.5: how much of backward the communication
 hides; 1.5 covers forward too). Least squares on the relative errors (predicted - measured) / measured:
 a grid gives the start, damped Gauss-Newton steps (numpy) finish. Measured time: ms_per_step; for
 LocalSteps the mean of step_seconds when they span a synchronisation (the median would miss it).
+Not modelled: unshaped links (no rate), links delayed by the user-space delay line (its own throughput
+bounds them), and "no communication" itself (the base of the others).
 
 Split: the fit set is every case whose link is in --fit-links (default: the links of the lowest and the
 highest rate present) or whose host count is in --fit-hosts (default 2); every other case is validated,
 and a setting fitted is never validated. Unshaped links (rate_bits null) have no rate: not modelled.
 
-Prediction: per configuration, the compute time of the device-time run whose profile is --gpu-profile
-(the one with most hosts); the optimizer step and the codec as passes over the profile's GPU memory
-(20 bytes per parameter for SGD with momentum, 28 for Adam, 10 per codec pass; the run's host times
-when the profile has no bandwidth); --gpus-per-node GPUs on NVLink (--intra-node-gbytes GB/s) per
-node; the fitted alpha, phi, eta and byte fractions. BERT-large epoch: 88,641 SQuAD v1.1 training
-samples, batch 6 per GPU unless the run says otherwise.
+Prediction: per configuration, the compute time of the device-time runs whose profile is --gpu-profile
+(each configuration from the run with most hosts that measured it); the optimizer step and the codec as
+passes over the profile's GPU memory (20 bytes per parameter for SGD with momentum, 28 for Adam, 10 per
+codec pass; the run's host times when the profile has no bandwidth); --gpus-per-node GPUs on NVLink
+(--intra-node-gbytes GB/s) per node; the fitted eta and byte fractions only (gpu_model: no alpha, gamma
+or overhead, which describe this machine; communication from backward's hooks overlaps backward). BERT-large
+epoch: 88,641 SQuAD v1.1 training samples, batch 6 per GPU unless the run says otherwise.
 
 Outputs in --out-dir: cost_model.json (parameters, every case predicted against measured),
 cost_model.md (validation table, max |error|, cases within 15%, byte check; also printed) and, with a

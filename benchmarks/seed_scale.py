@@ -172,7 +172,7 @@ def batch_size(args, model):
     return args.batch_size or _seed_models.model_spec(model, args.seq_len).batch_size
 
 
-def refusals(args, shaped=False):
+def refusals(args):
     """{(model, configuration): why it cannot run here}, decided before anything starts."""
     ranks = args.hosts * args.nproc_per_host
     out = {}
@@ -217,7 +217,7 @@ def drive(args, argv) -> int:
     rc, reason = _hosts.prepare(args, "seed_scale.py", "one run over loopback")
     if rc is not None:
         return rc
-    refused = refusals(args, shaped=reason is None)
+    refused = refusals(args)
     for (model, config), why in refused.items():
         print(f"refused: {model}, {config}: {why}", flush=True)
     if all((m, c) in refused for m in args.models for c in args.configs if c != "no communication"):
@@ -312,7 +312,7 @@ def work(argv) -> int:
     import _training  # benchmarks/_training.py: wrap, start_worker
 
     rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
-    refused = refusals(args, shaped="SEED_TX_BYTES" in os.environ)
+    refused = refusals(args)
     runs = []
     for model in args.models:
         runs.append(run_model(args, model, refused, rank, world, say))
