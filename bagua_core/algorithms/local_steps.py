@@ -1,8 +1,8 @@
 """Local steps with an outer optimizer (local SGD, DiLoCo): ranks train on
 their own for ``sync_interval`` steps, then average how far their weights
 moved and apply that pseudo-gradient with an outer SGD with Nesterov momentum,
-optionally averaging it 8-bit compressed with error feedback
-(``csrc/ops/local_steps.h``)."""
+optionally averaging it compressed (8, 4 or 2 bits, FP4, or top-k) with error
+feedback (``csrc/ops/local_steps.h``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import numbers
 
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, WEIGHTS, Plan, check_bool, check_int, register
 
-COMPRESSIONS = ("none", "minmax_uint8")
+_DEFAULT_DENSITY = 0.02
+
+
+def compressions() -> tuple:
+    """ "none" and the engine's codecs (``csrc/ops/codec.h``, their one registry)."""
+    from bagua_core._loader import _C
+
+    return ("none", *_C.codec_names())
 
 
 def _check_number(name: str, value, low: float, high: float = None, low_open: bool = True) -> float:
@@ -36,7 +43,9 @@ class LocalSteps:
     algorithm state (checkpointed): twice the weights' memory. DiLoCo's outer
     momentum 0.9 suits an AdamW inside; with an inner SGD with momentum a
     lighter one (0.5) or plain averaging is steadier (the demos: 85.7%
-    against 39.7% accuracy with 0.9).
+    against 39.7% accuracy with 0.9). A NaN or Inf in any rank's
+    pseudo-gradient raises on every rank at that synchronisation, each saying
+    whether its own held it; the bucket keeps its last synchronised weights.
 
     Args:
         sync_interval: optimizer steps between synchronisations (H).
@@ -47,12 +56,18 @@ class LocalSteps:
         warmup_steps: the first steps average the weights after every
             optimizer step.
         hierarchical: average within each node first.
-        compression: ``"none"``, or ``"minmax_uint8"``: the pseudo-gradient
-            is averaged with ByteGrad's MinMaxUInt8 compressed
-            scatter-reduce-gather (8 bits per element on the wire, each
-            element quantised twice; the weights' buckets are padded to a
-            multiple of the group size); the warm-up averages stay
-            uncompressed.
+        compression: ``"none"``, or the codec the pseudo-gradient travels in
+            (the warm-up averages stay uncompressed). Dense codecs run a
+            compressed scatter-reduce-gather (each element quantised twice;
+            the weights' buckets are padded to a multiple of the group size):
+            ``"minmax_uint8"`` (ByteGrad's, 8 bits per element),
+            ``"minmax_uint4"`` / ``"minmax_uint2"`` (min-max per block of 128:
+            4.5 / 2.5 bits), ``"fp4_e2m1"`` (FP4 with a float32 scale per
+            block of 32: 5 bits). Top-k codecs keep the largest
+            ``topk_density`` of each block of 256 with their indices and
+            their values at 4 or 2 bits (``"topk_uint4"``, ``"topk_uint2"``)
+            and run a compressed allgather (each element quantised once).
+            Layouts: ``csrc/kernels/lowbit.h``.
         error_feedback: with the compression, keep each rank's residual of
             its own quantisation of its pseudo-gradient,
             ``e = (d + e) - decompress(compress(d + e))``, and add it to the
@@ -60,6 +75,8 @@ class LocalSteps:
             which quantises the node average, keeps it): algorithm state like
             the anchor, one more copy of the weights' memory, zero at the
             first synchronisation.
+        topk_density: the share of each block the top-k codecs keep, in
+            (0, 1]: ``ceil(topk_density * 256)`` of 256 (0.02: 6).
     """
 
     sync_interval: int = 8
@@ -70,6 +87,7 @@ class LocalSteps:
     hierarchical: bool = False
     compression: str = "none"
     error_feedback: bool = False
+    topk_density: float = _DEFAULT_DENSITY
 
     name = "local_steps"
 
@@ -84,16 +102,20 @@ class LocalSteps:
         check_bool("LocalSteps", "hierarchical", self.hierarchical)
         if not isinstance(self.compression, str):
             raise TypeError(f"LocalSteps: compression must be a str, got {self.compression!r}")
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(
-                f"LocalSteps: unknown compression {self.compression!r} (use one of {', '.join(COMPRESSIONS)})"
-            )
+        known = compressions()
+        if self.compression not in known:
+            raise ValueError(f"LocalSteps: unknown compression {self.compression!r} (use one of {', '.join(known)})")
         check_bool("LocalSteps", "error_feedback", self.error_feedback)
         if self.error_feedback and self.compression == "none":
             raise ValueError(
-                "LocalSteps: error_feedback needs compression='minmax_uint8' "
-                "(without compression there is no residual to feed back)"
+                "LocalSteps: error_feedback needs a compression (without compression there is no residual to feed back)"
             )
+        density = _check_number("topk_density", self.topk_density, 0.0, None)
+        if not density <= 1.0:
+            raise ValueError(f"LocalSteps: topk_density must be in (0, 1], got {self.topk_density!r}")
+        object.__setattr__(self, "topk_density", density)
+        if density != _DEFAULT_DENSITY and not self.compression.startswith("topk"):
+            raise ValueError(f"LocalSteps: topk_density is for the top-k compressions, not {self.compression!r}")
 
     def plan(self) -> Plan:
         params = {
@@ -108,6 +130,8 @@ class LocalSteps:
             params["compression"] = self.compression
         if self.error_feedback:
             params["error_feedback"] = True
+        if self.compression.startswith("topk"):
+            params["topk_density"] = repr(self.topk_density)
         return Plan(
             step="local_steps",
             params=params,

@@ -6,8 +6,10 @@ frontend and with the JAX frontend, side by side.
 
 ``--algorithm all`` also runs the variants of
 :data:`bagua_core.compare.problem.VARIANTS` (``bytegrad_error_feedback``:
-ByteGrad with ``error_feedback=True``; ``local_steps_compressed``: LocalSteps
-with ``compression="minmax_uint8", error_feedback=True``). For each algorithm it launches ``--nproc`` processes (``bagua-run``) running
+ByteGrad with ``error_feedback=True``; ``local_steps_compressed``,
+``local_steps_fp4`` and ``local_steps_topk``: LocalSteps with error feedback
+and ``compression="minmax_uint8"``, ``"fp4_e2m1"`` and ``"topk_uint2"``). For
+each algorithm it launches ``--nproc`` processes (``bagua-run``) running
 ``bagua_torch.compare_worker``, then as many running
 ``bagua_jax.compare_worker``. Both start from identical weights and read
 identical batches (:mod:`bagua_core.compare.problem`), in float32 or, with

@@ -22,6 +22,8 @@ DTYPES = ("float32", "float64")
 VARIANTS = {
     "bytegrad_error_feedback": ("bytegrad", {"error_feedback": True}),
     "local_steps_compressed": ("local_steps", {"compression": "minmax_uint8", "error_feedback": True}),
+    "local_steps_fp4": ("local_steps", {"compression": "fp4_e2m1", "error_feedback": True}),
+    "local_steps_topk": ("local_steps", {"compression": "topk_uint2", "error_feedback": True}),
 }
 
 

@@ -1,6 +1,8 @@
 // MinMaxUInt8 compression on raw addresses (Python ints). bagua_core/compression.py checks the
-// arrays and passes their addresses; these functions trust the sizes and release the GIL.
+// arrays and passes their addresses; these functions trust the sizes and release the GIL. Also the
+// names of every codec (ops/codec.h), which the algorithm descriptions check settings against.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <string>
@@ -12,6 +14,7 @@
 #include "kernels/compress_cuda.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/minmax_uint8.h"
+#include "ops/codec.h"
 
 namespace py = pybind11;
 
@@ -70,6 +73,9 @@ void bind_compression(py::module_& m) {
       },
       py::arg("src"), py::arg("chunk_len"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"),
       release(), "Decodes n_records host records and writes their float32 sum (or mean) to dst.");
+  m.def(
+      "codec_names", [] { return Codec::names(); },
+      "The names of the compressed exchanges' codecs (ops/codec.h), the one registry of them.");
   m.def(
       "cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
       "The instruction set the host kernels use now: 'baseline', 'avx2' or 'avx512' (kernels/cpu_isa.h).");

@@ -27,6 +27,7 @@
 #include "kernels/half_wire.h"
 #include "kernels/minmax_uint8.h"
 #include "kernels/scale.h"
+#include "ops/codec.h"
 #include "ops/kernels.h"
 #include "ops/low_rank_kernels.h"
 #include "ops/algorithm_step.h"
@@ -256,6 +257,107 @@ void bind_step_kernels(py::module_& k) {
       },
       py::arg("src"), py::arg("n_records"), py::arg("dtype"), py::arg("average"), py::arg("dst"), dev,
       "MinMaxUInt8: the sum (or mean) of n_records records of len(dst) codes into dst.");
+  // The codecs of ops/codec.h by name (MinMaxUInt8 and the low-bit block formats, kernels/lowbit.h).
+  k.def(
+      "codec_compressed_nbytes",
+      [](const std::string& name, double density, int64_t n, int64_t n_chunks) {
+        const Codec c = Codec::make("codec", name, density);
+        mm::check_compress_args(to_size(n, "n"), DType::kFloat32, to_size(n_chunks, "n_chunks"), -1);
+        return c.compressed_size(static_cast<size_t>(n), static_cast<size_t>(n_chunks));
+      },
+      py::arg("name"), py::arg("topk_density"), py::arg("n"), py::arg("n_chunks"),
+      "Bytes of n elements compressed in n_chunks records.");
+  k.def(
+      "codec_compress",
+      [](const std::string& name, double density, py::buffer src, int dtype, int64_t n_chunks, py::buffer dst,
+         int64_t target_chunk, const std::string& device) {
+        const Codec c = Codec::make("codec", name, density);
+        const DType t = to_dtype(dtype);
+        const size_t chunks = to_size(n_chunks, "n_chunks");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[0], t, "src");
+        mm::check_compress_args(n, t, chunks, target_chunk);
+        check_nbytes(a[1], c.compressed_size(n, chunks), "dst");
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { c.compress(ctx, p[0], n, t, chunks, p[1], target_chunk); });
+      },
+      py::arg("name"), py::arg("topk_density"), py::arg("src"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"),
+      py::arg("target_chunk") = -1, dev, "src's elements into dst's records.");
+  k.def(
+      "codec_decompress",
+      [](const std::string& name, double density, py::buffer src, int dtype, int64_t n_chunks, py::buffer dst,
+         int64_t target_chunk, const std::string& device) {
+        const Codec c = Codec::make("codec", name, density);
+        const DType t = to_dtype(dtype);
+        const size_t chunks = to_size(n_chunks, "n_chunks");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t n = elements(a[1], t, "dst");
+        mm::check_compress_args(n, t, chunks, target_chunk);
+        check_nbytes(a[0], c.compressed_size(n, chunks), "src");
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { c.decompress(ctx, p[0], n, t, chunks, p[1], target_chunk); });
+      },
+      py::arg("name"), py::arg("topk_density"), py::arg("src"), py::arg("dtype"), py::arg("n_chunks"), py::arg("dst"),
+      py::arg("target_chunk") = -1, dev, "src's records decoded into dst's elements.");
+  k.def(
+      "codec_residual",
+      [](const std::string& name, double density, py::buffer src, py::buffer x, int dtype, int64_t n_chunks,
+         py::buffer e, const std::string& device) {
+        const Codec c = Codec::make("codec", name, density);
+        const DType t = to_dtype(dtype);
+        const size_t chunks = to_size(n_chunks, "n_chunks");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(x, "x", false));
+        a.push_back(array_of(e, "e", true));
+        const size_t n = elements(a[1], t, "x");
+        if (elements(a[2], t, "e") != n)
+          throw InvalidArgument("e has " + std::to_string(a[2].info.size) + " elements, x " + std::to_string(n));
+        mm::check_compress_args(n, t, chunks, -1);
+        check_nbytes(a[0], c.compressed_size(n, chunks), "src");
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) { c.residual(ctx, p[0], p[1], n, t, chunks, p[2]); });
+      },
+      py::arg("name"), py::arg("topk_density"), py::arg("src"), py::arg("x"), py::arg("dtype"), py::arg("n_chunks"),
+      py::arg("e"), dev, "e = x - decompress(src).");
+  k.def(
+      "codec_reduce_chunks",
+      [](const std::string& name, double density, py::buffer src, int64_t n_records, int dtype, bool average,
+         py::buffer dst, const std::string& device) {
+        const Codec c = Codec::make("codec", name, density);
+        const DType t = to_dtype(dtype);
+        const size_t records = to_size(n_records, "n_records");
+        std::vector<Array> a;
+        a.push_back(array_of(src, "src", false));
+        a.push_back(array_of(dst, "dst", true));
+        const size_t len = elements(a[1], t, "dst");
+        mm::check_reduce_args(len, records, t);
+        check_nbytes(a[0], records * c.record_bytes(len), "src");
+        run_on(device, a,
+               [&](const ExecContext& ctx, Ptrs p) { c.reduce_chunks(ctx, p[0], len, records, t, average, p[1]); });
+      },
+      py::arg("name"), py::arg("topk_density"), py::arg("src"), py::arg("n_records"), py::arg("dtype"),
+      py::arg("average"), py::arg("dst"), dev, "The sum (or mean) of n_records records of len(dst) elements into dst.");
+  k.def(
+      "count_nonfinite",
+      [](py::buffer x, int dtype, const std::string& device) {
+        const DType t = to_dtype(dtype);
+        std::vector<Array> a;
+        a.push_back(array_of(x, "x", false));
+        const size_t n = elements(a[0], t, "x");
+        size_t count = 0;
+        run_on(device, a, [&](const ExecContext& ctx, Ptrs p) {
+          GrowOnlyScratch scratch(ctx.dev ? cuda_device(0) : nullptr);
+          ExecContext c = ctx;
+          c.scratch = &scratch;
+          count = step_kernels::count_nonfinite(c, p[0], n, t, 0);
+        });
+        return count;
+      },
+      py::arg("x"), py::arg("dtype"), dev, "How many of x's elements are NaN or +-Inf.");
   // HalfGrad's 16-bit wire (kernels/half_wire.h); wire arrays hold 2-byte items.
   k.def(
       "wire_encode",

@@ -137,6 +137,7 @@ class StepParams {
   std::string to_string() const;
 
   void set(const std::string& key, Value v) { values_[key] = std::move(v); }
+  bool has(const std::string& key) const { return values_.count(key) > 0; }
   bool get_bool(const std::string& step, const std::string& key, bool fallback) const;
   int64_t get_int(const std::string& step, const std::string& key, int64_t fallback) const;
   std::string get_string(const std::string& step, const std::string& key, const std::string& fallback) const;

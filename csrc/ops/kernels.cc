@@ -1,20 +1,30 @@
 #include "ops/kernels.h"
 
+#include <chrono>
 #include <cstring>
+#include <memory>
 
 #include "buffer/buffer.h"
 #include "common/error.h"
 #include "kernels/compress_cpu.h"
 #include "kernels/half_wire.h"
+#include "kernels/lowbit_cpu.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
 #ifdef BAGUA_WITH_CUDA
 #include "kernels/compress_cuda.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/lowbit_cuda.h"
 #endif
 
 namespace bagua {
 namespace step_kernels {
+namespace {
+
+// A readback waits for the work queued before it, which includes the exchange's communication.
+constexpr std::chrono::milliseconds kReadbackTimeout{std::chrono::minutes(30)};
+
+}  // namespace
 
 void compress(const ExecContext& ctx, const void* src, size_t n, DType dtype, size_t n_chunks, void* dst,
               int64_t target_chunk) {
@@ -44,6 +54,51 @@ void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, si
       ctx, "MinMaxUInt8 reduction",
       [=] { minmax_uint8::reduce_chunks_cpu(src, chunk_len, n_records, dtype, average, dst); },
       BAGUA_CUDA_LAUNCH(minmax_uint8::reduce_chunks_cuda(src, chunk_len, n_records, dtype, average, dst, stream)));
+}
+
+void lowbit_compress(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t n, DType dtype, size_t n_chunks,
+                     void* dst, int64_t target_chunk) {
+  on_device(
+      ctx, "low-bit compression", [=] { lowbit::compress_cpu(spec, src, n, dtype, n_chunks, dst, target_chunk); },
+      BAGUA_CUDA_LAUNCH(lowbit::compress_cuda(spec, src, n, dtype, n_chunks, dst, target_chunk, stream)));
+}
+
+void lowbit_decompress(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t n, DType dtype,
+                       size_t n_chunks, void* dst, int64_t target_chunk) {
+  on_device(
+      ctx, "low-bit decompression", [=] { lowbit::decompress_cpu(spec, src, n, dtype, n_chunks, dst, target_chunk); },
+      BAGUA_CUDA_LAUNCH(lowbit::decompress_cuda(spec, src, n, dtype, n_chunks, dst, target_chunk, stream)));
+}
+
+void lowbit_residual(const ExecContext& ctx, lowbit::Spec spec, const void* src, const void* x, size_t n, DType dtype,
+                     size_t n_chunks, void* e, int64_t target_chunk) {
+  on_device(
+      ctx, "the low-bit residual", [=] { lowbit::residual_cpu(spec, src, x, n, dtype, n_chunks, e, target_chunk); },
+      BAGUA_CUDA_LAUNCH(lowbit::residual_cuda(spec, src, x, n, dtype, n_chunks, e, target_chunk, stream)));
+}
+
+void lowbit_reduce_chunks(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t chunk_len,
+                          size_t n_records, DType dtype, bool average, void* dst) {
+  on_device(
+      ctx, "low-bit reduction",
+      [=] { lowbit::reduce_chunks_cpu(spec, src, chunk_len, n_records, dtype, average, dst); },
+      BAGUA_CUDA_LAUNCH(lowbit::reduce_chunks_cuda(spec, src, chunk_len, n_records, dtype, average, dst, stream)));
+}
+
+size_t count_nonfinite(const ExecContext& ctx, const void* x, size_t n, DType dtype, int slot) {
+  if (ctx.device == DeviceType::kCPU) {
+    if (ctx.dev == nullptr) return lowbit::count_nonfinite_cpu(x, n, dtype);
+    auto count = std::make_shared<size_t>(0);
+    ctx.dev->enqueue_host(ctx.stream, [=] { *count = lowbit::count_nonfinite_cpu(x, n, dtype); });
+    ctx.dev->synchronize(ctx.stream, kReadbackTimeout);
+    return *count;
+  }
+#ifdef BAGUA_WITH_CUDA
+  return lowbit::count_nonfinite_cuda(x, n, dtype, ctx.scratch->get(slot, sizeof(uint64_t)), ctx.stream);
+#else
+  (void)slot;
+  throw InvalidArgument("counting non-finite values: this build has no CUDA support");
+#endif
 }
 
 void wire_encode(const ExecContext& ctx, const void* src, size_t count, DType dtype, DType wire, void* dst) {

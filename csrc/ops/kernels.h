@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/lowbit.h"
 #include "ops/algorithm_step.h"
 
 namespace bagua {
@@ -25,6 +26,19 @@ void residual(const ExecContext& ctx, const void* src, const void* x, size_t n, 
               int64_t target_chunk = -1);
 void reduce_chunks(const ExecContext& ctx, const void* src, size_t chunk_len, size_t n_records, DType dtype,
                    bool average, void* dst);
+// The low-bit block codecs (layout: kernels/lowbit.h), as kernels/lowbit_cpu.h.
+void lowbit_compress(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t n, DType dtype, size_t n_chunks,
+                     void* dst, int64_t target_chunk = -1);
+void lowbit_decompress(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t n, DType dtype,
+                       size_t n_chunks, void* dst, int64_t target_chunk = -1);
+void lowbit_residual(const ExecContext& ctx, lowbit::Spec spec, const void* src, const void* x, size_t n, DType dtype,
+                     size_t n_chunks, void* e, int64_t target_chunk = -1);
+void lowbit_reduce_chunks(const ExecContext& ctx, lowbit::Spec spec, const void* src, size_t chunk_len,
+                          size_t n_records, DType dtype, bool average, void* dst);
+// How many of x's n elements are NaN or +-Inf. Waits for everything queued before it on the
+// context's stream (a device readback): for rare checks, such as an outer step's. Uses scratch
+// slot `slot` on CUDA.
+size_t count_nonfinite(const ExecContext& ctx, const void* x, size_t n, DType dtype, int slot);
 // acc[i] = (acc[i] + other[i]) / 2 (ops/elementwise.h).
 void average_into(const ExecContext& ctx, void* acc, const void* other, size_t count, DType dtype);
 // t = t + l/3 + r/3 - w*5/3; acc += other (ops/elementwise.h ReplicaMath).

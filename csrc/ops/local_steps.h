@@ -22,32 +22,41 @@
 // OuterSgdMath (float32, float64 for float64 weights). Hierarchical: the
 // averages reduce within each node first and run among node leaders.
 //
-// Compression (compression="minmax_uint8"): the outer steps' average of d is
-// ByteGrad's MinMaxUInt8 compressed scatter-reduce-gather
-// (ops/compressed_exchange.h; 8 bits per element on the wire, every element
-// quantised twice) instead of a float allreduce; the warm-up averages stay
-// uncompressed. The element count must then be a multiple of the group size
-// (alignment()). With error_feedback (EF-SGD, as ops/bytegrad.h), on each
-// rank that quantises (every rank; the node leader when hierarchical), with p
-// its pseudo-gradient (A - data; the node's average of it when hierarchical):
+// Compression (compression = a codec of ops/codec.h): the outer steps' average
+// of d travels compressed instead of as a float allreduce; the warm-up averages
+// stay uncompressed. Dense codecs (minmax_uint8, minmax_uint4, minmax_uint2,
+// fp4_e2m1) run the compressed scatter-reduce-gather (ops/compressed_exchange.h;
+// every element quantised twice), and the element count must be a multiple of
+// the group size (alignment()). Top-k codecs (topk_uint4, topk_uint2; keep
+// ceil(topk_density * 256) of each 256 elements, topk_density in (0, 1],
+// default 0.02) run the compressed allgather (every element quantised once). With error_feedback (EF-SGD, as
+// ops/bytegrad.h), on each rank that quantises (every rank; the node leader when hierarchical), with p its
+// pseudo-gradient (A - data; the node's average of it when hierarchical):
 //   x = p + E;  E = x - decompress(compress(x))   (E = 0 at the first outer step)
 // and the exchange reduces x in place of p. E, the residual of this rank's
 // own (first) quantisation, stays on the rank (nothing of it travels) and is
 // added to the next synchronisation's p; the second quantisation, of the
 // reduced chunk, is not fed back. Hierarchical: other ranks' E stays zero.
+// Non-finite pseudo-gradients: every exchange carries NaN and Inf through, so
+// after the average every rank checks it and, if it is not finite, puts the
+// anchor back into the weights and throws, naming whether its own d held NaN
+// or Inf (two device readbacks per outer step).
 // Memory: two (three with error feedback) copies of the weights.
 //
 // Registered as "local_steps"; parameters: sync_interval (int >= 1, 8),
 // warmup_steps (int >= 0, 0), outer_lr (number > 0, 0.7), outer_momentum
 // (number in [0, 1), 0.9), nesterov (bool, true), hierarchical (bool, false),
-// compression (string "none" or "minmax_uint8", "none"), error_feedback (bool,
-// false; needs compression).
+// compression (string "none" or a codec name, "none"), error_feedback (bool,
+// false; needs compression), topk_density (number in (0, 1], 0.02; top-k
+// codecs only).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ops/algorithm_step.h"
+#include "ops/codec.h"
 
 namespace bagua {
 
@@ -55,8 +64,10 @@ class LocalStepsStep : public Step {
  public:
   LocalStepsStep(CommSet comms, const StepParams& params);
   std::string describe() const override;
-  // Compressed: the group size whatever `hierarchical` (as ByteGrad); else 1.
-  size_t alignment() const override { return compressed_ ? static_cast<size_t>(comms_.global->size()) : 1; }
+  // Compressed with a dense codec: the group size whatever `hierarchical` (as ByteGrad); else 1.
+  size_t alignment() const override {
+    return compressed_ && !codec_->sparse() ? static_cast<size_t>(comms_.global->size()) : 1;
+  }
   void check(DType dtype, size_t count) const override;
   bool communicates(int64_t step) const override;
   // A, M (and E with error feedback).
@@ -70,6 +81,10 @@ class LocalStepsStep : public Step {
   // The ranks' average of `data`, in place: a float allreduce, or (outer
   // steps of a compressed step) the compressed exchange with residual `error`.
   void average(const ExecContext& ctx, Span data, bool compress, const Span* error) const;
+  // Throws, on every rank alike, when the averaged pseudo-gradient holds NaN or Inf (after putting
+  // the anchor back into the weights); mine_bad: this rank's own non-finite count.
+  void refuse_nonfinite(const ExecContext& ctx, Span data, const Span& anchor, size_t mine_bad) const;
+  static constexpr int kCountSlot = 2;  // scratch slots 0 and 1: the exchanges' records
 
   CommSet comms_;
   int64_t interval_;
@@ -78,6 +93,7 @@ class LocalStepsStep : public Step {
   double momentum_;
   bool nesterov_;
   bool hierarchical_;
+  std::optional<Codec> codec_;
   bool compressed_;
   bool error_feedback_;
 };

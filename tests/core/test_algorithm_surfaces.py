@@ -50,7 +50,7 @@ OWN_ARGUMENTS = {"qadam": (["q_adam_optimizer"], {"warmup_steps": QADAM_WARMUP, 
 NON_DEFAULT = {
     "decentralized": {"peer_selection_mode": "shift_one"},
     "halfgrad": {"wire": "bfloat16"},
-    "local_steps": {"compression": "minmax_uint8"},  # error_feedback=True needs it
+    "local_steps": {"compression": "topk_uint2"},  # error_feedback=True and topk_density need it
     "async": {"peer_selection_mode": "all"},  # the only mode
 }
 

@@ -1,12 +1,14 @@
-"""LocalSteps with the 8-bit compressed pseudo-gradient
-(``compression="minmax_uint8"``, with and without ``error_feedback``) across
+"""LocalSteps with a compressed pseudo-gradient (``compression="minmax_uint8"``
+with and without ``error_feedback``; the low-bit codecs minmax_uint4,
+minmax_uint2, fp4_e2m1, topk_uint4 and topk_uint2 with it) across
 real processes, against a numpy simulation of every rank: each rank's inner
 SGD with momentum (lr and momentum 0.5: exact in float32, so torch, optax and
 numpy agree bitwise), the uncompressed warm-up average, then at each
 synchronisation per bucket (64 bytes: several, padded ones among them) the
-pseudo-gradient plus this rank's residual, the MinMaxUInt8
-scatter-reduce-gather (tests/harness/reference/compressed_exchange.py, shared with
-the ByteGrad tests) and the outer Nesterov SGD in float32, on 2 and 3 ranks,
+pseudo-gradient plus this rank's residual, the codec's compressed
+scatter-reduce-gather or (top-k) allgather
+(tests/harness/reference/compressed_exchange.py, shared with the ByteGrad
+tests) and the outer Nesterov SGD in float32, on 2 and 3 ranks,
 and hierarchical on 4 ranks as 2 nodes (the node average exchanged among
 the leaders, which keep the residual):
 
@@ -18,6 +20,9 @@ the leaders, which keep the residual):
   it does not); torch's checkpoints: tests/torch/test_torch_state_dict.py;
 * the compression matters (the result is not the float average), and so does
   the error feedback;
+* a NaN in one rank's pseudo-gradient is an error on every rank at that
+  synchronisation, naming the rank that held it, and the weights are the last
+  synchronisation's;
 * the step's alignment, state spans and description follow the settings
   (plain LocalSteps unchanged); bad settings are refused by the description
   and by the C++ step (every frontend raises the description's errors:
@@ -44,6 +49,8 @@ LR, MOMENTUM = 0.5, 0.5
 # one warm-up step: its average sums values exactly representable in float32, in any order
 OUTER = dict(sync_interval=3, warmup_steps=1, outer_lr=0.7, outer_momentum=0.9, nesterov=True)
 F32 = np.float32
+LOW_BIT = ("minmax_uint4", "minmax_uint2", "fp4_e2m1", "topk_uint4", "topk_uint2")
+TOPK_DENSITY = 0.02  # 6 of 256: fewer than a 64-byte bucket holds, so the selection matters
 
 
 def case_names(session: str):
@@ -55,7 +62,13 @@ def case_names(session: str):
         "jax_checkpoint_resumes_bitwise",
         "compression_and_error_feedback_matter",
         "settings_and_state",
+        "nan_is_refused_on_every_rank",
+        *(f"{frontend}_matches_reference_{codec}" for codec in LOW_BIT for frontend in ("torch", "jax")),
     ]
+
+
+def codec_args(codec):
+    return dict(compression=codec, **({"topk_density": TOPK_DENSITY} if codec.startswith("topk") else {}))
 
 
 def grads_of(rank, step):
@@ -74,13 +87,17 @@ def initial_weights():
     return [(np.rint(rng.standard_normal(s) * 64) / 64).astype(F32) for s in SHAPES]
 
 
-def reference(world, local, error_feedback, compressed=True):
+def reference(world, local, error_feedback, compressed=True, codec="minmax_uint8"):
     """The whole scheme on every rank in float32: (each step's weights of
     every rank, each bucket's final residual of every rank, the layout)."""
+    from tests.harness.reference import lowbit
     from tests.harness.reference.buckets import flatten, padded_buckets, payload, unflatten
-    from tests.harness.reference.compressed_exchange import scatter_reduce_gather
+    from tests.harness.reference.compressed_exchange import allgather_reduce, scatter_reduce_gather
 
-    layout = padded_buckets(SHAPES, F32, BUCKET_BYTES, world)
+    sparse = codec.startswith("topk")
+    exchange = allgather_reduce if sparse else scatter_reduce_gather
+    keep = lowbit.codec_k(TOPK_DENSITY) if sparse else 0
+    layout = padded_buckets(SHAPES, F32, BUCKET_BYTES, 1 if sparse else world)
     H, warmup = OUTER["sync_interval"], OUTER["warmup_steps"]
     lr, mu = F32(OUTER["outer_lr"]), F32(OUTER["outer_momentum"])
     per_node = local or 1
@@ -120,7 +137,7 @@ def reference(world, local, error_feedback, compressed=True):
                 if compressed:
                     for e in residual[k]:
                         e[payload(bucket, SHAPES) :] = 0  # the adapters zero the state's padding before each run
-                    d, es = scatter_reduce_gather(xs, True, F32, residual[k] if error_feedback else None)
+                    d, es = exchange(xs, True, F32, residual[k] if error_feedback else None, codec, keep)
                     if error_feedback:
                         residual[k] = es
                 else:
@@ -146,10 +163,8 @@ class Worker(JaxWorker):
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
         return local if local < self.world else None
 
-    def algorithm_args(self, error_feedback=True):
-        return dict(
-            OUTER, hierarchical=self.local is not None, compression="minmax_uint8", error_feedback=error_feedback
-        )
+    def algorithm_args(self, error_feedback=True, codec="minmax_uint8"):
+        return dict(OUTER, hierarchical=self.local is not None, error_feedback=error_feedback, **codec_args(codec))
 
     def my_residual(self, residual, k):
         """This rank's residual of bucket k in the simulation: the node
@@ -159,21 +174,28 @@ class Worker(JaxWorker):
         return residual[k][self.rank // self.local] if self.rank % self.local == 0 else np.zeros_like(residual[k][0])
 
     # -- torch --
-    def _torch_matches_reference(self, error_feedback):
-        from tests.harness.reference.buckets import payload
-
+    def torch_model(self, algorithm):
+        """A model of initial_weights() whose gradients are step_grads["g"], wrapped with
+        ``algorithm`` and an SGD with momentum: (model, params, optimizer, step_grads)."""
         torch = self.torch.torch
-        want, residual, layout = reference(self.world, self.local, error_feedback)
         params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w)) for w in initial_weights()])
         model = torch.nn.Module()
         model.params = params
         step_grads = {}
         model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        model = model.with_bagua([opt], self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(error_feedback)))
+        return model.with_bagua([opt], algorithm), params, opt, step_grads
+
+    def _torch_matches_reference(self, error_feedback, codec="minmax_uint8"):
+        from tests.harness.reference.buckets import payload
+
+        want, residual, layout = reference(self.world, self.local, error_feedback, codec=codec)
+        algorithm = self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(error_feedback, codec))
+        model, params, opt, step_grads = self.torch_model(algorithm)
         buckets = model.bagua_buckets
         assert [b.numel for b in buckets] == [p for _, p in layout]
-        assert any(b.numel != b.payload_numel for b in buckets), "expected a padded bucket"
+        if not codec.startswith("topk"):  # the allgather of top-k needs no padding
+            assert any(b.numel != b.payload_numel for b in buckets), "expected a padded bucket"
         for t in range(STEPS):
             step_grads["g"] = grads_of(self.rank, t)
             opt.zero_grad()
@@ -197,10 +219,10 @@ class Worker(JaxWorker):
         self._torch_matches_reference(False)
 
     # -- JAX: updates under jit, compared as the simulation's weight differences --
-    def jax_transform(self, error_feedback=True):
+    def jax_transform(self, error_feedback=True, codec="minmax_uint8"):
         import bagua_jax
 
-        algorithm = bagua_jax.LocalStepsAlgorithm(**self.algorithm_args(error_feedback))
+        algorithm = bagua_jax.LocalStepsAlgorithm(**self.algorithm_args(error_feedback, codec))
         return self.optax.chain(self.optax.sgd(LR, momentum=MOMENTUM), bagua_jax.transform(algorithm))
 
     def jax_run(self, tx, state, want, steps):
@@ -215,11 +237,11 @@ class Worker(JaxWorker):
                 np.testing.assert_array_equal(np.asarray(got), w - pv, err_msg=f"step {t}, leaf {i}")
         return state
 
-    def _jax_matches_reference(self, error_feedback):
+    def _jax_matches_reference(self, error_feedback, codec="minmax_uint8"):
         from tests.harness.reference.buckets import payload
 
-        want, residual, layout = reference(self.world, self.local, error_feedback)
-        tx = self.jax_transform(error_feedback)
+        want, residual, layout = reference(self.world, self.local, error_feedback, codec=codec)
+        tx = self.jax_transform(error_feedback, codec)
         state = tx.init([self.jnp.asarray(w) for w in initial_weights()])
         spans = 3 if error_feedback else 2
         assert [s.shape for s in state[1].step_state] == [(spans * p,) for _, p in layout]
@@ -273,6 +295,38 @@ class Worker(JaxWorker):
             for a, w, p in zip(u, want[next_sync][self.rank], want[next_sync - 1][self.rank])
         )
 
+    def nan_is_refused_on_every_rank(self):
+        """Rank 1's gradient is NaN in the last step before the first
+        synchronisation: every rank raises there, rank 1 naming its own."""
+        import bagua_core
+
+        algorithm = self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(True, "topk_uint2"))
+        model, params, opt, step_grads = self.torch_model(algorithm)
+        sync = OUTER["warmup_steps"] + OUTER["sync_interval"] - 1
+        for t in range(sync + 1):
+            g = grads_of(self.rank, t)
+            if t == sync and self.rank == 1:
+                g[0] = g[0].copy()
+                g[0][0, 0] = np.nan
+            step_grads["g"] = g
+            opt.zero_grad()
+            model().backward()
+            if t < sync:
+                opt.step()
+                continue
+            whose = "this rank's own holds 1 of its" if self.rank == 1 else "came from another rank"
+            expect_error(
+                bagua_core.BaguaError, opt.step, f"NaN or Inf in the pseudo-gradient on rank {self.rank}", whose
+            )
+        # the NaN's bucket is back at the last synchronisation (the warm-up average), on every
+        # rank; the other buckets synchronised as usual
+        want, _, layout = reference(self.world, self.local, True, codec="topk_uint2")
+        refused = next(leaves for leaves, _ in layout if 0 in leaves)
+        for i, p in enumerate(params):
+            w = want[OUTER["warmup_steps"] - 1 if i in refused else sync][0][i]
+            np.testing.assert_array_equal(p.detach().numpy(), w, err_msg=f"leaf {i}")
+        model.bagua_ddp.close()
+
     def compression_and_error_feedback_matter(self):
         with_ef, residual, _ = reference(self.world, self.local, True)
         without_ef, _, _ = reference(self.world, self.local, False)
@@ -315,7 +369,10 @@ class Worker(JaxWorker):
         for params, fragment in (
             ({"compression": "zstd"}, "unknown compression 'zstd'"),
             ({"compression": 8}, "compression must be a string"),
-            ({"error_feedback": True}, "error_feedback needs compression='minmax_uint8'"),
+            ({"error_feedback": True}, "error_feedback needs a compression"),
+            ({"compression": "minmax_uint3"}, "unknown compression 'minmax_uint3'"),
+            ({"compression": "topk_uint2", "topk_density": "0"}, "topk_density must be in (0, 1]"),
+            ({"compression": "minmax_uint4", "topk_density": "0.1"}, "topk_density is for the top-k"),
             ({"compression": "minmax_uint8", "error_feedback": "yes"}, "error_feedback must be a bool"),
         ):
             expect_error(
@@ -323,6 +380,11 @@ class Worker(JaxWorker):
                 lambda: algorithm_steps.check_plan(Plan(step="local_steps", params=params), self.group),
                 fragment,
             )
+
+
+for _codec in LOW_BIT:
+    setattr(Worker, f"torch_matches_reference_{_codec}", lambda self, c=_codec: self._torch_matches_reference(True, c))
+    setattr(Worker, f"jax_matches_reference_{_codec}", lambda self, c=_codec: self._jax_matches_reference(True, c))
 
 
 # ---------------------------------------------------------------- pytest side
@@ -346,7 +408,7 @@ def test_bad_settings_are_refused_at_construction():
 
     from bagua_core import algorithms as core
 
-    with pytest.raises(ValueError, match=r"LocalSteps: unknown compression 'zstd' \(use one of none, minmax_uint8\)"):
+    with pytest.raises(ValueError, match=r"LocalSteps: unknown compression 'zstd' \(use one of none, minmax_uint8, "):
         core.LocalSteps(compression="zstd")
     for bad in (None, 8, b"minmax_uint8"):
         with pytest.raises(TypeError, match="LocalSteps: compression must be a str"):
@@ -354,8 +416,16 @@ def test_bad_settings_are_refused_at_construction():
     for bad in (1, 0, "yes", None, np.bool_(True)):
         with pytest.raises(TypeError, match="LocalSteps: error_feedback must be a bool"):
             core.LocalSteps(compression="minmax_uint8", error_feedback=bad)
-    with pytest.raises(ValueError, match="LocalSteps: error_feedback needs compression='minmax_uint8'"):
+    with pytest.raises(ValueError, match="LocalSteps: error_feedback needs a compression"):
         core.LocalSteps(error_feedback=True)
+    for bad in (0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="LocalSteps: topk_density must be"):
+            core.LocalSteps(compression="topk_uint4", topk_density=bad)
+    with pytest.raises(TypeError, match="LocalSteps: topk_density must be a number"):
+        core.LocalSteps(compression="topk_uint4", topk_density="0.1")
+    with pytest.raises(ValueError, match="LocalSteps: topk_density is for the top-k compressions, not 'fp4_e2m1'"):
+        core.LocalSteps(compression="fp4_e2m1", topk_density=0.1)
+    assert core.LocalSteps(compression="topk_uint2", topk_density=1).plan().params["topk_density"] == "1.0"
     assert core.LocalSteps().compression == "none" and core.LocalSteps().error_feedback is False
     params = core.LocalSteps(compression="minmax_uint8", error_feedback=True).plan().params
     assert params["compression"] == "minmax_uint8" and params["error_feedback"] is True
