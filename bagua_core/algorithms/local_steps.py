@@ -77,6 +77,21 @@ class LocalSteps:
             first synchronisation.
         topk_density: the share of each block the top-k codecs keep, in
             (0, 1]: ``ceil(topk_density * 256)`` of 256 (0.02: 6).
+        num_fragments: streaming (Streaming DiLoCo): each bucket is cut
+            into this many equal fragments (padded to a multiple), and
+            fragment p synchronises every ``sync_interval`` steps at its own
+            offset ``p * sync_interval // num_fragments``, so only a
+            ``1 / num_fragments`` share of the weights travels at a time. In
+            [1, sync_interval].
+        overlap_steps: streaming: a fragment's exchange runs in the
+            background while training goes on and lands this many steps
+            later (0: blocking, as plain LocalSteps). In [0, sync_interval);
+            CPU buckets only; not with ``hierarchical``. The in-flight
+            pseudo-gradients (and residuals) are extra host memory, one
+            fragment's worth per exchange in flight.
+        mixing: streaming: when a fragment lands its weights become
+            ``mixing * local + (1 - mixing) * new anchor`` (0: the new
+            anchor, as plain LocalSteps). In [0, 1].
     """
 
     sync_interval: int = 8
@@ -88,6 +103,9 @@ class LocalSteps:
     compression: str = "none"
     error_feedback: bool = False
     topk_density: float = _DEFAULT_DENSITY
+    num_fragments: int = 1
+    overlap_steps: int = 0
+    mixing: float = 0.0
 
     name = "local_steps"
 
@@ -116,6 +134,26 @@ class LocalSteps:
         object.__setattr__(self, "topk_density", density)
         if density != _DEFAULT_DENSITY and not self.compression.startswith("topk"):
             raise ValueError(f"LocalSteps: topk_density is for the top-k compressions, not {self.compression!r}")
+        fragments = check_int("LocalSteps", "num_fragments", self.num_fragments, 1)
+        if fragments > self.sync_interval:
+            raise ValueError(
+                f"LocalSteps: num_fragments must be in [1, sync_interval={self.sync_interval}] "
+                f"(each fragment synchronises at its own step), got {fragments}"
+            )
+        object.__setattr__(self, "num_fragments", fragments)
+        overlap = check_int("LocalSteps", "overlap_steps", self.overlap_steps, 0)
+        if overlap >= self.sync_interval:
+            raise ValueError(
+                f"LocalSteps: overlap_steps must be in [0, sync_interval={self.sync_interval}) "
+                f"(an exchange must land before its fragment's next one starts), got {overlap}"
+            )
+        if overlap > 0 and self.hierarchical:
+            raise ValueError("LocalSteps: overlap_steps > 0 is not supported with hierarchical=True")
+        object.__setattr__(self, "overlap_steps", overlap)
+        mixing = _check_number("mixing", self.mixing, 0.0, None, low_open=False)
+        if not mixing <= 1.0:
+            raise ValueError(f"LocalSteps: mixing must be in [0, 1], got {self.mixing!r}")
+        object.__setattr__(self, "mixing", mixing)
 
     def plan(self) -> Plan:
         params = {
@@ -132,6 +170,13 @@ class LocalSteps:
             params["error_feedback"] = True
         if self.compression.startswith("topk"):
             params["topk_density"] = repr(self.topk_density)
+        # streaming, absent when off: the step and its description stay as without it
+        if self.num_fragments > 1:
+            params["num_fragments"] = self.num_fragments
+        if self.overlap_steps > 0:
+            params["overlap_steps"] = self.overlap_steps
+        if self.mixing > 0.0:
+            params["mixing"] = repr(self.mixing)
         return Plan(
             step="local_steps",
             params=params,

@@ -210,6 +210,10 @@ def transform(
         )
         return async_transform(algo, group, what, warm, BaguaState)
 
+    if plan.params.get("overlap_steps", 0) > 0:
+        # exchanges that outlive an update run on a private clone, so later collectives on the
+        # group never meet one still in flight
+        group = group.clone()
     flat_group, intra, inter = algorithm_steps.step_groups(group, bool(plan.params.get("hierarchical", False)))
     comms = tuple(None if g is None else g.comm for g in (flat_group, intra, inter))
     info = algorithm_steps.check_plan(plan, group, comms=comms)

@@ -108,6 +108,14 @@ struct OuterSgdOp {
   __device__ void operator()(size_t i) const { outer_sgd_element(w[i], a[i], m[i], d[i], lr, mu, nesterov, fresh); }
 };
 
+template <typename T>
+struct OuterMixOp {
+  T* w;
+  const T* a;
+  typename OuterAcc<T>::type alpha;
+  __device__ void operator()(size_t i) const { outer_mix_element(w[i], a[i], alpha); }
+};
+
 template <typename W, typename T>
 struct WireEncodeOp {
   const T* src;
@@ -242,6 +250,17 @@ void launch_pseudo_gradient(void* d, const void* a, size_t count, DType dtype, c
     if (count == 0) return;
     launch_for_each("pseudo-gradient", dtype, count, PseudoGradientOp<T>{static_cast<T*>(d), static_cast<const T*>(a)},
                     stream);
+  });
+}
+
+void launch_outer_mix(void* w, const void* a, size_t count, DType dtype, double alpha, cudaStream_t stream) {
+  with_floating(dtype, "the fragment merge", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename OuterAcc<T>::type;
+    check_buffers(count, {w, a});
+    if (count == 0) return;
+    launch_for_each("outer mix", dtype, count,
+                    OuterMixOp<T>{static_cast<T*>(w), static_cast<const T*>(a), static_cast<A>(alpha)}, stream);
   });
 }
 

@@ -43,6 +43,8 @@ void launch_apply_average(void* w, const void* snapshot, const void* avg, size_t
 void launch_momentum_update(void* m, const void* g, size_t count, DType dtype, double beta, cudaStream_t stream);
 // d[i] = a[i] - d[i]; then one outer SGD step per element (ops/elementwise.h OuterSgdMath).
 void launch_pseudo_gradient(void* d, const void* a, size_t count, DType dtype, cudaStream_t stream);
+// w[i] = outer_mix_element(w[i], a[i], alpha).
+void launch_outer_mix(void* w, const void* a, size_t count, DType dtype, double alpha, cudaStream_t stream);
 void launch_outer_sgd(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
                       bool nesterov, bool fresh, cudaStream_t stream);
 

@@ -108,4 +108,15 @@ void outer_sgd_cpu(void* w, void* a, void* m, const void* d, size_t count, DType
   });
 }
 
+void outer_mix_cpu(void* w, const void* a, size_t count, DType dtype, double alpha) {
+  with_floating(dtype, "the fragment merge", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename OuterAcc<T>::type;
+    T* ww = static_cast<T*>(w);
+    const T* aa = static_cast<const T*>(a);
+    const A al = static_cast<A>(alpha);
+    for (size_t i = 0; i < count; ++i) outer_mix_element(ww[i], aa[i], al);
+  });
+}
+
 }  // namespace bagua

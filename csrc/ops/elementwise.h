@@ -139,6 +139,14 @@ BAGUA_HD void outer_sgd_element(T& w, T& a, T& m, T d, typename OuterAcc<T>::typ
   w = a;
 }
 
+// Streaming local steps' merge of a fragment: w = alpha * w + (1 - alpha) * a,
+// the local weights w mixed with the new anchor a (alpha = 0: w = a exactly).
+template <typename T>
+BAGUA_HD void outer_mix_element(T& w, T a, typename OuterAcc<T>::type alpha) {
+  using A = typename OuterAcc<T>::type;
+  w = outer_store<T>(alpha * outer_load(w) + (A(1) - alpha) * outer_load(a));
+}
+
 // Calls f(T*) (a null tag) with T the element type of a floating dtype (float,
 // double, Half, BFloat16); InvalidArgument naming `what` for other dtypes.
 // The host loops and the CUDA launchers (kernels/cuda_kernels.cu) dispatch
@@ -184,6 +192,8 @@ void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, doub
 void pseudo_gradient_cpu(void* d, const void* a, size_t count, DType dtype);
 // One outer SGD step per element (OuterSgdMath): reads d (the averaged pseudo-
 // gradient) and writes m, a and w (w = the new anchor).
+// w[i] = alpha * w[i] + (1 - alpha) * a[i] (outer_mix_element; floating dtypes).
+void outer_mix_cpu(void* w, const void* a, size_t count, DType dtype, double alpha);
 void outer_sgd_cpu(void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr, double mu,
                    bool nesterov, bool fresh);
 

@@ -157,6 +157,12 @@ void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t coun
       BAGUA_CUDA_LAUNCH(cuda::launch_pseudo_gradient(d, a, count, dtype, stream)));
 }
 
+void outer_mix(const ExecContext& ctx, void* w, const void* a, size_t count, DType dtype, double alpha) {
+  on_device(
+      ctx, "the fragment merge", [=] { outer_mix_cpu(w, a, count, dtype, alpha); },
+      BAGUA_CUDA_LAUNCH(cuda::launch_outer_mix(w, a, count, dtype, alpha, stream)));
+}
+
 void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
                double mu, bool nesterov, bool fresh) {
   on_device(

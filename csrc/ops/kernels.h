@@ -51,6 +51,8 @@ void momentum_update(const ExecContext& ctx, void* m, const void* g, size_t coun
 void apply_average(const ExecContext& ctx, void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
 // d = a - d; then w, a, m from the averaged d (ops/elementwise.h OuterSgdMath).
 void pseudo_gradient(const ExecContext& ctx, void* d, const void* a, size_t count, DType dtype);
+// w = alpha * w + (1 - alpha) * a (ops/elementwise.h outer_mix_element).
+void outer_mix(const ExecContext& ctx, void* w, const void* a, size_t count, DType dtype, double alpha);
 void outer_sgd(const ExecContext& ctx, void* w, void* a, void* m, const void* d, size_t count, DType dtype, double lr,
                double mu, bool nesterov, bool fresh);
 // HalfGrad's 16-bit wire (kernels/half_wire.h): encode count elements of

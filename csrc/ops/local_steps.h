@@ -60,13 +60,20 @@
 
 namespace bagua {
 
+// The ranks' average of `data` in place over `comms`: a float allreduce, or the codec's compressed
+// exchange with residual `error` (null: none); hierarchical as run_centralized.
+void average_over(const CommSet& comms, const std::optional<Codec>& codec, bool hierarchical, const ExecContext& ctx,
+                  Span data, const Span* error);
+
 class LocalStepsStep : public Step {
  public:
   LocalStepsStep(CommSet comms, const StepParams& params);
   std::string describe() const override;
-  // Compressed with a dense codec: the group size whatever `hierarchical` (as ByteGrad); else 1.
+  // Compressed with a dense codec: the group size whatever `hierarchical` (as ByteGrad), else 1;
+  // times num_fragments (each fragment an equal slice).
   size_t alignment() const override {
-    return compressed_ && !codec_->sparse() ? static_cast<size_t>(comms_.global->size()) : 1;
+    const size_t group = compressed_ && !codec_->sparse() ? static_cast<size_t>(comms_.global->size()) : 1;
+    return group * static_cast<size_t>(fragments_);
   }
   void check(DType dtype, size_t count) const override;
   bool communicates(int64_t step) const override;
@@ -81,10 +88,27 @@ class LocalStepsStep : public Step {
   // The ranks' average of `data`, in place: a float allreduce, or (outer
   // steps of a compressed step) the compressed exchange with residual `error`.
   void average(const ExecContext& ctx, Span data, bool compress, const Span* error) const;
-  // Throws, on every rank alike, when the averaged pseudo-gradient holds NaN or Inf (after putting
-  // the anchor back into the weights); mine_bad: this rank's own non-finite count.
-  void refuse_nonfinite(const ExecContext& ctx, Span data, const Span& anchor, size_t mine_bad) const;
+  // Throws, on every rank alike, when the averaged pseudo-gradient `data` holds NaN or Inf (after
+  // putting the anchor back into `weights`, or into `data` without it); mine_bad: this rank's own
+  // non-finite count.
+  void refuse_nonfinite(const ExecContext& ctx, Span data, const Span& anchor, size_t mine_bad,
+                        const Span* weights = nullptr) const;
+  // Fragment p's offset, and whether it starts an exchange at t = step - warmup + 1.
+  int64_t offset(int64_t p) const;
+  bool starts(int64_t p, int64_t t) const;
+  // One fragment's synchronisation, blocking (overlap_steps = 0); residual.data null without
+  // error feedback.
+  void sync_now(const ExecContext& ctx, Span data, const Span& anchor, const Span& momentum, const Span& residual,
+                bool fresh) const;
+  // overlap_steps > 0: launch puts a fragment's pseudo-gradient on the exchange worker; land, at
+  // the step `overlap_steps` later, waits for it and applies it.
+  std::string flight_bucket(const Span& data, int64_t step) const;
+  void launch(const Span& weights, const Span& anchor, const Span& residual, bool fresh, const std::string& key,
+              int64_t step) const;
+  void land(const ExecContext& ctx, const Span& weights, const Span& anchor, const Span& momentum, const Span& residual,
+            bool fresh, const std::string& key, int64_t started) const;
   static constexpr int kCountSlot = 2;  // scratch slots 0 and 1: the exchanges' records
+  static constexpr int kMixSlot = 3;
 
   CommSet comms_;
   int64_t interval_;
@@ -95,6 +119,9 @@ class LocalStepsStep : public Step {
   bool hierarchical_;
   std::optional<Codec> codec_;
   bool compressed_;
+  int64_t fragments_ = 1;
+  int64_t overlap_ = 0;
+  double mixing_ = 0.0;
   bool error_feedback_;
 };
 

@@ -1,5 +1,7 @@
 #include "sched/engine.h"
 
+#include "ops/exchange_worker.h"
+
 #include <algorithm>
 
 #include "common/error.h"
@@ -46,6 +48,9 @@ void Engine::close() {
   done_cv_.notify_all();
   for (Lane& lane : lanes_)
     if (lane.thread.joinable()) lane.thread.join();
+  // exchanges a step left running (streaming local steps) finish before the lanes' groups close
+  for (Lane& lane : lanes_)
+    if (lane.comms.global) ExchangeWorker::drain(lane.comms.global.get(), timeout_ * 3);
 }
 
 // ---- registration ---------------------------------------------------------------

@@ -50,7 +50,8 @@ OWN_ARGUMENTS = {"qadam": (["q_adam_optimizer"], {"warmup_steps": QADAM_WARMUP, 
 NON_DEFAULT = {
     "decentralized": {"peer_selection_mode": "shift_one"},
     "halfgrad": {"wire": "bfloat16"},
-    "local_steps": {"compression": "topk_uint2"},  # error_feedback=True and topk_density need it
+    # error_feedback=True and topk_density need a top-k compression; hierarchical=True refuses an overlap
+    "local_steps": {"compression": "topk_uint2", "overlap_steps": 0},
     "async": {"peer_selection_mode": "all"},  # the only mode
 }
 
