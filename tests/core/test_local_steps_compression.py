@@ -188,16 +188,7 @@ class Worker(JaxWorker):
 
     # -- torch --
     def torch_model(self, algorithm):
-        """A model of initial_weights() whose gradients are step_grads["g"], wrapped with
-        ``algorithm`` and an SGD with momentum: (model, params, optimizer, step_grads)."""
-        torch = self.torch.torch
-        params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w)) for w in initial_weights()])
-        model = torch.nn.Module()
-        model.params = params
-        step_grads = {}
-        model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
-        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        return model.with_bagua([opt], algorithm), params, opt, step_grads
+        return self.torch.fed_parameters(initial_weights(), algorithm, LR, MOMENTUM)
 
     def _torch_matches_reference(self, error_feedback, codec="minmax_uint8"):
         from tests.harness.reference.buckets import payload

@@ -161,14 +161,7 @@ class Worker(JaxWorker):
         self.group = bagua_jax.init_process_group()
 
     def torch_model(self, algorithm):
-        torch = self.torch.torch
-        params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w)) for w in initial_weights()])
-        model = torch.nn.Module()
-        model.params = params
-        step_grads = {}
-        model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
-        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        return model.with_bagua([opt], algorithm), params, opt, step_grads
+        return self.torch.fed_parameters(initial_weights(), algorithm, LR, MOMENTUM)
 
     def torch_matches(self, name):
         want = reference(self.world, CONFIGS[name])

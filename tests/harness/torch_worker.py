@@ -32,6 +32,19 @@ class TorchWorker:
         self.torch.manual_seed(seed)
         return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 3, bias=out_bias))
 
+    def fed_parameters(self, weights, algorithm, lr, momentum):
+        """Parameters from the numpy arrays ``weights`` whose gradients are
+        whatever ``step_grads["g"]`` holds at backward, wrapped with
+        ``algorithm`` and SGD(lr, momentum): (model, params, optimizer, step_grads)."""
+        torch = self.torch
+        params = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w)) for w in weights])
+        model = torch.nn.Module()
+        model.params = params
+        step_grads = {}
+        model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        return model.with_bagua([opt], algorithm), params, opt, step_grads
+
     def optimizer_and_algorithm(self, name, model, hierarchical=False):
         """(optimizer, algorithm) for ``model``, by short name: gradient_allreduce,
         bytegrad, bytegrad_error_feedback, decentralized (all),
