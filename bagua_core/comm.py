@@ -196,6 +196,25 @@ def _counts(fn: str, name: str, xs, size: int) -> list:
     return out
 
 
+def _displs(fn: str, name: str, xs, counts: list) -> list:
+    """One displacement per rank; or, as Bagua 0.9.2 accepted, the cumulative
+    form with one more entry at the end: where the last rank's chunk ends."""
+    try:
+        out = [operator.index(x) for x in xs]
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be a sequence of integers, got {xs!r}") from None
+    size = len(counts)
+    if len(out) == size + 1 and size > 0:
+        end = out[size - 1] + counts[size - 1]
+        if out[size] != end:
+            raise ValueError(
+                f"{fn}: {name} has {size + 1} entries for {size} ranks; the last one must be where the last "
+                f"rank's chunk ends ({out[size - 1]} + {counts[size - 1]} = {end}), got {out[size]}"
+            )
+        out = out[:size]
+    return _counts(fn, name, out, size)
+
+
 def _fits(fn: str, what: str, v: DLPackView, counts: list, displs: list) -> None:
     need = max((c + d for c, d in zip(counts, displs) if c), default=0)
     if need > v.numel:
@@ -550,14 +569,16 @@ def alltoall_v(
 ) -> Array:
     """Rank ``i`` sends ``send_counts[j]`` elements from offset ``send_displs[j]`` to
     rank ``j``, which stores them at ``recv_displs[i]`` (``recv_counts[i]`` of them).
-    ``recv_tensor=None`` allocates a 1-D buffer just large enough."""
+    ``recv_tensor=None`` allocates a 1-D buffer just large enough. Displacements
+    may also come in Bagua 0.9.2's cumulative form, with the end of the last
+    chunk as one more entry."""
     g = _group(group)
     if not g.is_member:
         return recv_tensor
     fn = "alltoall_v"
     s = _view(fn, "send", send_tensor, g, writable=False)
-    sc, sd = _counts(fn, "send_counts", send_counts, g.size), _counts(fn, "send_displs", send_displs, g.size)
-    rc, rd = _counts(fn, "recv_counts", recv_counts, g.size), _counts(fn, "recv_displs", recv_displs, g.size)
+    sc, rc = _counts(fn, "send_counts", send_counts, g.size), _counts(fn, "recv_counts", recv_counts, g.size)
+    sd, rd = _displs(fn, "send_displs", send_displs, sc), _displs(fn, "recv_displs", recv_displs, rc)
     _fits(fn, "send", s, sc, sd)
     length = max((c + d for c, d in zip(rc, rd) if c), default=0)
     out, r = _output(fn, recv_tensor, g, (length,), s)
@@ -577,7 +598,8 @@ def alltoall_v_inplace(
         return
     fn = "alltoall_v_inplace"
     v = _view(fn, "tensor", tensor, g, writable=True)
-    c, d = _counts(fn, "counts", counts, g.size), _counts(fn, "displs", displs, g.size)
+    c = _counts(fn, "counts", counts, g.size)
+    d = _displs(fn, "displs", displs, c)
     _fits(fn, "tensor", v, c, d)
     before = _scratch(v, v.numel, start=0)
     _comm(g, v).alltoall_v(before.address, c, d, v.address, c, d, int(v.dtype))

@@ -495,7 +495,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
     """A group of the given global ranks (default: all). Every rank must call it,
     in the same order, with the same ranks and backend; ranks are validated and
     sorted. ``backend``: "auto" (NCCL when every member can run it), "nccl" or
-    "gloo"; default: the world group's."""
+    "gloo"; default: the world group's. ``ranks=[]`` gives, as in Bagua 0.9.2,
+    a group no rank is a member of (collectives on it return at once)."""
     with _lock:
         ctx = _context()
         world = ctx.settings.world_size
@@ -508,8 +509,6 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
             if not 0 <= r < world:
                 raise ValueError(f"new_group: rank {r} is out of range for world size {world}")
             members.append(int(r))
-        if not members:
-            raise ValueError("new_group: ranks is empty")
         requested = config.parse_backend("new_group backend", backend, default=ctx.world.backend)
         if len(set(members)) != len(members):
             raise ValueError(f"new_group: duplicate ranks in {list(ranks)}")
@@ -520,7 +519,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
             _agree_on_members(ctx, name, members, requested)
         chosen = (
             "gloo"
-            if requested == "gloo"
+            if requested == "gloo" or not members  # no member: no communicator is ever made
             else backends.choose(requested, ctx.nccl_availability(), members, f"new_group ({name})")
         )
         return ctx.make_group(name, members, chosen)

@@ -1,10 +1,12 @@
 """``bagua.torch_api.env``: Bagua 0.9.2's getters of the job layout and
 settings, read through :mod:`bagua_core.config` (the one reader of the
-environment; usable before ``init_process_group``)."""
+environment; usable before ``init_process_group``), and its
+``find_free_network_port``."""
 
 from __future__ import annotations
 
 from bagua_core import config
+from bagua_core.launcher.ports import free_port_pair
 
 
 def get_world_size() -> int:
@@ -51,6 +53,47 @@ def get_autotune_level() -> int:
     return config.load().autotune_level
 
 
+def get_autotune_max_samples() -> int:
+    """``BAGUA_AUTOTUNE_MAX_SAMPLES``: plans measured before the best is kept."""
+    return config.load().autotune_max_samples
+
+
+def get_autotune_sampling_confidence_time_s() -> float:
+    """``BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S``: seconds each plan is measured."""
+    return config.load().autotune_sampling_confidence_time_s
+
+
+def get_autotune_warmup_time_s() -> float:
+    """``BAGUA_AUTOTUNE_WARMUP_TIME_S``: seconds of training before the first measurement."""
+    return config.load().autotune_warmup_time_s
+
+
+def get_is_output_autotune_log() -> bool:
+    """``BAGUA_IS_OUTPUT_AUTOTUNE_LOG``: whether rank 0 writes the autotune log."""
+    return config.load().autotune_log
+
+
+def get_autotune_server_wait_time() -> int:
+    """Seconds a rank waits for rank 0's autotune decision. There is no
+    autotune HTTP service here (decisions travel through the job's store),
+    so this is the job's timeout, ``BAGUA_TIMEOUT``."""
+    return int(config.load().timeout_s)
+
+
+def is_report_metrics_switch_on() -> bool:
+    """Always False: ``BAGUA_REPORT_METRICS`` had no effect in Bagua 0.9.2,
+    and no metrics are reported here either."""
+    return False
+
+
+def find_free_network_port() -> int:
+    """A port free on this machine right now, outside the kernel's range for
+    outgoing connections (so Gloo's connections cannot take it before it is
+    used), and whose successor is free too: as ``MASTER_PORT`` it leaves
+    ``MASTER_PORT + 1`` for Bagua's store (its default)."""
+    return free_port_pair()
+
+
 __all__ = [
     "get_world_size",
     "get_rank",
@@ -61,4 +104,11 @@ __all__ = [
     "get_default_bucket_size",
     "get_bagua_service_port",
     "get_autotune_level",
+    "get_autotune_max_samples",
+    "get_autotune_sampling_confidence_time_s",
+    "get_autotune_warmup_time_s",
+    "get_is_output_autotune_log",
+    "get_autotune_server_wait_time",
+    "is_report_metrics_switch_on",
+    "find_free_network_port",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,17 @@ def test_env_getters_read_the_environment_through_config(monkeypatch):
     assert env.get_node_rank() == 1 and env.get_master_addr() == "10.0.0.1"
     assert env.get_default_bucket_size() == 4096 and env.get_bagua_service_port() == 31000
     assert env.get_autotune_level() == 0  # BAGUA_AUTOTUNE unset
+    monkeypatch.setenv("BAGUA_AUTOTUNE_MAX_SAMPLES", "7")
+    monkeypatch.setenv("BAGUA_AUTOTUNE_WARMUP_TIME_S", "2.5")
+    monkeypatch.setenv("BAGUA_IS_OUTPUT_AUTOTUNE_LOG", "1")
+    monkeypatch.setenv("BAGUA_TIMEOUT", "42")
+    assert env.get_autotune_max_samples() == 7 and env.get_autotune_warmup_time_s() == 2.5
+    assert env.get_autotune_sampling_confidence_time_s() == 5.0 and env.get_is_output_autotune_log() is True
+    assert env.get_autotune_server_wait_time() == 42 and env.is_report_metrics_switch_on() is False
+    port = env.find_free_network_port()
+    for p in (port, port + 1):  # both bindable: MASTER_PORT and the store's default beside it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
 def test_light_imports():
@@ -356,6 +368,17 @@ class Worker:
         z = torch.ones(2)
         b.allreduce_inplace(z, comm=ng)
         assert torch.equal(z, torch.full((2,), float(self.world)))
+        nobody = b.communication.new_group(ranks=[])  # as in Bagua 0.9.2: a group no rank is in
+        assert not nobody.is_member and nobody.size == 0
+        comm = nobody.get_global_communicator()
+        for c in (nobody, comm):  # the primitives return at once on a non-member
+            w = torch.full((3,), float(self.rank))
+            b.allreduce_inplace(w, comm=c)
+            b.broadcast(w, 0, comm=c)
+            b.barrier(comm=c)
+            assert torch.equal(w, torch.full((3,), float(self.rank)))
+        b.allreduce_inplace(z, comm=ng)  # the groups made after it still line up
+        assert torch.equal(z, torch.full((2,), float(self.world) ** 2))
 
     def functional_all_reduce_and_its_gradient(self):
         """Forward against torch.distributed.all_reduce; the gradient against

@@ -267,6 +267,10 @@ def case_alltoall_v(fw):
         out = bc.alltoall_v(f.make(send, dtype), sc, sd, None, rc, [d - 1 for d in rd])
         assert isinstance(out, bc.Buffer) and out.numel == (sum(rc) if any(rc) else 0), out
         expect(f.read(out), want[1:], f"alltoall_v recv=None {dtype}")
+        # Bagua 0.9.2's cumulative form: one more displacement, where the last chunk ends
+        cumulative = [d - 1 for d in rd] + [rd[-1] - 1 + rc[-1]]
+        out = bc.alltoall_v(f.make(send, dtype), sc, sd + [sd[-1] + sc[-1]], None, rc, cumulative)
+        expect(f.read(out), want[1:], f"alltoall_v cumulative displacements {dtype}")
     if f.inplace:
         # same counts both ways: symmetric count matrix
         c = [1 + (RANK + j) % 2 for j in range(WS)]
@@ -392,6 +396,7 @@ def case_bad_input(_=None):
     raises(
         ValueError, "one entry per rank", bc.alltoall_v, f32, [1] * (WS + 1), [0] * (WS + 1), None, [1] * WS, [0] * WS
     )
+    raises(ValueError, "must be where the last", bc.alltoall_v, f32, [1] * WS, [0] * WS + [7], None, [1] * WS, [0] * WS)
     raises(ValueError, "negative", bc.alltoall_v, f32, [-1] * WS, [0] * WS, None, [1] * WS, [0] * WS)
     raises(ValueError, "reach element", bc.alltoall_v, f32, [5] * WS, [4 * WS] * WS, None, [1] * WS, [0] * WS)
     if RANK == 0:
