@@ -242,7 +242,21 @@ def _worker():
         else:
             report("where", True, path=store.path)
 
-    sys.exit(1 if run_cases([("writer_then_readers", writer_then_readers), ("servers", servers)]) else 0)
+    def late_readers():
+        """Rank 0 (owner of node 0's server) goes on to exit at once; the
+        others read every sample a while later: the servers must still be
+        there (redis: each outlives the ranks connected to it)."""
+        if rank == 0:
+            return
+        time.sleep(1.5)
+        errors = ds.cache_loader.errors
+        for i in range(40):
+            same_sample(ds[i], Samples()[i])
+        assert base.loads == 0, f"rank {rank} loaded {base.loads} samples: a server was gone"
+        assert ds.cache_loader.errors == errors
+
+    cases = [("writer_then_readers", writer_then_readers), ("servers", servers), ("late_readers", late_readers)]
+    sys.exit(1 if run_cases(cases) else 0)
 
 
 def _port_open(host, port):
@@ -266,6 +280,7 @@ def test_redis_started_per_node(world, local):
     run.check()
     run.check_case("writer_then_readers", world)
     run.check_case("servers", world)
+    run.check_case("late_readers", world)
     hosts = run.cases()["where"][0]["hosts"]
     assert len(hosts) == (world + local - 1) // local
     for h in hosts:

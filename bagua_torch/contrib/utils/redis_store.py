@@ -5,12 +5,18 @@ Contract: ``RedisStore(hosts=None, cluster_mode=True, capacity_per_node=100 GiB)
 - ``hosts=None``: the local rank 0 of every node starts ``redis-server``
   bound to this host's address only (``BAGUA_HOSTNAME`` or the address of the
   host name), protected mode off, no persistence, ``maxmemory`` =
-  ``capacity_per_node`` with random eviction (the original's settings). It
-  stops when this process exits (also if it is killed: the server gets
-  SIGTERM when its parent dies). The ranks learn every node's server with
-  one allgather over Bagua's world group, so every rank constructs the store
-  at the same point (it is a collective when there are several processes).
-  The first set of parameters of a process wins for its server.
+  ``capacity_per_node`` with random eviction (the original's settings). The
+  ranks learn every node's server with one allgather over Bagua's world
+  group, then every rank connects to every server and they meet once more,
+  so every rank constructs the store at the same point (it is a collective
+  when there are several processes). The first set of parameters of a
+  process wins for its server.
+- The server outlives its readers: when its process exits, it first closes
+  Bagua's communication (so that no peer waits on this rank), then waits
+  until no other rank is connected (each rank's connections carry its name,
+  ``bagua-rank<r>``; a rank that exits or dies drops them), at most the
+  job's timeout (``BAGUA_TIMEOUT``), and only then stops the server. If the
+  process is killed, the server gets SIGTERM with it.
 - ``hosts=[...]``: existing servers, as ``{"host": h, "port": p}`` dicts or
   ``"h:p"`` strings; nothing is started.
 - ``cluster_mode=True`` shards keys over all servers by a stable hash;
@@ -26,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
@@ -163,6 +170,43 @@ def _stop_server(proc: subprocess.Popen) -> None:
         proc.stderr.close()
 
 
+def _client_name() -> str:
+    """The name this rank's connections carry (DataLoader workers forked
+    from it too): what a server's owner tells its own connections by."""
+    from bagua_core import config
+
+    return f"bagua-rank{config.load().rank}"
+
+
+def _outlive_readers(server: dict, timeout_s: float) -> None:
+    """At exit, before the server stops: closes Bagua's communication, then
+    waits until no other rank's connection is open (see the module doc)."""
+    import bagua_core
+
+    bagua_core.destroy_process_group()  # at exit communication is over; peers must not wait for this rank
+    redis = _require_redis()
+    own = _client_name()
+    probe = redis.Redis(host=server["host"], port=server["port"], socket_timeout=2, socket_connect_timeout=2)
+    deadline = time.monotonic() + timeout_s
+    others: List[str] = []
+    try:
+        while True:
+            others = [c.get("name", "") for c in probe.client_list() if c.get("name", "") not in ("", own)]
+            if not others or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    except redis.exceptions.RedisError:
+        return  # the server is gone already: nothing to wait for
+    finally:
+        probe.close()
+    if others:
+        print(
+            f"bagua: stopping the Redis cache server at {server['host']}:{server['port']} after "
+            f"{timeout_s:.0f} s (BAGUA_TIMEOUT) while still connected: {sorted(set(others))}",
+            file=sys.stderr,
+        )
+
+
 def _bootstrap(capacity: int) -> List[dict]:
     """Every node's server (started here on local rank 0), the same list on every rank."""
     global _bootstrapped
@@ -173,6 +217,8 @@ def _bootstrap(capacity: int) -> List[dict]:
 
     s = config.load()
     mine = start_redis_server(host_address(), capacity) if s.local_rank == 0 else None
+    if mine is not None and s.world_size > 1:  # registered after the server's stop: runs before it
+        atexit.register(_outlive_readers, mine, s.timeout_s)
     if s.world_size == 1:
         _bootstrapped = [mine]  # type: ignore[list-item]  # one process: local rank 0, which started it
         return _bootstrapped
@@ -206,7 +252,8 @@ class RedisStore(Store):
         self.redis = _require_redis()
         if not isinstance(capacity_per_node, int) or capacity_per_node < 1 << 20:
             raise ValueError(f"capacity_per_node must be an integer of at least 1 MiB, got {capacity_per_node!r}")
-        if hosts is None:
+        started_here = hosts is None
+        if started_here:
             hosts = _bootstrap(capacity_per_node)
         else:
             hosts = [_parse_host(h) for h in hosts]
@@ -219,10 +266,30 @@ class RedisStore(Store):
         self.hosts = hosts
         self.clients = [
             self.redis.Redis(
-                host=h["host"], port=h["port"], socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+                host=h["host"],
+                port=h["port"],
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=socket_timeout_s,
+                client_name=_client_name(),
             )
             for h in hosts
         ]
+        if started_here:
+            self._connect_then_meet()
+
+    def _connect_then_meet(self) -> None:
+        """Every rank holds a connection to every server before any rank goes
+        on, so no server's owner can exit and find none of its readers yet."""
+        import bagua_core
+        from bagua_core import comm
+
+        for c in self.clients:
+            try:
+                c.ping()
+            except self.redis.exceptions.RedisError:
+                pass  # a server that does not answer: the reads fall back to loading, with a warning
+        if bagua_core.is_initialized() and bagua_core.get_world_size() > 1:
+            comm.barrier()
 
     def _shard(self, key: bytes) -> int:
         return zlib.crc32(key) % len(self.clients)
