@@ -253,10 +253,7 @@ class RedisStore(Store):
         if not isinstance(capacity_per_node, int) or capacity_per_node < 1 << 20:
             raise ValueError(f"capacity_per_node must be an integer of at least 1 MiB, got {capacity_per_node!r}")
         started_here = hosts is None
-        if started_here:
-            hosts = _bootstrap(capacity_per_node)
-        else:
-            hosts = [_parse_host(h) for h in hosts]
+        hosts = _bootstrap(capacity_per_node) if hosts is None else [_parse_host(h) for h in hosts]
         if not hosts:
             raise ValueError("hosts is empty: give at least one Redis server, or hosts=None to start them")
         if not cluster_mode:
