@@ -65,6 +65,7 @@ from bagua_torch._step_guard import StepGuard
 from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm
 from bagua_torch.bucket import BaguaBucket
+from bagua_torch.moe.experts import is_moe_param
 
 if TYPE_CHECKING:
     from bagua_core.algorithms import Plan
@@ -74,6 +75,12 @@ __all__ = ["BaguaDistributedDataParallel", "BaguaModule", "with_bagua"]
 
 
 _IGNORE_ATTRS = ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore")
+
+
+def _expert_names(module: torch.nn.Module) -> set:
+    """The parameters of MoE experts (``expert = True``): each rank trains its
+    own, so they are neither broadcast nor averaged (see bagua_torch.moe)."""
+    return {n for n, p in module.named_parameters() if is_moe_param(p)}
 
 
 def _ignored_names(module: torch.nn.Module) -> set:
@@ -160,7 +167,7 @@ class BaguaDistributedDataParallel:
         self.autotune: Optional[AutotuneSession] = None  # BAGUA_AUTOTUNE on a plan it can re-bucket
         self._t_forward = self._t_first_grad = self._t_backward_end = -1
 
-        self.ignored = _ignored_names(module)
+        self.ignored = _ignored_names(module) | _expert_names(module)
         self.params = self._build_params()
         self._by_name: Dict[str, torch.nn.Parameter] = dict(self.params)
         self.device = self._model_device()

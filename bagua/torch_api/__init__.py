@@ -4,12 +4,12 @@ Scripts written for Bagua 0.9.2 (``import bagua.torch_api as bagua``) run
 unchanged: ``bagua.init_process_group()`` (which, as there, also initialises
 torch's default process group), the communication primitives,
 ``model.with_bagua([optimizer], algorithm)``, and the submodules
-``communication``, ``algorithms``, ``data_parallel``, ``env``, ``checkpoint``
-and ``contrib``. ``BaguaTensor`` (not built yet) imports, and raises
+``communication``, ``algorithms``, ``data_parallel``, ``env``, ``checkpoint``,
+``contrib`` and ``model_parallel`` (its ``moe`` also as ``bagua.torch_api.moe``). ``BaguaTensor`` (not built yet) imports, and raises
 ``NotImplementedError`` naming itself when used.
 """
 
-from bagua.torch_api import algorithms, checkpoint, communication, contrib, data_parallel, env
+from bagua.torch_api import algorithms, checkpoint, communication, contrib, data_parallel, env, model_parallel
 from bagua.torch_api._not_built import not_built
 from bagua.torch_api.communication import (
     ReduceOp,
@@ -37,6 +37,7 @@ from bagua.torch_api.communication import (
     send,
 )
 from bagua.torch_api.env import get_local_rank, get_local_size, get_rank, get_world_size
+from bagua.torch_api.model_parallel import moe
 from bagua_torch import BaguaModule
 
 BaguaTensor = not_built("BaguaTensor", __name__)
@@ -77,4 +78,6 @@ __all__ = [
     "contrib",
     "data_parallel",
     "env",
+    "model_parallel",
+    "moe",
 ]

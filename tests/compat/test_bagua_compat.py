@@ -124,6 +124,23 @@ def test_original_module_paths_and_names():
         tc.SyncBatchNorm,
     )
     assert RedisStore is bagua_torch.contrib.utils.redis_store.RedisStore
+    import bagua_torch.moe
+    from bagua.torch_api.model_parallel.moe import MoE, is_moe_param
+    from bagua.torch_api.model_parallel.moe.experts import Experts
+    from bagua.torch_api.model_parallel.moe.sharded_moe import MOELayer, TopKGate, top1gating, top2gating
+
+    assert bagua.moe.MoE is MoE is bagua_torch.moe.MoE and bagua.moe.is_moe_param is is_moe_param
+    assert (Experts, MOELayer, TopKGate) == (
+        bagua_torch.moe.Experts,
+        bagua_torch.moe.MOELayer,
+        bagua_torch.moe.TopKGate,
+    )
+    import torch
+
+    logits = torch.randn(12, 3)
+    l_aux, combine, dispatch, counts = top1gating(logits, 1.0, 4)  # Bagua 0.9.2's signatures
+    assert combine.shape == (12, 3, 4) and int(counts.sum()) == 12 and dispatch.dtype == torch.bool
+    assert top2gating(logits, 1.0)[1].shape == (12, 3, 8)
 
 
 def test_reduce_op_original_values():
