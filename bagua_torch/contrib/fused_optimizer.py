@@ -23,7 +23,9 @@ group (per dtype and device) are moved into one contiguous buffer, and at each
 re-allocated after ``zero_grad(set_to_none=True)``) are copied into one.
 Only tensors that own their memory (or live in a buffer this module made) are
 ever moved; tensors that are views of someone else's buffer stay where they
-are. ``check_flatten`` warns once when a group cannot be fused, so the user
+are, and where such state lies back to back in another order than the
+weights (QAdam's momentum, held by the engine in bucket order), the weights
+are moved into that order so the run still fuses. ``check_flatten`` warns once when a group cannot be fused, so the user
 learns the step runs unfused.
 
 ``optimizer._bagua_fused_count`` counts, as in Bagua 0.9.2, the groups that
@@ -223,6 +225,7 @@ class _Fuser:
         self.plans: Dict[int, "_GroupPlan"] = {}
         # the gradient and state buffers flattening made (storage address -> a view keeping it)
         self.buffers: Dict[int, torch.Tensor] = {}
+        self.weight_buffers: set = set()  # storage addresses of the weight buffers flattening made
         # A shallow copy with its own groups, state and hooks; same class, so same step().
         inner = object.__new__(type(optimizer))
         skip = {"step", "fuse_step", "param_groups", "state"}
@@ -250,9 +253,40 @@ class _Fuser:
             for params in by_kind.values():
                 if len(params) < 2 or _contiguous_run(params) or not all(_owns_memory(p) for p in params):
                     continue
-                views = _flatten_into_one([p.detach() for p in params])
-                for p, v in zip(params, views):
-                    p.data = v
+                self._move_weights(params)
+
+    def _move_weights(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """The weights into one new buffer, in this order."""
+        views = _flatten_into_one([p.detach() for p in params])
+        for p, v in zip(params, views):
+            p.data = v
+        self.weight_buffers.add(_storage(views[0]))
+
+    def _follow_fixed_state(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Per-element state held in someone else's buffer (QAdam's momentum
+        is the engine's) cannot move; where it lies back to back in an order
+        the weights do not, the weights (ours to move) take that order, so
+        that the run can fuse. The gradients follow in ``_layout_matches``."""
+        if not self.do_flatten or len(params) < 2:
+            return
+        states = [self.optimizer.state.get(p, {}) for p in params]
+        keys = _per_element_keys(states, params) or []
+        for key in keys:
+            tensors = [s[key] for s in states]
+            if any(_owns_memory(t) or _storage(t) in self.buffers for t in tensors):
+                continue  # movable: flattening arranges it
+            order = sorted(range(len(params)), key=lambda i: (_storage(tensors[i]), tensors[i].data_ptr()))
+            run = [order[0]]
+            for i in order[1:] + [-1]:
+                if i >= 0 and _contiguous_run([tensors[run[-1]], tensors[i]]):
+                    run.append(i)
+                    continue
+                members = [params[j] for j in run]
+                movable = all(_owns_memory(p) or _storage(p) in self.weight_buffers for p in members)
+                if len(members) > 1 and movable and not _contiguous_run(members):
+                    self._move_weights(members)
+                run = [i]
+            return
 
     def _after_unfused_step(self, *_) -> None:
         self.stepped_unfused = True
@@ -322,6 +356,7 @@ class _Fuser:
             if p.grad is not None and p.grad.layout == torch.strided and p.numel() > 0 and p.is_contiguous()
         ]
         candidates = [p for p in eligible if _storage(p) not in wrapped and _storage(_grad(p)) not in wrapped]
+        self._follow_fixed_state(candidates)
         candidates.sort(key=lambda p: p.data_ptr())
         weight_runs: List[List[torch.nn.Parameter]] = []
         current: List[torch.nn.Parameter] = []

@@ -299,9 +299,41 @@ def _wrapped_worker():
 
         return run
 
+    def qadam():
+        """Bagua 0.9.2's QAdam case: wrap (do_flatten=False), then fuse
+        (do_flatten=True), fuse_step and step alternating over 101 steps. The
+        momentum lives in the engine's state, in bucket order; the weights
+        follow it, so the one group fuses at each of the 51 fuse_steps (the
+        original's test expected 102, two per fuse_step, from a QAdamOptimizer
+        built with one group, and was disabled)."""
+        from bagua_torch.algorithms import QAdamAlgorithm, QAdamOptimizer
+
+        models, opts = [], []
+        for fused in (False, True):
+            m = _model(seed=rank)
+            o = QAdamOptimizer(m.parameters(), lr=1e-2, warmup_steps=20)
+            m = m.with_bagua([o], QAdamAlgorithm(o), do_flatten=False)
+            if fused:
+                o = fuse_optimizer(o, do_flatten=True)
+            models.append(m)
+            opts.append(o)
+        for step in range(101):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+            for fused, (m, o) in enumerate(zip(models, opts)):
+                o.zero_grad()
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                (o.fuse_step if fused and step % 2 == 0 else o.step)()
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(a, b), "fused and unfused QAdam differ"
+        assert opts[1]._bagua_fused_count == 51, opts[1]._bagua_fused_count
+        for m in models:
+            m.bagua_ddp.close()
+
     cases = [
         (f"{n}-{'bagua' if bf else 'fuse'}_flattens", case(n, k, bf)) for n, k in WRAPPED_CASES for bf in (False, True)
     ]
+    cases.append(("qadam-wrap_first-opt1-bagua0", qadam))
     cases += [
         (f"count-{a}-{'fuse_first' if ff else 'wrap_first'}-opt{int(of)}-bagua{int(bf)}", counted(a, ff, of, bf))
         for a in ("allreduce", "decentralized")
@@ -325,6 +357,7 @@ def test_fused_optimizer_with_wrapped_model(world):
             for of in (1, 0):
                 for bf in (1, 0):
                     run.check_case(f"count-{a}-{first}-opt{of}-bagua{bf}", world)
+    run.check_case("qadam-wrap_first-opt1-bagua0", world)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["wrapped"]:
