@@ -86,16 +86,29 @@ def test_mnist_example_under_launch_equals_torch_ddp(world, tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algorithm,world", [("bytegrad", 3), ("decentralized", 2)])
-def test_mnist_example_under_run_trains(algorithm, world, tmp_path):
-    got = _run("bagua.distributed.run", "--nproc_per_node", world, MNIST, "--algorithm", algorithm, "--epochs", "2")
+@pytest.mark.parametrize(
+    "algorithm,world,flags",
+    [
+        ("bytegrad", 3, []),
+        ("decentralized", 2, []),
+        ("low_precision_decentralized", 3, []),
+        ("async", 2, []),
+        # Adam's step: the original's CI ran it at lr 0.05; 5 epochs pass its 100 warm-up steps
+        ("qadam", 2, ["--lr", "0.002", "--epochs", "5"]),
+    ],
+)
+def test_mnist_example_under_run_trains(algorithm, world, flags, tmp_path):
+    epochs = int(dict(zip(flags[::2], flags[1::2])).get("--epochs", 2))
+    got = _run(
+        "bagua.distributed.run", "--nproc_per_node", world, MNIST, "--algorithm", algorithm, "--epochs", "2", *flags
+    )
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     losses = [
         float(line.split("Average loss: ")[1].split(",")[0])
         for line in got.stderr.splitlines()
         if "Average loss" in line
     ]
-    assert len(losses) == 2 and losses[1] < 2.0, got.stderr[-3000:]  # chance level is ln(10) = 2.30
+    assert len(losses) == epochs and losses[-1] < 2.0, got.stderr[-3000:]  # chance level is ln(10) = 2.30
 
 
 # ---------------------------------------------------------------- launcher flags
