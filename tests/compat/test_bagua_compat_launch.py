@@ -16,6 +16,7 @@ import torch
 from tests.harness.mp import REPO, launch
 
 MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
+PRIMITIVES = os.path.join(REPO, "examples", "bagua_0_9", "communication_primitives.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -109,6 +110,14 @@ def test_mnist_example_under_run_trains(algorithm, world, flags, tmp_path):
         if "Average loss" in line
     ]
     assert len(losses) == epochs and losses[-1] < 2.0, got.stderr[-3000:]  # chance level is ln(10) = 2.30
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_communication_primitives_example_matches_torch_distributed(world):
+    got = _run("bagua.distributed.launch", "--nproc_per_node", world, PRIMITIVES)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert "communication primitives: all match" in got.stdout, got.stdout[-3000:]
 
 
 # ---------------------------------------------------------------- launcher flags
