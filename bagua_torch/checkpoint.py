@@ -16,8 +16,9 @@ holds ``{"optimizer": ...}`` of rank r (the optimizer state of its experts
 differs from the other ranks'), and ``mp_rank_00_model_states.pt`` (rank 0)
 the rest of the model, the iteration and the LR scheduler. The tracker is
 written once every rank's files are complete. Loading needs the same number
-of experts in the job (world size × ``num_local_experts``); a checkpoint with
-another number is refused naming both.
+of experts in the job (world size × ``num_local_experts``), arranged over any
+number of ranks; a checkpoint with another number is refused naming both.
+The optimizer's state loads only onto as many ranks as saved it.
 """
 
 from __future__ import annotations
@@ -191,9 +192,16 @@ def load_checkpoint(
     if layers:
         state["model"].update(_load_experts(checkpoints_path, iteration, layers, _rank(), _world()))
         if optimizer is not None:
+            ranks = len(
+                glob.glob(os.path.join(os.path.dirname(checkpoint_file(checkpoints_path, iteration)), "expp_rank_*"))
+            )
+            if ranks != _world():
+                raise ValueError(
+                    f"the checkpoint at {checkpoints_path} (iteration {iteration}) holds the optimizer state of "
+                    f"{ranks} ranks, this job has {_world()}: the experts' optimizer state is per rank; "
+                    "load with optimizer=None to take the model alone onto another number of ranks"
+                )
             path = optimizer_file(checkpoints_path, iteration, _rank())
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path} is missing: the checkpoint was saved by fewer ranks than this job's")
             state["optimizer"] = torch.load(path, map_location="cpu", weights_only=False)["optimizer"]
     model.load_state_dict(state["model"], strict=strict)
     if optimizer is not None and state.get("optimizer") is not None:

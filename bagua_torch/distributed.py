@@ -719,6 +719,8 @@ class BaguaDistributedDataParallel:
                 state = self.optimizers[0].state.get(p, {})
                 if state.get(self.plan.optimizer_state) is view:
                     state[self.plan.optimizer_state] = view.clone()
+            if getattr(self, "_shared_state", None) is not None:
+                self.optimizers[0].momentum_by_engine = None  # unwrapped: the optimizer alone again
         self.engine.close()
 
     def __repr__(self) -> str:

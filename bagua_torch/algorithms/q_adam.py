@@ -5,7 +5,7 @@ warm-up and its compressed momentum afterwards."""
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -18,7 +18,9 @@ class QAdamOptimizer(torch.optim.Optimizer):
     * param``; while ``t < warmup_steps`` the moments update as Adam's
     (``exp_avg``, ``exp_avg_sq``); from ``t = warmup_steps`` on they are left
     as they are (wrapped with :class:`QAdamAlgorithm`, the engine updates
-    ``exp_avg`` with the local gradient and averages it, compressed); then
+    ``exp_avg`` with the local gradient and averages it, compressed; the
+    parameters it does not communicate, such as MoE experts, update their
+    ``exp_avg`` from their own gradient, uncompressed); then
     ``param -= lr / (1 - beta1^t) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^t) + eps)``.
     With ``warmup_steps`` beyond the number of steps it is Adam."""
 
@@ -47,6 +49,9 @@ class QAdamOptimizer(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, warmup_steps=warmup_steps, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
+        # set by with_bagua: the parameters whose momentum its engine updates after the warm-up;
+        # the others it does not communicate (MoE experts, ignored parameters) update theirs here
+        self.momentum_by_engine: Optional[set] = None
 
     def step_id(self) -> int:
         """Steps taken so far (``state["step"]`` of the first parameter)."""
@@ -83,6 +88,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
                     g = p.grad.add(p, alpha=wd) if wd != 0 else p.grad
                     exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
                     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                elif self.momentum_by_engine is not None and id(p) not in self.momentum_by_engine:
+                    exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)  # what the engine does, uncompressed
                 denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**t))
         return loss

@@ -17,6 +17,7 @@ from tests.harness.mp import REPO, launch
 
 MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
 PRIMITIVES = os.path.join(REPO, "examples", "bagua_0_9", "communication_primitives.py")
+MOE_MNIST = os.path.join(REPO, "examples", "bagua_0_9", "moe_mnist.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -118,6 +119,33 @@ def test_communication_primitives_example_matches_torch_distributed(world):
     got = _run("bagua.distributed.launch", "--nproc_per_node", world, PRIMITIVES)
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert "communication primitives: all match" in got.stdout, got.stdout[-3000:]
+
+
+def _test_losses(out):
+    return [float(line.split("Average loss: ")[1].split(",")[0]) for line in out.splitlines() if "Average loss" in line]
+
+
+@pytest.mark.timeout(300)
+def test_moe_mnist_example_trains_saves_and_resumes(tmp_path):
+    """2 ranks x 2 experts train and save (a file per expert) and resume with
+    ByteGrad; 4 ranks x 1 expert (the same 4 experts) cannot take the
+    per-rank optimizer state, and every rank says so."""
+    ckpt = tmp_path / "ckpt"
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, MOE_MNIST, "--save-checkpoint", ckpt)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    losses = _test_losses(got.stderr)
+    assert len(losses) == 2 and losses[-1] < 1.0, got.stderr[-3000:]
+    names = sorted(p.name for p in (ckpt / "iter_0000032").iterdir())
+    assert [n for n in names if n.startswith("expert_")] == [f"expert_{g}_mp_rank_00_model_states.pt" for g in range(4)]
+    flags = ["--resume", ckpt, "--algorithm", "bytegrad", "--epochs", 1]
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, MOE_MNIST, *flags)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert "resumed from iteration 32" in got.stderr
+    assert _test_losses(got.stderr)[-1] < 1.0, got.stderr[-3000:]
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 4, MOE_MNIST, *flags, "--num-local-experts", 1)
+    assert got.returncode != 0
+    said = "holds the optimizer state of 2 ranks, this job has 4"
+    assert said in got.stdout + got.stderr, got.stdout[-3000:] + got.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- launcher flags

@@ -129,6 +129,7 @@ CASES = [
     "ranks_with_different_token_counts",
     "train_gradient_allreduce_against_reference",
     "train_bytegrad_experts_stay_per_rank",
+    "train_qadam_experts_update_their_own_momentum",
     "checkpoint_round_trip",
     "a_rank_whose_layer_differs",
 ]
@@ -329,6 +330,33 @@ class Worker:
         passes = torch.tensor([sum(losses[:3]), sum(losses[9:])])  # the job's loss over the same batches
         self.bt.allreduce_inplace(passes)
         assert passes[1] < passes[0], passes
+
+    def train_qadam_experts_update_their_own_momentum(self):
+        """After QAdam's warm-up the engine updates the communicated momentum;
+        the experts', which it does not communicate, follow the same rule
+        from their own gradient: m = beta1 m + (1 - beta1) g."""
+        torch = self.torch
+        from bagua_torch.algorithms import QAdamAlgorithm, QAdamOptimizer
+
+        net = self.model(1, seed=51 + self.rank)
+        opt = QAdamOptimizer(net.parameters(), lr=1e-2, warmup_steps=3)
+        wrapped = net.with_bagua([opt], QAdamAlgorithm(opt))
+        experts = list(net.moe.bagua_moe.experts.parameters())
+        for step in range(6):
+            x, y = self.batch(self.rank, step)
+            out, l_aux = wrapped(x)
+            opt.zero_grad()
+            (torch.nn.functional.mse_loss(out, y) + 0.01 * l_aux).backward()
+            before = [opt.state[p]["exp_avg"].clone() if p in opt.state else None for p in experts]
+            opt.step()
+            if step >= 3:  # past the warm-up
+                for p, m in zip(experts, before):
+                    close(opt.state[p]["exp_avg"], 0.9 * m + 0.1 * p.grad, 1e-6, "an expert's momentum")
+        dense = torch.cat([p.detach().reshape(-1) for n, p in net.named_parameters() if "experts" not in n])
+        every = self.bt.allgather(dense)
+        assert all(torch.equal(every[r], dense) for r in range(self.world)), "non-expert weights differ"
+        net.bagua_ddp.close()
+        assert opt.momentum_by_engine is None
 
     def checkpoint_round_trip(self):
         import glob
