@@ -18,6 +18,7 @@ from tests.harness.mp import REPO, launch
 MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
 PRIMITIVES = os.path.join(REPO, "examples", "bagua_0_9", "communication_primitives.py")
 MOE_MNIST = os.path.join(REPO, "examples", "bagua_0_9", "moe_mnist.py")
+SYNTHETIC = os.path.join(REPO, "examples", "bagua_0_9", "synthetic_benchmark.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -146,6 +147,23 @@ def test_moe_mnist_example_trains_saves_and_resumes(tmp_path):
     assert got.returncode != 0
     said = "holds the optimizer state of 2 ranks, this job has 4"
     assert said in got.stdout + got.stderr, got.stdout[-3000:] + got.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async"]
+)
+def test_synthetic_benchmark_example(algorithm):
+    """Every algorithm the original's CI benchmarked; --deterministic gives the
+    same final loss twice (what that CI compared)."""
+    flags = ["--algorithm", algorithm, "--deterministic", "--num-iters", 2, "--num-batches-per-iter", 3]
+    finals = []
+    for _ in range(2 if algorithm == "gradient_allreduce" else 1):
+        got = _run("bagua.distributed.launch", "--nproc_per_node", 2, SYNTHETIC, *flags)
+        assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+        assert "Total img/sec on 2 CPU(s): " in got.stdout, got.stdout[-3000:]
+        finals += [line.split("Final loss: ")[1] for line in got.stdout.splitlines() if "Final loss: " in line]
+    assert finals and all(float(f) < 10 for f in finals) and len(set(finals)) == 1, finals
 
 
 # ---------------------------------------------------------------- launcher flags
