@@ -19,6 +19,7 @@ MNIST = os.path.join(REPO, "examples", "bagua_0_9", "mnist.py")
 PRIMITIVES = os.path.join(REPO, "examples", "bagua_0_9", "communication_primitives.py")
 MOE_MNIST = os.path.join(REPO, "examples", "bagua_0_9", "moe_mnist.py")
 SYNTHETIC = os.path.join(REPO, "examples", "bagua_0_9", "synthetic_benchmark.py")
+IMAGENET = os.path.join(REPO, "examples", "bagua_0_9", "imagenet.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -164,6 +165,38 @@ def test_synthetic_benchmark_example(algorithm):
         assert "Total img/sec on 2 CPU(s): " in got.stdout, got.stdout[-3000:]
         finals += [line.split("Final loss: ")[1] for line in got.stdout.splitlines() if "Final loss: " in line]
     assert finals and all(float(f) < 10 for f in finals) and len(set(finals)) == 1, finals
+
+
+def _image_folder(root, classes=3, per_class=(12, 4)):
+    """A tiny ImageNet in torchvision's ImageFolder layout: one colour per class, noisy JPEGs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in zip(("train", "val"), per_class):
+        for c in range(classes):
+            colour = np.roll(np.array([210.0, 30.0, 30.0]), c)
+            os.makedirs(root / split / f"n{c:08d}")
+            for i in range(n):
+                pixels = np.clip(colour + rng.normal(0, 40, (40, 48, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(root / split / f"n{c:08d}" / f"{i}.JPEG")
+
+
+@pytest.mark.timeout(300)
+def test_imagenet_example_on_an_image_folder(tmp_path):
+    """Trains, keeps checkpoint.pth.tar and model_best.pth.tar, and evaluates
+    again from --resume, as the original's flags say."""
+    _image_folder(tmp_path / "data")
+    flags = ["--algorithm", "bytegrad", "--epochs", 4, "--lr", 0.02, "--save-dir", tmp_path, "--seed", 1]
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, IMAGENET, tmp_path / "data", *flags)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    acc = [float(line.split("Acc@1 ")[1].split()[0]) for line in got.stdout.splitlines() if " * Acc@1 " in line]
+    assert len(acc) == 4 and max(acc) > 90, got.stdout[-3000:]  # 3 classes: chance is 33%
+    assert (tmp_path / "checkpoint.pth.tar").exists() and (tmp_path / "model_best.pth.tar").exists()
+    resume = ["--resume", tmp_path / "model_best.pth.tar", "--evaluate"]
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, IMAGENET, tmp_path / "data", *resume)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert "=> loaded checkpoint" in got.stdout and f" * Acc@1 {max(acc):.3f}" in got.stdout, got.stdout[-3000:]
 
 
 # ---------------------------------------------------------------- launcher flags
