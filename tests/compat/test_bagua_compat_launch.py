@@ -20,6 +20,7 @@ PRIMITIVES = os.path.join(REPO, "examples", "bagua_0_9", "communication_primitiv
 MOE_MNIST = os.path.join(REPO, "examples", "bagua_0_9", "moe_mnist.py")
 SYNTHETIC = os.path.join(REPO, "examples", "bagua_0_9", "synthetic_benchmark.py")
 IMAGENET = os.path.join(REPO, "examples", "bagua_0_9", "imagenet.py")
+SQUAD = os.path.join(REPO, "examples", "bagua_0_9", "squad.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -197,6 +198,46 @@ def test_imagenet_example_on_an_image_folder(tmp_path):
     got = _run("bagua.distributed.launch", "--nproc_per_node", 2, IMAGENET, tmp_path / "data", *resume)
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert "=> loaded checkpoint" in got.stdout and f" * Acc@1 {max(acc):.3f}" in got.stdout, got.stdout[-3000:]
+
+
+def _squad_file(path, n, seed):
+    """A SQuAD v1.1 file whose answers are spans of their paragraph: who likes which colour, lives where."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    names = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
+    colours, cities = ["red", "green", "blue", "yellow", "purple"], ["paris", "rome", "berlin", "oslo", "vienna"]
+    data = []
+    for i in range(n):
+        facts = [(w, rng.choice(colours), rng.choice(cities)) for w in rng.sample(names, 3)]
+        context = " ".join(f"{w} likes the color {c} and lives in {t} ." for w, c, t in facts)
+        w, c, t = rng.choice(facts)
+        question, answer = (f"which color does {w} like ?", c) if rng.random() < 0.5 else (f"where does {w} live ?", t)
+        start = context.index(answer, context.index(f"{w} likes the color {c} and lives in {t}"))
+        qa = {"id": f"{seed}-{i}", "question": question, "answers": [{"text": answer, "answer_start": start}]}
+        data.append({"title": f"t{i}", "paragraphs": [{"context": context, "qas": [qa]}]})
+    path.write_text(json.dumps({"version": "1.1", "data": data}))
+
+
+@pytest.mark.timeout(300)
+def test_squad_example_on_a_squad_format_file(tmp_path):
+    """BERT (from a config) fine-tuned with QAdam, as the original's SQuAD
+    benchmark: the loss falls, SQuAD's exact match and F1 come out, rank 0
+    saves the model."""
+    import json
+
+    _squad_file(tmp_path / "train.json", 400, 1)
+    _squad_file(tmp_path / "dev.json", 60, 2)
+    flags = ["--train_file", tmp_path / "train.json", "--predict_file", tmp_path / "dev.json", "--do_train"]
+    flags += ["--do_eval", "--num_train_epochs", 4, "--logging_steps", 10, "--algorithm", "qadam"]
+    got = _run("bagua.distributed.launch", "--nproc_per_node", 2, SQUAD, *flags, "--output_dir", tmp_path / "out")
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    losses = [float(line.split(" loss ")[1]) for line in got.stdout.splitlines() if " loss " in line]
+    assert len(losses) >= 5 and losses[-1] < 0.6 * losses[0], got.stdout[-3000:]
+    results = json.loads(got.stdout.split("Results: ")[1].splitlines()[0])
+    assert set(results) == {"exact", "f1"} and results["f1"] > 0, results
+    assert (tmp_path / "out" / "config.json").exists()
 
 
 # ---------------------------------------------------------------- launcher flags
