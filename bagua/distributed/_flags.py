@@ -9,7 +9,7 @@ import sys
 from typing import List, Optional
 
 from bagua_core.launcher.cli import make_config
-from bagua_core.launcher.supervisor import Supervisor
+from bagua_core.run import launch
 
 # flag -> why it does nothing here
 NO_EFFECT = {
@@ -110,4 +110,4 @@ def run(parser: argparse.ArgumentParser, messages: List[str], *, master_port: Op
     cfg, warnings = make_config(parser, master_port=master_port, **fields)
     for m in messages + [f"{parser.prog}: warning: {w}" for w in warnings]:
         print(m, file=sys.stderr, flush=True)
-    return Supervisor(cfg).run()
+    return launch(cfg)

@@ -1,16 +1,18 @@
 """``python -m bagua.distributed.run``: Bagua 0.9.2's torchrun-style launcher, on ``bagua-run``.
 
-Flags as there (torch elastic's plus Bagua's): ``--nnodes`` (``N`` or a fixed
-``N:N``), ``--nproc_per_node`` (a number, or ``auto``/``cpu``: the CPU count),
-``--node_rank``, ``--master_addr``, ``--master_port``, ``--rdzv_endpoint``
-(``HOST[:PORT]``, used as the master address), ``--standalone`` (one node on
-localhost), ``-m/--module``, ``--no_python``, ``--log_dir``,
-``--bagua_service_port``, ``--default_bucket_size``, the autotune flags. Accepted without effect
-(a notice each): ``--rdzv_backend``, ``--rdzv_id``, ``--rdzv_conf``,
-``--max_restarts`` (no restarts: a failed worker stops the job),
-``--monitor_interval``, ``--start_method``, ``--role``, ``--run_path``,
-``-r/--redirects``, ``-t/--tee`` and ``--use_env``.
-Elastic ranges (``--nnodes 1:4``) are refused: the job size is fixed.
+Flags as there (torch elastic's plus Bagua's): ``--nnodes`` (``N`` or
+``MIN:MAX``), ``--nproc_per_node`` (a number, or ``auto``/``cpu``: the CPU
+count), ``--node_rank``, ``--master_addr``, ``--master_port``,
+``--rdzv_endpoint`` (``HOST[:PORT]``), ``--rdzv_backend`` (``static`` or
+``c10d``), ``--rdzv_id``, ``--rdzv_conf``, ``--max_restarts``,
+``--monitor_interval``, ``--standalone`` (one node on localhost),
+``-m/--module``, ``--no_python``, ``--log_dir``, ``--bagua_service_port``,
+``--default_bucket_size``, the autotune flags. An elastic job (a range of
+nodes, restarts, or the c10d rendezvous) runs under torch elastic's agent,
+with torchrun's meaning of these flags (:mod:`bagua_core.launcher.elastic`);
+a fixed one on ``bagua-run``'s supervisor. Accepted without effect (a notice
+each): ``--start_method``, ``--role``, ``--run_path``, ``-r/--redirects``,
+``-t/--tee`` and ``--use_env``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import sys
 from typing import Optional, Sequence
 
 from bagua.distributed import _flags
-
-_ELASTIC = "this launcher is not elastic: a fixed set of workers, no restarts"
+from bagua_core.launcher.cli import RDZV_BACKENDS, nnodes_range, rdzv_conf
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,27 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="Bagua 0.9.2's torchrun-style launcher (through bagua-run).",
     )
-    p.add_argument("--nnodes", default="1", help="N, or N:N (elastic ranges are not supported)")
+    p.add_argument("--nnodes", default="1", help="N, or MIN:MAX (elastic)")
     p.add_argument("--nproc_per_node", "--nproc-per-node", default="1", help="a number, or auto / cpu")
     p.add_argument("--node_rank", "--node-rank", type=int, default=0)
     p.add_argument("--master_addr", "--master-addr", default="127.0.0.1")
     p.add_argument("--master_port", "--master-port", type=int, default=None)
-    p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default="", help="HOST[:PORT] of the master")
+    p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default="", help="HOST[:PORT] of the rendezvous")
+    p.add_argument("--rdzv_backend", "--rdzv-backend", default="static", choices=RDZV_BACKENDS)
+    p.add_argument("--rdzv_id", "--rdzv-id", default="none")
+    p.add_argument("--rdzv_conf", "--rdzv-conf", default="", help="key=value,... for the rendezvous")
+    p.add_argument("--max_restarts", "--max-restarts", type=int, default=0)
+    p.add_argument("--monitor_interval", "--monitor-interval", type=float, default=0.1)
     p.add_argument("--standalone", action="store_true", help="one node on localhost")
     p.add_argument("-m", "--module", action="store_true")
     p.add_argument("--no_python", "--no-python", action="store_true")
     p.add_argument("--log_dir", "--log-dir", default=None)
-    for flag in (
-        "--rdzv_backend",
-        "--rdzv_id",
-        "--rdzv_conf",
-        "--max_restarts",
-        "--monitor_interval",
-        "--start_method",
-        "--role",
-        "-r",
-        "-t",
-    ):
+    for flag in ("--start_method", "--role", "-r", "-t"):
         long = {"-r": "--redirects", "-t": "--tee"}.get(flag)
         names = [flag, long] if long else [flag, flag.replace("_", "-")]
         p.add_argument(*names, default=None, help="accepted, no effect")
@@ -72,17 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nnodes(p: argparse.ArgumentParser, text: str) -> int:
-    lo, _, hi = text.partition(":")
+def _nnodes(p: argparse.ArgumentParser, text: str) -> tuple:
     try:
-        n, m = int(lo), int(hi or lo)
-    except ValueError:
-        p.error(f"--nnodes {text!r} is not N or N:N")
-    if n != m:
-        p.error(f"--nnodes {text}: {_ELASTIC}; give a fixed number of nodes")
-    if n < 1:
-        p.error(f"--nnodes must be >= 1, got {n}")
-    return n
+        return nnodes_range(text)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--nnodes: {e}")
 
 
 def _nproc(p: argparse.ArgumentParser, text: str) -> int:
@@ -101,7 +91,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     addr, port = a.master_addr, a.master_port
-    if a.rdzv_endpoint:
+    min_nodes, nnodes = _nnodes(p, a.nnodes)
+    elastic = min_nodes < nnodes or a.max_restarts > 0 or a.rdzv_backend != "static"
+    if a.rdzv_endpoint and not elastic:  # a fixed job: the endpoint is the master's address
         host, _, rport = a.rdzv_endpoint.rpartition(":") if ":" in a.rdzv_endpoint else (a.rdzv_endpoint, "", "")
         addr = host
         if rport:
@@ -109,15 +101,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 port = int(rport)
             except ValueError:
                 p.error(f"--rdzv_endpoint {a.rdzv_endpoint!r}: the port is not a number")
-    nnodes = _nnodes(p, a.nnodes)
     if a.standalone:
-        nnodes, addr, port = 1, "127.0.0.1", None
+        min_nodes, nnodes, addr, port = 1, 1, "127.0.0.1", None
     if a.module and a.no_python:
         p.error("--no_python and --module are mutually exclusive")
-    more = {
-        name: _ELASTIC
-        for name in ("rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts", "monitor_interval", "start_method", "role")
-    }
+    if a.max_restarts < 0:
+        p.error(f"--max_restarts must be >= 0, got {a.max_restarts}")
+    if not a.monitor_interval > 0:
+        p.error(f"--monitor_interval must be > 0 seconds, got {a.monitor_interval}")
+    try:
+        conf = rdzv_conf(a.rdzv_conf)
+    except argparse.ArgumentTypeError as e:
+        p.error(str(e))
+    more = {name: "torch elastic's default is used" for name in ("start_method", "role")}
     more.update(
         redirects="output is prefixed with the rank (or in --log_dir)",
         tee="output is prefixed with the rank (or in --log_dir)",
@@ -129,6 +125,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _flags.notices(p.prog, a, more),
         nproc_per_node=_nproc(p, a.nproc_per_node),
         nnodes=nnodes,
+        min_nodes=min_nodes,
+        max_restarts=a.max_restarts,
+        rdzv_backend=a.rdzv_backend,
+        rdzv_endpoint=a.rdzv_endpoint if elastic else "",
+        rdzv_id=a.rdzv_id,
+        rdzv_conf=conf,
+        monitor_interval=a.monitor_interval,
         node_rank=a.node_rank,
         master_addr=addr,
         master_port=port,

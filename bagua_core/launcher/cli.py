@@ -25,10 +25,20 @@ BAGUA_STORE_PORT says otherwise. Everything after SCRIPT is passed to it
 untouched. SIGINT/SIGTERM are forwarded to every worker; when one worker fails
 the others are stopped and bagua-run exits with the failed worker's code.
 
+Elastic jobs run on torch elastic's agent and rendezvous, with torchrun's
+meaning of the flags: --nnodes MIN:MAX (nodes may come and go), --max-restarts
+N (a failed worker restarts this node's workers, and every node meets again),
+--rdzv-backend c10d. Their workers also get TORCHELASTIC_RESTART_COUNT and
+TORCHELASTIC_RUN_ID; when one fails past the restarts, the job ends with its code.
+
 examples:
   bagua-run --nproc-per-node 4 train.py --lr 0.1
   bagua-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 -m mypkg.train
+  bagua-run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 --rdzv-backend c10d \\
+            --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 train.py
 """
+
+RDZV_BACKENDS = ("static", "c10d")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,23 @@ class LaunchConfig:
     local_rank_arg: bool = False  # append --local_rank=N to the script's arguments
     log_dir: Optional[str] = None  # each worker's output to files there instead of the prefixed stream
     extra_env: Tuple[Tuple[str, str], ...] = ()  # settings given as flags, for every worker
+    # Elastic launch (bagua_core.launcher.elastic), torchrun's meanings; nnodes is the maximum.
+    min_nodes: int = 0  # 0: nnodes
+    max_restarts: int = 0
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""  # HOST[:PORT]; default MASTER_ADDR:MASTER_PORT
+    rdzv_id: str = "none"
+    rdzv_conf: Tuple[Tuple[str, str], ...] = ()
+    monitor_interval: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.min_nodes:
+            object.__setattr__(self, "min_nodes", self.nnodes)
+
+    @property
+    def elastic(self) -> bool:
+        """Run under torch elastic's agent (see bagua_core.launcher.elastic)."""
+        return self.min_nodes < self.nnodes or self.max_restarts > 0 or self.rdzv_backend != "static"
 
     @property
     def world_size(self) -> int:
@@ -71,6 +98,38 @@ def _int_at_least(minimum: int, what: str):
         return n
 
     return parse
+
+
+def nnodes_range(text: str) -> Tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (torchrun's ``--nnodes``) as (MIN, MAX)."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        low, high = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or MIN:MAX") from None
+    if low < 1:
+        raise argparse.ArgumentTypeError(f"the number of nodes must be >= 1, got {text}")
+    if low > high:
+        raise argparse.ArgumentTypeError(f"MIN:MAX needs MIN <= MAX, got {text}")
+    return low, high
+
+
+def rdzv_conf(text: str) -> Tuple[Tuple[str, str], ...]:
+    """``key=value,key2=value2`` (torchrun's ``--rdzv-conf``)."""
+    out = []
+    for item in filter(None, (t.strip() for t in str(text).split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--rdzv-conf takes key=value[,key=value...], got {text!r}")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+def _positive_seconds(text: str) -> float:
+    x = _grace(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return x
 
 
 def _port(text: str) -> int:
@@ -112,7 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="workers on this node (default 1)",
     )
     p.add_argument(
-        "--nnodes", type=_int_at_least(1, "--nnodes"), default=1, metavar="M", help="number of nodes (default 1)"
+        "--nnodes",
+        type=nnodes_range,
+        default=(1, 1),
+        metavar="M|MIN:MAX",
+        help="number of nodes, or its range in an elastic job (default 1)",
     )
     p.add_argument(
         "--node-rank",
@@ -145,6 +208,40 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="time stopped workers get before SIGKILL (default %(default)s)",
     )
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=_int_at_least(0, "--max-restarts"),
+        default=0,
+        metavar="N",
+        help="elastic: worker group restarts after a failure (default 0)",
+    )
+    p.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        choices=RDZV_BACKENDS,
+        default="static",
+        help="elastic: torch elastic's rendezvous (default static; c10d for nodes that come and go)",
+    )
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        default="",
+        metavar="HOST[:PORT]",
+        help="elastic: the rendezvous' address (default MASTER_ADDR:MASTER_PORT)",
+    )
+    p.add_argument("--rdzv-id", "--rdzv_id", default="none", metavar="ID", help="elastic: the job's id")
+    p.add_argument(
+        "--rdzv-conf", "--rdzv_conf", type=rdzv_conf, default=(), metavar="K=V,...", help="elastic: rendezvous settings"
+    )
+    p.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        type=_positive_seconds,
+        default=0.1,
+        metavar="SECONDS",
+        help="elastic: how often the agent checks the workers (default 0.1)",
+    )
     p.add_argument("--no-prefix", action="store_true", help="do not prefix the workers' output lines with their rank")
     p.add_argument("--version", action="version", version=f"bagua-run (bagua {__version__})")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run like python -m")
@@ -174,7 +271,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchConfig, List
     return make_config(
         parser,
         nproc_per_node=a.nproc_per_node,
-        nnodes=a.nnodes,
+        nnodes=a.nnodes[1],
+        min_nodes=a.nnodes[0],
+        max_restarts=a.max_restarts,
+        rdzv_backend=a.rdzv_backend,
+        rdzv_endpoint=a.rdzv_endpoint,
+        rdzv_id=a.rdzv_id,
+        rdzv_conf=a.rdzv_conf,
+        monitor_interval=a.monitor_interval,
         node_rank=a.node_rank,
         master_addr=a.master_addr,
         master_port=a.master_port,
@@ -204,6 +308,11 @@ def make_config(
 ) -> Tuple[LaunchConfig, List[str]]:
     """The checks and defaults of every launcher (``bagua-run`` and Bagua 0.9's):
     errors through ``parser.error``, the config, and warnings to print."""
+    min_nodes = launcher_fields.get("min_nodes") or nnodes
+    if min_nodes > nnodes:
+        parser.error(f"--nnodes {min_nodes}:{nnodes}: MIN must not exceed MAX")
+    if min_nodes < nnodes and launcher_fields.get("rdzv_backend", "static") == "static":
+        launcher_fields["rdzv_backend"] = "c10d"  # nodes that come and go need a dynamic rendezvous (as torchrun)
     if node_rank >= nnodes:
         parser.error(f"--node-rank {node_rank} is out of range for --nnodes {nnodes} (0..{nnodes - 1})")
     if not master_addr.strip():
@@ -214,7 +323,12 @@ def make_config(
         parser.error("-m needs a module name")
 
     warnings = []
-    if nnodes > 1 and _is_loopback(master_addr):
+    endpoint = launcher_fields.get("rdzv_endpoint", "")
+    if endpoint:
+        host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+        if not host.strip() or (port_text and not port_text.isdigit()):
+            parser.error(f"--rdzv-endpoint {endpoint!r} is not HOST[:PORT]")
+    if nnodes > 1 and _is_loopback(master_addr) and not endpoint:
         warnings.append(
             f"--nnodes {nnodes} with a loopback --master-addr {master_addr}: other machines cannot reach it"
         )

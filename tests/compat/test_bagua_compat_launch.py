@@ -1,7 +1,9 @@
 """Bagua 0.9.2's launchers (``python -m bagua.distributed.launch`` / ``.run``)
-with real workers, and Bagua's own MNIST example, unchanged in its Bagua
-calls, trained under them on 2 and 3 processes and checked against torch DDP
-(tests/harness/reference/mnist_ddp.py) on the same data, seeds and loop."""
+with real workers, and Bagua's own examples (examples/bagua_0_9/), unchanged
+in their Bagua calls, run under them: MNIST checked against torch DDP
+(tests/harness/reference/mnist_ddp.py) on the same data, seeds and loop; the
+others trained, saved, resumed; the elastic example under its own elastic
+launch line, through a killed worker and an added node."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ MOE_MNIST = os.path.join(REPO, "examples", "bagua_0_9", "moe_mnist.py")
 SYNTHETIC = os.path.join(REPO, "examples", "bagua_0_9", "synthetic_benchmark.py")
 IMAGENET = os.path.join(REPO, "examples", "bagua_0_9", "imagenet.py")
 SQUAD = os.path.join(REPO, "examples", "bagua_0_9", "squad.py")
+ELASTIC = os.path.join(REPO, "examples", "bagua_0_9", "elastic_mnist.py")
 CONTRACT = (
     "RANK",
     "WORLD_SIZE",
@@ -240,6 +244,79 @@ def test_squad_example_on_a_squad_format_file(tmp_path):
     assert (tmp_path / "out" / "config.json").exists()
 
 
+def _elastic_line(port, *more):
+    """The original's elastic launch line (its README's), at 1 to 2 nodes of 2 workers."""
+    return ["--nnodes=1:2", "--nproc_per_node=2", "--rdzv_id=JOB_ID", "--rdzv_backend=c10d"] + [
+        f"--rdzv_endpoint=127.0.0.1:{port}",
+        *more,
+    ]
+
+
+def _epochs(out):
+    """[(epoch, world size)] that rank 0 reported."""
+    return [
+        (int(line.split("epoch ")[1].split()[0]), int(line.split("world size ")[1].split()[0]))
+        for line in out.splitlines()
+        if " test loss " in line
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_elastic_example_under_its_own_launch_line(tmp_path):
+    """Unchanged, as its README runs it; the c10d rendezvous waits its last
+    call (30 s) for more nodes before starting with one."""
+    from bagua_core.launcher.ports import free_port_pair
+
+    line = _elastic_line(free_port_pair())
+    got = _run("bagua.distributed.run", *line, ELASTIC, "--epochs", 3, "--checkpoint_path", tmp_path / "c.ckpt")
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert _epochs(got.stderr) == [(1, 2), (2, 2), (3, 2)], got.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_elastic_example_restarts_from_its_checkpoint_after_a_kill(tmp_path):
+    """--max_restarts=3: rank 1 SIGKILLs itself in epoch 3; the group restarts
+    and resumes from the checkpoint of epoch 2."""
+    from bagua_core.launcher.ports import free_port_pair
+
+    line = _elastic_line(free_port_pair(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
+    flags = ["--epochs", 4, "--checkpoint_path", tmp_path / "c.ckpt", "--kill-rank-at-epoch", "1:3"]
+    got = _run("bagua.distributed.run", *line, ELASTIC, *flags)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert "world size 2, restart 1" in got.stderr and "resumed at epoch 3" in got.stderr, got.stderr[-3000:]
+    assert _epochs(got.stderr) == [(1, 2), (2, 2), (3, 2), (4, 2)], got.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_elastic_example_takes_an_added_node(tmp_path):
+    """--nnodes=1:2: one node trains alone; the same command started again
+    adds a node, and training goes on from the checkpoint with 4 workers."""
+    from bagua_core.launcher.ports import free_port_pair
+
+    line = _elastic_line(free_port_pair(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
+    cmd = [sys.executable, "-m", "bagua.distributed.run", *line, ELASTIC]
+    cmd += ["--epochs", "400", "--train-size", "64", "--checkpoint_path", str(tmp_path / "c.ckpt")]
+    log = tmp_path / "first.log"
+    with open(log, "w") as f:
+        first = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "epoch 2 world size 2" not in log.read_text() and time.monotonic() < deadline:
+            assert first.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        second = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=240)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert first.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    epochs = _epochs(log.read_text())
+    sizes = [w for _, w in epochs]
+    assert sizes[0] == 2 and sizes[-1] == 4 and sizes == sorted(sizes), epochs
+    assert [e for e, _ in epochs][-1] == 400 and "resumed at epoch" in log.read_text()
+
+
 # ---------------------------------------------------------------- launcher flags
 
 SHOW = """
@@ -334,7 +411,9 @@ def test_launch_failure_stops_the_job(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--nnodes", "1:4"], "not elastic"),
+        (["--nnodes", "3:2"], "MIN:MAX needs MIN <= MAX"),
+        (["--max_restarts", "-1"], "--max_restarts must be >= 0"),
+        (["--rdzv_conf", "join_timeout"], "--rdzv-conf takes key=value"),
         (["--nproc_per_node", "many"], "not a number, auto or cpu"),
         (["--master_port", "70000"], "1..65534"),
     ],
@@ -346,6 +425,7 @@ def test_run_bad_flags(args, message, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_run_flags(tmp_path):
+    """A fixed job: --rdzv_endpoint is the master's address, the supervisor runs it."""
     got = _run(
         "bagua.distributed.run",
         "--nnodes",
@@ -354,10 +434,8 @@ def test_run_flags(tmp_path):
         2,
         "--rdzv_endpoint",
         "127.0.0.1:29970",
-        "--max_restarts",
-        3,
-        "--rdzv_backend",
-        "c10d",
+        "--start_method",
+        "fork",
         _script(tmp_path, SHOW),
         "x",
         timeout=50,
@@ -365,7 +443,24 @@ def test_run_flags(tmp_path):
     assert got.returncode == 0, got.stderr
     envs = _envs(got.stdout)
     assert [(e["RANK"], e["MASTER_PORT"], e["argv"]) for e in envs] == [("0", "29970", ["x"]), ("1", "29970", ["x"])]
-    assert "--max_restarts has no effect here" in got.stderr and "--rdzv_backend has no effect here" in got.stderr
+    assert "--start_method has no effect here" in got.stderr
+
+
+@pytest.mark.timeout(90)
+def test_run_elastic_flags(tmp_path):
+    """--max_restarts / --rdzv_backend c10d / --rdzv_id: torch elastic's agent, torchrun's environment."""
+    from bagua_core.launcher.ports import free_port_pair
+
+    show = SHOW.replace('"BAGUA_AUTOTUNE")', '"BAGUA_AUTOTUNE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")')
+    flags = ["--nproc_per_node", 2, "--max_restarts", 3, "--rdzv_backend", "c10d", "--rdzv_id", "job9"]
+    flags += ["--rdzv_endpoint", f"127.0.0.1:{free_port_pair()}", "--default_bucket_size", 8192]
+    got = _run("bagua.distributed.run", *flags, _script(tmp_path, show), "x", timeout=80)
+    assert got.returncode == 0, got.stderr
+    envs = _envs(got.stdout)
+    assert [(e["RANK"], e["WORLD_SIZE"], e["argv"]) for e in envs] == [("0", "2", ["x"]), ("1", "2", ["x"])]
+    assert all(e["TORCHELASTIC_RUN_ID"] == "job9" and e["TORCHELASTIC_RESTART_COUNT"] == "0" for e in envs), envs
+    assert all(e["BAGUA_DEFAULT_BUCKET_SIZE"] == "8192" for e in envs), envs
+    assert "has no effect" not in got.stderr
 
 
 @pytest.mark.timeout(60)

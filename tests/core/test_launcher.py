@@ -378,6 +378,13 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         (["--nproc-per-node", "2"], "the following arguments are required: SCRIPT"),
         (["does_not_exist.py"], "script 'does_not_exist.py' not found"),
         (["--nproc", "2", "x.py"], "unrecognized arguments"),  # no abbreviations
+        (["--nnodes", "3:2", "x.py"], "MIN:MAX needs MIN <= MAX, got 3:2"),
+        (["--nnodes", "0:2", "x.py"], "the number of nodes must be >= 1"),
+        (["--max-restarts", "-1", "x.py"], "--max-restarts must be >= 0, got -1"),
+        (["--rdzv-backend", "etcd", "x.py"], "invalid choice: 'etcd'"),
+        (["--rdzv-endpoint", "host:port", "--max-restarts", "1", "x.py"], "is not HOST[:PORT]"),
+        (["--rdzv-conf", "timeout", "x.py"], "--rdzv-conf takes key=value"),
+        (["--monitor-interval", "0", "x.py"], "must be > 0 seconds"),
     ],
 )
 def test_invalid_arguments(tmp_path, monkeypatch, capsys, args, message):
