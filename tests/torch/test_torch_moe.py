@@ -375,11 +375,13 @@ class Worker:
             torch.nn.functional.mse_loss(out, y).backward()
             opt.step()
         save_checkpoint(3, path, wrapped, opt)
-        files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "iter_0000003", "*.pt")))
+        files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "iter_0000003", "*")))
         want = sorted(
             ["mp_rank_00_model_states.pt"]
             + [f"expert_{g}_mp_rank_00_model_states.pt" for g in range(2 * self.world)]
             + [f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(self.world)]
+            + [f"rng_rank_{r}.pt" for r in range(self.world)]
+            + [f"manifest_rank_{r}.json" for r in range(self.world)]
         )
         assert files == want, files
         saved = {n: t.detach().clone() for n, t in net.state_dict().items()}
