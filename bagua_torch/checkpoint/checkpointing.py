@@ -63,9 +63,12 @@ def save_checkpoint(
     lr_scheduler: Optional[LRScheduler] = None,
     *,
     keep_last: Optional[int] = None,
+    sampler=None,
 ) -> None:
     """Saves the states at ``iteration`` (every rank calls it; see the package doc).
-    ``keep_last=K`` then removes all but the K newest iterations."""
+    ``keep_last=K`` then removes all but the K newest iterations. ``sampler``: a
+    sampler with a position (:class:`bagua_torch.contrib.ResumableDistributedSampler`,
+    :class:`~bagua_torch.contrib.LoadBalancingDistributedSampler`) saved with it."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
@@ -96,6 +99,7 @@ def save_checkpoint(
                 "model": model_state,
                 "optimizer": optimizer_state,
                 "lr_scheduler": None if lr_scheduler is None else lr_scheduler.state_dict(),
+                "sampler": None if sampler is None else sampler.state_dict(),
                 "bagua_version": bagua_core.__version__,
             }
             path = files.checkpoint_file(checkpoints_path, iteration)
@@ -162,9 +166,11 @@ def load_checkpoint(
     strict: bool = True,
     *,
     load_rng: bool = True,
+    sampler=None,
 ) -> int:
     """Loads the latest good checkpoint into the given objects and returns its
-    iteration; 0 when there is none yet (see the package doc)."""
+    iteration; 0 when there is none yet (see the package doc). ``sampler`` takes
+    the saved position, also on another number of ranks (it re-shards)."""
     rank, world = _rank(), _world()
     try:
         latest = files.read_tracker(checkpoints_path)
@@ -220,6 +226,8 @@ def load_checkpoint(
         optimizer.load_state_dict(state["optimizer"])
     if lr_scheduler is not None and state.get("lr_scheduler") is not None:
         lr_scheduler.load_state_dict(state["lr_scheduler"])
+    if sampler is not None and state.get("sampler") is not None:
+        sampler.load_state_dict(state["sampler"])
     rng = files.rng_file(checkpoints_path, iteration, rank)
     if load_rng and rng in data:
         _set_rng_state(read(rng))

@@ -6,7 +6,9 @@
   over every rank, through Bagua's collectives (CPU included).
 - :class:`LoadBalancingDistributedSampler`,
   :class:`LoadBalancingDistributedBatchSampler` — ranks get samples of
-  similar complexity at each step.
+  similar complexity at each step; :class:`ResumableDistributedSampler` —
+  torch's DistributedSampler; both samplers keep their place in the epoch and
+  resume it on another number of ranks.
 - :class:`CachedDataset`, :class:`CacheLoader` — samples cached after their
   first load, in an embedded LMDB shared by a node's ranks or in Redis.
 """
@@ -17,6 +19,7 @@ from bagua_torch.contrib.fused_optimizer import fuse_optimizer, is_fused_optimiz
 from bagua_torch.contrib.load_balancing_data_loader import (
     LoadBalancingDistributedBatchSampler,
     LoadBalancingDistributedSampler,
+    ResumableDistributedSampler,
 )
 from bagua_torch.contrib.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
@@ -27,6 +30,7 @@ __all__ = [
     "convert_sync_batchnorm",
     "LoadBalancingDistributedSampler",
     "LoadBalancingDistributedBatchSampler",
+    "ResumableDistributedSampler",
     "CachedDataset",
     "CacheLoader",
 ]

@@ -16,6 +16,13 @@ indices (the sorted order is read cyclically to pad, or truncated with
 indices into batches with ``batch_fn`` and makes every rank yield the same
 number of batches (padding with a rank's own first batches, or truncating to
 the fewest with ``drop_last``).
+
+Beyond the original, ``LoadBalancingDistributedSampler`` and
+``ResumableDistributedSampler`` (torch's ``DistributedSampler``, the same
+indices) keep their place in the epoch: ``advance(batch_size)`` after each
+step, ``state_dict()`` / ``load_state_dict()``, and a state saved by one
+number of ranks resumes on another without losing or repeating a sample
+(:mod:`bagua_torch.contrib.sampler_position`).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-__all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler"]
+from bagua_torch.contrib.sampler_position import SamplerPosition
+
+__all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler", "ResumableDistributedSampler"]
 
 
 def _world_defaults(num_replicas: Optional[int], rank: Optional[int]):
@@ -64,7 +73,65 @@ def _as_complexity(c, i: int):
     return value
 
 
-class LoadBalancingDistributedSampler(Sampler[int]):
+def _check_layout(num_replicas, rank) -> None:
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+    if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+
+
+def _sample_count(n: int, num_replicas: int, drop_last: bool) -> int:
+    """Samples per rank for ``n`` samples (torch's DistributedSampler's rule)."""
+    if drop_last and n % num_replicas != 0:
+        return math.ceil((n - num_replicas) / num_replicas)
+    return math.ceil(n / num_replicas)
+
+
+class ResumableDistributedSampler(SamplerPosition, Sampler[int]):
+    """torch's ``DistributedSampler`` (the same indices for the same seed and
+    epoch) that keeps its place in the epoch and re-shards (see the module doc)."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        num_replicas, rank = _world_defaults(num_replicas, rank)
+        _check_layout(num_replicas, rank)
+        self.dataset, self.num_replicas, self.rank = dataset, num_replicas, rank
+        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+        self._start_position()
+
+    def _all_indices(self) -> List[int]:
+        return list(range(len(self.dataset)))  # type: ignore[arg-type]  # a map-style dataset has a length
+
+    def _epoch_order(self, indices: List[int], num_replicas: int) -> List[int]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        if len(indices) != n:
+            keep = set(indices)
+            order = [i for i in order if i in keep]
+        total = _sample_count(len(order), num_replicas, self.drop_last) * num_replicas
+        if total <= len(order):
+            return order[:total]
+        return (order * math.ceil(total / max(len(order), 1)))[:total] if order else []
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._my_indices())
+
+    def __len__(self) -> int:
+        return len(self._my_indices())
+
+
+class LoadBalancingDistributedSampler(SamplerPosition, Sampler[int]):
     def __init__(
         self,
         dataset: Dataset,
@@ -77,10 +144,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         random_level: float = 0,
     ) -> None:
         num_replicas, rank = _world_defaults(num_replicas, rank)
-        if not isinstance(num_replicas, int) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        _check_layout(num_replicas, rank)
         if not 0 <= random_level <= 1:
             raise ValueError(f"Invalid random level {random_level}, should be in the range [0.0, 1.0]")
         if not callable(complexity_fn):
@@ -94,10 +158,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         self.drop_last = drop_last
         self.random_level = random_level
         n = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length
-        if drop_last and n % num_replicas != 0:
-            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
-        else:
-            self.num_samples = math.ceil(n / num_replicas)
+        self.num_samples = _sample_count(n, num_replicas, drop_last)
         self.total_size = self.num_samples * num_replicas
         complexities = []
         for i in range(n):
@@ -111,6 +172,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         self.sorted_indices = sorted(range(n), key=lambda i: complexities[i])
         spread = (max(complexities) - min(complexities)) if complexities else 0
         self.random_number = int(spread * random_level + 1)
+        self._start_position()
 
     def _sorted_order(self, g: Optional[torch.Generator]) -> List[int]:
         if g is None:
@@ -120,27 +182,39 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         noisy = [c + e for c, e in zip(self.complexities, noise)]
         return sorted(range(len(noisy)), key=lambda i: noisy[i])
 
-    def shuffle_chunks(self) -> List[List[int]]:
-        """The chunks of ``num_replicas`` indices, in this epoch's order."""
+    def _all_indices(self) -> List[int]:
+        return list(range(len(self.complexities)))
+
+    def _epoch_order(self, indices: List[int], num_replicas: int) -> List[int]:
+        return [i for chunk in self._chunks(indices, num_replicas) for i in chunk]
+
+    def _chunks(self, indices: List[int], num_replicas: int) -> List[List[int]]:
+        """Chunks of ``num_replicas`` of ``indices`` in complexity order, in this epoch's order."""
         g = torch.Generator().manual_seed(self.seed + self.epoch) if self.shuffle else None
         order = self._sorted_order(g)
+        if len(indices) != len(order):
+            keep = set(indices)
+            order = [i for i in order if i in keep]
         if not order:
             return []
-        cyclic = [order[i % len(order)] for i in range(self.total_size)]
-        chunks = [cyclic[i : i + self.num_replicas] for i in range(0, self.total_size, self.num_replicas)]
+        total = _sample_count(len(order), num_replicas, self.drop_last) * num_replicas
+        cyclic = [order[i % len(order)] for i in range(total)]
+        chunks = [cyclic[i : i + num_replicas] for i in range(0, total, num_replicas)]
         if g is not None:
             chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
         return chunks
+
+    def shuffle_chunks(self) -> List[List[int]]:
+        """The chunks of ``num_replicas`` indices still ahead in this epoch, in its order."""
+        order = self._order_now()[self.consumed_samples :]
+        w = self.num_replicas
+        return [order[i : i + w] for i in range(0, len(order), w)]
 
     def __iter__(self) -> Iterator[int]:
         return iter([chunk[self.rank] for chunk in self.shuffle_chunks()])
 
     def __len__(self) -> int:
-        return self.num_samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffles for ``epoch`` (the same on every rank); call before each epoch."""
-        self.epoch = epoch
+        return len(self.shuffle_chunks())
 
 
 class LoadBalancingDistributedBatchSampler(Sampler[List[int]]):

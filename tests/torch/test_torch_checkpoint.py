@@ -92,6 +92,20 @@ def _flip(data: bytes) -> bytes:
     return bytes(b)
 
 
+def test_the_sampler_position_goes_in(tmp_path):
+    from bagua_torch.contrib import ResumableDistributedSampler
+
+    data = list(range(40))
+    sampler = ResumableDistributedSampler(data, num_replicas=4, rank=0, seed=1)
+    sampler.set_epoch(2)
+    for _ in range(3):
+        sampler.advance(2)
+    save_checkpoint(1, str(tmp_path), _model(1), sampler=sampler)
+    resumed = ResumableDistributedSampler(data, num_replicas=3, rank=2, seed=1)  # another number of ranks
+    load_checkpoint(str(tmp_path), _model(0), sampler=resumed)
+    assert resumed.state_dict()["segments"] == [[24, 4]] and resumed.epoch == 2
+
+
 def test_keep_last(tmp_path):
     for it in (1, 2, 3, 4):
         save_checkpoint(it, str(tmp_path), _model(it), keep_last=2)
