@@ -63,7 +63,8 @@ def link_optimizer_state(ddp: "BaguaDistributedDataParallel") -> None:
             slot = ddp.slots[n]
             off = (slot.data_ptr() - base) // slot.element_size()
             ddp._shared_state.append((ddp._by_name[n], state[off : off + slot.numel()].view(slot.shape)))
-    ddp.optimizers[0].momentum_by_engine = {id(p) for p, _ in ddp._shared_state}
+    # by memory, not by parameter: fuse_optimizer steps flat views of the same buffer
+    ddp.optimizers[0].momentum_by_engine = {view.untyped_storage().data_ptr() for _, view in ddp._shared_state}
     share_optimizer_state(ddp)
 
 

@@ -49,8 +49,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, warmup_steps=warmup_steps, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
-        # set by with_bagua: the parameters whose momentum its engine updates after the warm-up;
-        # the others it does not communicate (MoE experts, ignored parameters) update theirs here
+        # set by with_bagua: the buffers (storage addresses) of the momentum its engine updates
+        # after the warm-up; parameters it does not communicate (MoE experts) update theirs here
         self.momentum_by_engine: Optional[set] = None
 
     def step_id(self) -> int:
@@ -88,7 +88,10 @@ class QAdamOptimizer(torch.optim.Optimizer):
                     g = p.grad.add(p, alpha=wd) if wd != 0 else p.grad
                     exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
                     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                elif self.momentum_by_engine is not None and id(p) not in self.momentum_by_engine:
+                elif (
+                    self.momentum_by_engine is not None
+                    and exp_avg.untyped_storage().data_ptr() not in self.momentum_by_engine
+                ):
                     exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)  # what the engine does, uncompressed
                 denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**t))
