@@ -8,8 +8,8 @@ import argparse
 import sys
 from typing import List, Optional
 
+from bagua.run import launch
 from bagua_core.launcher.cli import make_config
-from bagua_core.run import launch
 
 # flag -> why it does nothing here
 NO_EFFECT = {

@@ -9,7 +9,7 @@ count), ``--node_rank``, ``--master_addr``, ``--master_port``,
 ``-m/--module``, ``--no_python``, ``--log_dir``, ``--bagua_service_port``,
 ``--default_bucket_size``, the autotune flags. An elastic job (a range of
 nodes, restarts, or the c10d rendezvous) runs under torch elastic's agent,
-with torchrun's meaning of these flags (:mod:`bagua_core.launcher.elastic`);
+with torchrun's meaning of these flags (:mod:`bagua.distributed.elastic`);
 a fixed one on ``bagua-run``'s supervisor. Accepted without effect (a notice
 each): ``--start_method``, ``--role``, ``--run_path``, ``-r/--redirects``,
 ``-t/--tee`` and ``--use_env``.
@@ -23,7 +23,14 @@ import sys
 from typing import Optional, Sequence
 
 from bagua.distributed import _flags
-from bagua_core.launcher.cli import RDZV_BACKENDS, nnodes_range, rdzv_conf
+from bagua_core.launcher.cli import (
+    RDZV_BACKENDS,
+    int_at_least,
+    is_elastic,
+    nnodes_range,
+    positive_seconds,
+    rdzv_conf,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="Bagua 0.9.2's torchrun-style launcher (through bagua-run).",
     )
-    p.add_argument("--nnodes", default="1", help="N, or MIN:MAX (elastic)")
+    p.add_argument("--nnodes", type=nnodes_range, default="1", help="N, or MIN:MAX (elastic)")
     p.add_argument("--nproc_per_node", "--nproc-per-node", default="1", help="a number, or auto / cpu")
     p.add_argument("--node_rank", "--node-rank", type=int, default=0)
     p.add_argument("--master_addr", "--master-addr", default="127.0.0.1")
@@ -40,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default="", help="HOST[:PORT] of the rendezvous")
     p.add_argument("--rdzv_backend", "--rdzv-backend", default="static", choices=RDZV_BACKENDS)
     p.add_argument("--rdzv_id", "--rdzv-id", default="none")
-    p.add_argument("--rdzv_conf", "--rdzv-conf", default="", help="key=value,... for the rendezvous")
-    p.add_argument("--max_restarts", "--max-restarts", type=int, default=0)
-    p.add_argument("--monitor_interval", "--monitor-interval", type=float, default=0.1)
+    p.add_argument("--rdzv_conf", "--rdzv-conf", type=rdzv_conf, default="", help="key=value,... for the rendezvous")
+    p.add_argument("--max_restarts", "--max-restarts", type=int_at_least(0, "--max_restarts"), default=0)
+    p.add_argument("--monitor_interval", "--monitor-interval", type=positive_seconds, default=0.1)
     p.add_argument("--standalone", action="store_true", help="one node on localhost")
     p.add_argument("-m", "--module", action="store_true")
     p.add_argument("--no_python", "--no-python", action="store_true")
@@ -68,13 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nnodes(p: argparse.ArgumentParser, text: str) -> tuple:
-    try:
-        return nnodes_range(text)
-    except argparse.ArgumentTypeError as e:
-        p.error(f"--nnodes: {e}")
-
-
 def _nproc(p: argparse.ArgumentParser, text: str) -> int:
     if text in ("auto", "cpu"):
         return os.cpu_count() or 1
@@ -91,8 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = build_parser()
     a = p.parse_args(argv)
     addr, port = a.master_addr, a.master_port
-    min_nodes, nnodes = _nnodes(p, a.nnodes)
-    elastic = min_nodes < nnodes or a.max_restarts > 0 or a.rdzv_backend != "static"
+    min_nodes, nnodes = a.nnodes
+    elastic = is_elastic(min_nodes, nnodes, a.max_restarts, a.rdzv_backend)
     if a.rdzv_endpoint and not elastic:  # a fixed job: the endpoint is the master's address
         host, _, rport = a.rdzv_endpoint.rpartition(":") if ":" in a.rdzv_endpoint else (a.rdzv_endpoint, "", "")
         addr = host
@@ -105,14 +105,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         min_nodes, nnodes, addr, port = 1, 1, "127.0.0.1", None
     if a.module and a.no_python:
         p.error("--no_python and --module are mutually exclusive")
-    if a.max_restarts < 0:
-        p.error(f"--max_restarts must be >= 0, got {a.max_restarts}")
-    if not a.monitor_interval > 0:
-        p.error(f"--monitor_interval must be > 0 seconds, got {a.monitor_interval}")
-    try:
-        conf = rdzv_conf(a.rdzv_conf)
-    except argparse.ArgumentTypeError as e:
-        p.error(str(e))
     more = {name: "torch elastic's default is used" for name in ("start_method", "role")}
     more.update(
         redirects="output is prefixed with the rank (or in --log_dir)",
@@ -130,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rdzv_backend=a.rdzv_backend,
         rdzv_endpoint=a.rdzv_endpoint if elastic else "",
         rdzv_id=a.rdzv_id,
-        rdzv_conf=conf,
+        rdzv_conf=a.rdzv_conf,
         monitor_interval=a.monitor_interval,
         node_rank=a.node_rank,
         master_addr=addr,

@@ -61,7 +61,7 @@ class LaunchConfig:
     local_rank_arg: bool = False  # append --local_rank=N to the script's arguments
     log_dir: Optional[str] = None  # each worker's output to files there instead of the prefixed stream
     extra_env: Tuple[Tuple[str, str], ...] = ()  # settings given as flags, for every worker
-    # Elastic launch (bagua_core.launcher.elastic), torchrun's meanings; nnodes is the maximum.
+    # Elastic launch (bagua.distributed.elastic), torchrun's meanings; nnodes is the maximum.
     min_nodes: int = 0  # 0: nnodes
     max_restarts: int = 0
     rdzv_backend: str = "static"
@@ -76,8 +76,13 @@ class LaunchConfig:
 
     @property
     def elastic(self) -> bool:
-        """Run under torch elastic's agent (see bagua_core.launcher.elastic)."""
-        return self.min_nodes < self.nnodes or self.max_restarts > 0 or self.rdzv_backend != "static"
+        """Run under torch elastic's agent (see bagua.distributed.elastic)."""
+        return is_elastic(self.min_nodes, self.nnodes, self.max_restarts, self.rdzv_backend)
+
+
+def is_elastic(min_nodes: int, nnodes: int, max_restarts: int, rdzv_backend: str) -> bool:
+    """A range of nodes, restarts or the c10d rendezvous make a job elastic (torch elastic's agent)."""
+    return min_nodes < nnodes or max_restarts > 0 or rdzv_backend != "static"
 
     @property
     def world_size(self) -> int:
@@ -87,7 +92,7 @@ class LaunchConfig:
         return self.node_rank * self.nproc_per_node + local_rank
 
 
-def _int_at_least(minimum: int, what: str):
+def int_at_least(minimum: int, what: str):
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -125,7 +130,7 @@ def rdzv_conf(text: str) -> Tuple[Tuple[str, str], ...]:
     return tuple(out)
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
     x = _grace(text)
     if x <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
@@ -165,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
-        type=_int_at_least(1, "--nproc-per-node"),
+        type=int_at_least(1, "--nproc-per-node"),
         default=1,
         metavar="N",
         help="workers on this node (default 1)",
@@ -180,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--node-rank",
         "--node_rank",
-        type=_int_at_least(0, "--node-rank"),
+        type=int_at_least(0, "--node-rank"),
         default=0,
         metavar="K",
         help="rank of this node, 0..M-1 (default 0)",
@@ -211,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-restarts",
         "--max_restarts",
-        type=_int_at_least(0, "--max-restarts"),
+        type=int_at_least(0, "--max-restarts"),
         default=0,
         metavar="N",
         help="elastic: worker group restarts after a failure (default 0)",
@@ -237,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--monitor-interval",
         "--monitor_interval",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=0.1,
         metavar="SECONDS",
         help="elastic: how often the agent checks the workers (default 0.1)",

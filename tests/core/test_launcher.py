@@ -396,8 +396,9 @@ def test_invalid_arguments(tmp_path, monkeypatch, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_launcher_imports_neither_torch_nor_jax():
-    code = "import sys, bagua_core.run; print(sorted(m for m in ('torch', 'jax', 'numpy') if m in sys.modules))"
+@pytest.mark.parametrize("module", ["bagua_core.run", "bagua.run"])
+def test_launcher_imports_neither_torch_nor_jax(module):
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'jax', 'numpy') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""bagua-run's elastic jobs, on torch elastic's agent and rendezvous, with
+"""bagua-run's (``python -m bagua.run``) elastic jobs, on torch elastic's agent and rendezvous, with
 real worker processes: torchrun's environment (restart count, run id, world
 size), restarts after a failure up to --max-restarts then the worker's exit
 code, nothing left running, and a clear error from an unreachable
@@ -41,7 +41,7 @@ def _run(tmp_path, *args, env=None, timeout=90):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
         full.pop(k, None)
     return subprocess.run(
-        [sys.executable, "-m", "bagua_core.run", *map(str, args), str(script), "--flag", "x"],
+        [sys.executable, "-m", "bagua.run", *map(str, args), str(script), "--flag", "x"],
         cwd=REPO,
         env=full,
         capture_output=True,
@@ -120,6 +120,22 @@ def test_an_unreachable_rendezvous_is_a_clear_error_within_its_timeout(tmp_path)
     assert got.returncode == 1, got.stderr[-3000:]
     assert "bagua-run: elastic launch failed at the rendezvous 192.0.2.1:9 (c10d)" in got.stderr, got.stderr[-3000:]
     assert time.monotonic() - t0 < 30
+    assert not _envs(got.stdout)
+
+
+def test_the_core_launcher_points_elastic_jobs_to_bagua_run(tmp_path):
+    """``python -m bagua_core.run`` imports no torch, so it refuses an elastic job, naming bagua-run."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    got = subprocess.run(
+        [sys.executable, "-m", "bagua_core.run", "--max-restarts", "1", str(script)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert got.returncode == 2 and "start it with bagua-run (python -m bagua.run)" in got.stderr, got.stderr
     assert not _envs(got.stdout)
 
 

@@ -1,10 +1,11 @@
 """Elastic launch: the workers of one node run under torch elastic's agent
 (``torch.distributed.elastic``) and its rendezvous, as torchrun runs them.
 
-Chosen by ``bagua-run`` (and ``bagua.distributed.run``) when the job is
-elastic: ``--nnodes MIN:MAX`` with MIN < MAX, ``--max-restarts N`` > 0, or
-``--rdzv-backend c10d``; otherwise the supervisor of
-:mod:`bagua_core.launcher.supervisor` runs a fixed set of workers. The flags
+Chosen by ``bagua-run`` (:mod:`bagua.run`, and ``bagua.distributed.run``)
+when the job is elastic: ``--nnodes MIN:MAX`` with MIN < MAX,
+``--max-restarts N`` > 0, or ``--rdzv-backend c10d``; otherwise the
+supervisor of :mod:`bagua_core.launcher.supervisor` runs a fixed set of
+workers. It lives outside ``bagua_core``, which imports neither torch nor jax. The flags
 mean what torchrun's mean: on a worker's failure the agent stops this node's
 workers and, while restarts remain, every node meets again at the
 rendezvous and starts a new worker group (``TORCHELASTIC_RESTART_COUNT``
