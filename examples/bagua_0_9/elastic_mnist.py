@@ -8,7 +8,7 @@ worker group resumes from it. Its launch line is the original's:
 
 Run the same command on another machine to add a node (up to 2 here); kill
 a worker and its group restarts (up to ``--max_restarts`` times) from the
-last checkpoint. ``--kill-rank-at-epoch R:E`` makes rank R kill itself
+last checkpoint. The model and data are those of ``mnist.py``. ``--kill-rank-at-epoch R:E`` makes rank R kill itself
 (SIGKILL) at epoch E of the first attempt, to see a restart happen.
 """
 
@@ -20,35 +20,12 @@ import os
 import signal
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+from mnist import Net, synthetic_mnist  # the MNIST example's model and data, beside this file
 from torch.optim.lr_scheduler import StepLR
 
 import bagua.torch_api as bagua
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, 1)
-        self.conv2 = nn.Conv2d(4, 8, 3, 1)
-        self.fc1 = nn.Linear(1152, 32)
-        self.fc2 = nn.Linear(32, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
-        return F.log_softmax(self.fc2(F.relu(self.fc1(torch.flatten(x, 1)))), dim=1)
-
-
-def synthetic_mnist(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randint(0, 10, (n,), generator=g)
-    data = 0.3 * torch.randn(n, 1, 28, 28, generator=g)
-    for i, t in enumerate(target.tolist()):
-        r, c = divmod(t, 5)
-        data[i, 0, 4 + 10 * r : 12 + 10 * r, 1 + 5 * c : 5 + 5 * c] += 1.0
-    return torch.utils.data.TensorDataset(data, target)
 
 
 def main():

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+from mnist import synthetic_mnist  # the MNIST example's data, beside this file
 
 import bagua.torch_api as bagua
 from bagua.torch_api.checkpoint import load_checkpoint, save_checkpoint
@@ -56,17 +57,6 @@ class Net(nn.Module):
             x, aux = layer(x)
             l_aux = l_aux + aux
         return F.log_softmax(self.fc2(x), dim=1), l_aux
-
-
-def synthetic_mnist(n, seed):
-    """MNIST-shaped data with a learnable rule: each class lights up its own patch."""
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randint(0, 10, (n,), generator=g)
-    data = 0.3 * torch.randn(n, 1, 28, 28, generator=g)
-    for i, t in enumerate(target.tolist()):
-        r, c = divmod(t, 5)
-        data[i, 0, 4 + 10 * r : 12 + 10 * r, 1 + 5 * c : 5 + 5 * c] += 1.0
-    return torch.utils.data.TensorDataset(data, target)
 
 
 def main():

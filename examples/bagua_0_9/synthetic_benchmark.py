@@ -86,35 +86,17 @@ if args.cuda:
     model.cuda()
 optimizer = optim.SGD(model.parameters(), lr=0.01 * bagua.get_world_size())
 
-if args.algorithm == "gradient_allreduce":
-    from bagua.torch_api.algorithms import gradient_allreduce
-
-    algorithm = gradient_allreduce.GradientAllReduceAlgorithm()
-elif args.algorithm == "decentralized":
-    from bagua.torch_api.algorithms import decentralized
-
-    algorithm = decentralized.DecentralizedAlgorithm()
-elif args.algorithm == "low_precision_decentralized":
-    from bagua.torch_api.algorithms import decentralized
-
-    algorithm = decentralized.LowPrecisionDecentralizedAlgorithm()
-elif args.algorithm == "bytegrad":
-    from bagua.torch_api.algorithms import bytegrad
-
-    algorithm = bytegrad.ByteGradAlgorithm()
-elif args.algorithm == "qadam":
+if args.algorithm == "qadam":
     from bagua.torch_api.algorithms import q_adam
 
     optimizer = q_adam.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=5)
     algorithm = q_adam.QAdamAlgorithm(optimizer)
 elif args.algorithm == "async":
-    from bagua.torch_api.algorithms import async_model_average
-
-    algorithm = async_model_average.AsyncModelAverageAlgorithm(
-        sync_interval_ms=args.async_sync_interval, warmup_steps=args.async_warmup_steps
+    algorithm = bagua.algorithms.Algorithm.init(
+        "async", sync_interval_ms=args.async_sync_interval, warmup_steps=args.async_warmup_steps
     )
-else:
-    raise NotImplementedError(f"unknown --algorithm {args.algorithm}")
+else:  # gradient_allreduce, bytegrad, decentralized, low_precision_decentralized, ...
+    algorithm = bagua.algorithms.Algorithm.init(args.algorithm)
 
 model = model.with_bagua([optimizer], algorithm)
 amp = args.amp and args.cuda

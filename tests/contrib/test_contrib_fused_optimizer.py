@@ -237,6 +237,20 @@ def _wrapped_worker():
     group = bagua_torch.init_process_group()
     rank = group.rank
 
+    def train_side_by_side(models, opts, steps, fuse_every):
+        """The unfused and the fused pair on the same batches, the fused one
+        calling fuse_step every ``fuse_every`` steps (step otherwise); asserts
+        they end bitwise equal."""
+        for step in range(steps):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+            for fused, (m, o) in enumerate(zip(models, opts)):
+                o.zero_grad()
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                (o.fuse_step if fused and step % fuse_every == 0 else o.step)()
+        for a, b in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(a, b), "fused and unfused training differ"
+
     def case(name, kwargs, bagua_flattens):
         def run():
             models, opts = [], []
@@ -248,15 +262,7 @@ def _wrapped_worker():
                 m = m.with_bagua([o], GradientAllReduceAlgorithm(), do_flatten=bagua_flattens)
                 models.append(m)
                 opts.append(o)
-            for step in range(100):
-                g = torch.Generator().manual_seed(1000 * step + rank)
-                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-                for fused, (m, o) in enumerate(zip(models, opts)):
-                    o.zero_grad()
-                    torch.nn.functional.mse_loss(m(x), y).backward()
-                    (o.fuse_step if fused else o.step)()
-            for a, b in zip(models[0].parameters(), models[1].parameters()):
-                assert torch.equal(a, b), "fused and unfused training differ"
+            train_side_by_side(models, opts, 100, fuse_every=1)
             if not bagua_flattens:  # the gradients this module flattened stay put: every group fuses
                 assert opts[1]._bagua_fused_count == 200, opts[1]._bagua_fused_count
             flat = torch.cat([p.detach().reshape(-1) for p in models[1].parameters()])
@@ -283,15 +289,7 @@ def _wrapped_worker():
                     o = fuse_optimizer(o, do_flatten=opt_flattens)
                 models.append(m)
                 opts.append(o)
-            for step in range(20):
-                g = torch.Generator().manual_seed(1000 * step + rank)
-                x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-                for fused, (m, o) in enumerate(zip(models, opts)):
-                    o.zero_grad()
-                    torch.nn.functional.mse_loss(m(x), y).backward()
-                    (o.fuse_step if fused and step % 2 == 0 else o.step)()
-            for a, b in zip(models[0].parameters(), models[1].parameters()):
-                assert torch.equal(a, b), "fused and unfused training differ"
+            train_side_by_side(models, opts, 20, fuse_every=2)
             want = 2 * 10 if opt_flattens and not bagua_flattens else 0  # 2 groups, 10 fuse_steps
             assert opts[1]._bagua_fused_count == want, (opts[1]._bagua_fused_count, want)
             for m in models:
@@ -317,15 +315,7 @@ def _wrapped_worker():
                 o = fuse_optimizer(o, do_flatten=True)
             models.append(m)
             opts.append(o)
-        for step in range(101):
-            g = torch.Generator().manual_seed(1000 * step + rank)
-            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
-            for fused, (m, o) in enumerate(zip(models, opts)):
-                o.zero_grad()
-                torch.nn.functional.mse_loss(m(x), y).backward()
-                (o.fuse_step if fused and step % 2 == 0 else o.step)()
-        for a, b in zip(models[0].parameters(), models[1].parameters()):
-            assert torch.equal(a, b), "fused and unfused QAdam differ"
+        train_side_by_side(models, opts, 101, fuse_every=2)
         assert opts[1]._bagua_fused_count == 51, opts[1]._bagua_fused_count
         for m in models:
             m.bagua_ddp.close()

@@ -195,18 +195,13 @@ class Worker(JaxWorker):
 
         want, residual, layout = reference(self.world, self.local, error_feedback, codec=codec)
         algorithm = self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(error_feedback, codec))
-        model, params, opt, step_grads = self.torch_model(algorithm)
+        fed = self.torch_model(algorithm)
+        model = fed[0]
         buckets = model.bagua_buckets
         assert [b.numel for b in buckets] == [p for _, p in layout]
         if not codec.startswith("topk"):  # the allgather of top-k needs no padding
             assert any(b.numel != b.payload_numel for b in buckets), "expected a padded bucket"
-        for t in range(STEPS):
-            step_grads["g"] = grads_of(self.rank, t)
-            opt.zero_grad()
-            model().backward()
-            opt.step()
-            for i, p in enumerate(params):
-                np.testing.assert_array_equal(p.detach().numpy(), want[t][self.rank][i], err_msg=f"step {t}, leaf {i}")
+        self.torch.train_fed(fed, lambda t: grads_of(self.rank, t), [w[self.rank] for w in want], STEPS)
         state = model.bagua_ddp.state_dict()["state"]["step_state"]
         spans = 3 if error_feedback else 2
         for k, (s, bucket) in enumerate(zip(state, layout)):

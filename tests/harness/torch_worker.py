@@ -26,6 +26,18 @@ class TorchWorker:
         self.rank = self.group.rank
         self.world = self.group.size
 
+    def shared_tmpdir(self) -> str:
+        """A new directory every rank sees (made by rank 0, removed when it exits)."""
+        path = None
+        if self.rank == 0:
+            import atexit
+            import shutil
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix="bagua-test-")
+            atexit.register(shutil.rmtree, path, True)
+        return self.bt.broadcast_object(path, 0)
+
     def mlp(self, seed, hidden=16, out_bias=True):
         """4 inputs -> ``hidden`` -> 3 classes, initialised from ``seed``."""
         nn = self.nn
@@ -44,6 +56,21 @@ class TorchWorker:
         model.forward = lambda: sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, step_grads["g"]))
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         return model.with_bagua([opt], algorithm), params, opt, step_grads
+
+    def train_fed(self, fed, grads, want, steps):
+        """Steps a ``fed_parameters`` model ``steps`` times, the gradients of step
+        t being ``grads(t)``; after each, every parameter must equal ``want[t]``
+        (this rank's arrays) bitwise."""
+        import numpy as np
+
+        model, params, opt, step_grads = fed
+        for t in range(steps):
+            step_grads["g"] = grads(t)
+            opt.zero_grad()
+            model().backward()
+            opt.step()
+            for i, p in enumerate(params):
+                np.testing.assert_array_equal(p.detach().numpy(), want[t][i], err_msg=f"step {t}, leaf {i}")
 
     def optimizer_and_algorithm(self, name, model, hierarchical=False):
         """(optimizer, algorithm) for ``model``, by short name: gradient_allreduce,

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from bagua_torch.checkpoint import TRACKER, PreemptionGuard, load_checkpoint, save_checkpoint
-from tests.harness.mp import REPO, launch
+from tests.harness.mp import REPO, session_tests
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 
 def _model(seed):
@@ -201,15 +202,10 @@ def test_preemption_guard_alone():
 CASES = ["damaged_for_one_rank_falls_back_everywhere", "a_rank_that_cannot_write", "sigterm_to_one_rank"]
 
 
-class Worker:
+class Worker(TorchWorker):
     def __init__(self):
-        import bagua_torch
-
-        torch.set_num_threads(1)
-        self.bt = bagua_torch
-        self.group = bagua_torch.init_process_group()
-        self.rank, self.world = self.group.rank, self.group.size
-        self.path = os.environ["CKPT"]
+        super().__init__()
+        self.path = self.shared_tmpdir()
 
     def wrapped(self, seed):
         m = _model(seed)
@@ -265,13 +261,9 @@ class Worker:
                 raise OSError(28, "No space left on device")
 
             files.save = no_space
+        want = "failed on rank 1: [Errno 28] No space left" if self.rank == 1 else "failed on rank(s) [1]"
         try:
-            save_checkpoint(2, path, m, opt)
-        except OSError as e:
-            want = "failed on rank 1: [Errno 28] No space left" if self.rank == 1 else "failed on rank(s) [1]"
-            assert want in str(e), e
-        else:
-            raise AssertionError("save_checkpoint went on past a rank that could not write")
+            self.expect_error(OSError, lambda: save_checkpoint(2, path, m, opt), want)
         finally:
             files.save = real
         with open(os.path.join(path, TRACKER)) as f:
@@ -304,16 +296,11 @@ class Worker:
             x.bagua_ddp.close()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_several_ranks(world, tmp_path):
-    run = launch(os.path.abspath(__file__), world, timeout=120, env={"CKPT": str(tmp_path)})
-    for case in CASES:
-        run.check_case(case, world)
-    run.check()
+def case_names(session):
+    return CASES
 
+
+test_case, test_session_exits_cleanly = session_tests(__file__, {"w2": 2, "w3": 3}, case_names, timeout=120)
 
 if __name__ == "__main__":
-    from tests.harness.worker import run_cases
-
-    w = Worker()
-    sys.exit(1 if run_cases([(c, getattr(w, c)) for c in CASES]) else 0)
+    worker_main(Worker, case_names)

@@ -23,13 +23,13 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from tests.harness.mp import launch
+from tests.harness.mp import session_tests
 from tests.harness.reference import moe_gating as ref
+from tests.harness.torch_worker import TorchWorker, worker_main
 
 # ---------------------------------------------------------------- the gate, one process
 
@@ -137,17 +137,9 @@ CASES = [
 M = 6  # model dimension
 
 
-class Worker:
+class Worker(TorchWorker):
     def __init__(self):
-        import torch
-
-        import bagua_torch
-
-        torch.set_num_threads(1)
-        self.torch = torch
-        self.bt = bagua_torch
-        self.group = bagua_torch.init_process_group()
-        self.rank, self.world = self.group.rank, self.group.size
+        super().__init__()
         from bagua_torch.moe import MoE, TopKGate
 
         self.MoE, self.TopKGate = MoE, TopKGate
@@ -364,7 +356,7 @@ class Worker:
         torch = self.torch
         from bagua_torch.checkpoint import load_checkpoint, save_checkpoint
 
-        path = os.environ["MOE_CKPT"]
+        path = self.shared_tmpdir()
         net = self.model(2, seed=41 + self.rank)
         opt = torch.optim.Adam(net.parameters(), lr=1e-2)
         wrapped = net.with_bagua([opt], self.bt.algorithms.GradientAllReduceAlgorithm())
@@ -397,20 +389,9 @@ class Worker:
                     pid,
                     key,
                 )
-        other = self.model(1, seed=5)  # half as many experts in the job: refused, naming both counts
-        try:
-            load_checkpoint(path, other)
-        except ValueError as e:
-            assert f"holds {2 * self.world} experts" in str(e) and f"this job {self.world}" in str(e), e
-        else:
-            raise AssertionError("a checkpoint of another number of experts loaded")
-        more = self.model(3, seed=5)
-        try:
-            load_checkpoint(path, more)
-        except ValueError as e:
-            assert f"holds {2 * self.world} experts" in str(e) and f"this job {3 * self.world}" in str(e), e
-        else:
-            raise AssertionError("a checkpoint with too few experts loaded")
+        for local in (1, 3):  # another number of experts in the job: refused, naming both counts
+            held, wanted = f"holds {2 * self.world} experts", f"this job {local * self.world} "
+            self.expect_error(ValueError, lambda: load_checkpoint(path, self.model(local, seed=5)), held, wanted)
         self.bt.barrier()
 
     def a_rank_whose_layer_differs(self):
@@ -420,12 +401,7 @@ class Worker:
             (dict(num_local_experts=0 if self.rank == 1 else 1), "the MoE layer differs across ranks"),
             (dict(k=3), "k must be 1 or 2"),  # invalid on every rank: each says why
         ):
-            try:
-                self.MoE(M, self.expert(), **kwargs)
-            except ValueError as e:
-                assert needle in str(e), (needle, e)
-            else:
-                raise AssertionError(f"{kwargs} constructed")
+            self.expect_error(ValueError, lambda: self.MoE(M, self.expert(), **kwargs), needle)
         layer = self.MoE(M, self.expert())  # the ranks are still in step
         y, _, _ = layer(torch.randn(8, M))
         assert y.shape == (8, M)
@@ -439,16 +415,13 @@ def close(got, want, tol, what):
     assert torch.allclose(got, want, rtol=tol, atol=tol), f"{what}: max abs difference {err:.3g}"
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_expert_parallel(world, tmp_path):
-    run = launch(os.path.abspath(__file__), world, timeout=240, env={"MOE_CKPT": str(tmp_path / "ckpt")})
-    for case in CASES:
-        run.check_case(case, world)
-    run.check()
+def case_names(session):
+    return CASES
 
+
+test_case, test_session_exits_cleanly = session_tests(
+    __file__, {"w2": 2, "w3": 3, "w4": 4}, case_names, timeout=240, test_timeout=300
+)
 
 if __name__ == "__main__":
-    from tests.harness.worker import run_cases
-
-    w = Worker()
-    sys.exit(1 if run_cases([(c, getattr(w, c)) for c in CASES]) else 0)
+    worker_main(Worker, case_names)
