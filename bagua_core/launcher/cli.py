@@ -79,17 +79,17 @@ class LaunchConfig:
         """Run under torch elastic's agent (see bagua.distributed.elastic)."""
         return is_elastic(self.min_nodes, self.nnodes, self.max_restarts, self.rdzv_backend)
 
-
-def is_elastic(min_nodes: int, nnodes: int, max_restarts: int, rdzv_backend: str) -> bool:
-    """A range of nodes, restarts or the c10d rendezvous make a job elastic (torch elastic's agent)."""
-    return min_nodes < nnodes or max_restarts > 0 or rdzv_backend != "static"
-
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
     def rank(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
+
+
+def is_elastic(min_nodes: int, nnodes: int, max_restarts: int, rdzv_backend: str) -> bool:
+    """A range of nodes, restarts or the c10d rendezvous make a job elastic (torch elastic's agent)."""
+    return min_nodes < nnodes or max_restarts > 0 or rdzv_backend != "static"
 
 
 def int_at_least(minimum: int, what: str):
