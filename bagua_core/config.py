@@ -284,6 +284,13 @@ class Settings:
         return out
 
     @property
+    def jax_coordinator_address(self) -> str:
+        """Where JAX's coordinator listens when the workers call
+        ``jax.distributed.initialize()`` (bagua_jax): ``MASTER_ADDR:MASTER_PORT + 2``,
+        beside torchrun's store (``MASTER_PORT``) and Bagua's (``MASTER_PORT + 1``)."""
+        return f"{self.master_addr}:{self.master_port + 2}"
+
+    @property
     def num_nodes(self) -> int:
         return (self.world_size + self.local_world_size - 1) // self.local_world_size
 

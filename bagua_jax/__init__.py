@@ -61,8 +61,10 @@ from bagua_jax import algorithms
 from bagua_jax._src.collective_ops.allgather import allgather
 from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
+from bagua_jax._src.distributed import BaguaLaunchCluster as _BaguaLaunchCluster
 from bagua_jax._src.ffi import register_targets as _register_targets
 from bagua_jax._src.groups import GroupNotInitializedError, init, init_process_group
+from bagua_jax._src.params_agreement import broadcast_params
 from bagua_jax._src.qadam import QAdamState, qadam
 from bagua_jax._src.transform import BaguaState, transform
 
@@ -84,6 +86,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "broadcast",
+    "broadcast_params",
     "init",
     "qadam",
     "init_process_group",

@@ -21,7 +21,14 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
-from jax._src import core as _core, dispatch as _dispatch, effects as _effects
+from jax._src import (
+    clusters as _clusters,
+    core as _core,
+    dispatch as _dispatch,
+    distributed as _distributed,
+    effects as _effects,
+    sharding_impls as _sharding_impls,
+)
 from jax.extend.core import Primitive  # re-exported
 from jax.interpreters import ad, batching, mlir
 
@@ -64,10 +71,22 @@ def _register_ordered_effect(effect_type: type) -> Any:
     _effects.control_flow_allowed_effects.add_type(effect_type)
     _effects.custom_derivatives_allowed_effects.add_type(effect_type)
     _effects.remat_allowed_effects.add_type(effect_type)
+    # Allowed in programs over several devices of this process: there, every
+    # call runs on one device only (bagua_jax._src.local_devices), so the
+    # ranks still see one chain of collectives.
+    _effects.shardable_ordered_effects.add_type(effect_type)
     return effect_type()
 
 
 collective_effect = _register_ordered_effect(CollectiveEffect)
+
+
+def shaped_like(aval: Any, shape: Optional[Sequence[int]] = None) -> Any:
+    """An output aval of ``aval``'s dtype (and shape unless given) that keeps
+    its varying manual axes (``vma``), so shard_map's checks accept it."""
+    vma = getattr(aval, "vma", None)
+    shape = tuple(aval.shape if shape is None else shape)
+    return ShapedArray(shape, aval.dtype) if vma is None else ShapedArray(shape, aval.dtype, vma=vma)
 
 
 def define_primitive(name: str) -> Primitive:
@@ -113,6 +132,28 @@ def cuda_device_index() -> int:
     return int(getattr(device, "local_hardware_id", None) or 0)
 
 
+def check_single_caller(ctx: Any, what: str, per_device: bool) -> None:
+    """Refuses an FFI call that XLA would run on several devices of this
+    process at once (each one joining the collective as the same rank).
+
+    ``per_device``: the call was made inside shard_map under a guard that lets
+    one device of the process run it (bagua_jax._src.local_devices)."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+        if per_device:
+            return
+        raise NotImplementedError(
+            f"bagua_jax.{what}: cannot run inside shard_map, where every device of the process would "
+            "call it; use bagua_jax.transform(..., axis_name=...) inside shard_map, or call it outside"
+        )
+    if isinstance(axis_context, _sharding_impls.ShardingContext) and axis_context.num_devices > 1:
+        raise NotImplementedError(
+            f"bagua_jax.{what}: the arrays span {axis_context.num_devices} devices of this process; "
+            "Bagua communicates once per process: pass mesh=your_mesh to bagua_jax.transform "
+            "(global arrays under jax.jit), or axis_name=... inside shard_map"
+        )
+
+
 def lowering_platforms(ctx: Any) -> Sequence[str]:
     """Platforms being lowered for, e.g. ('cpu',) or ('cuda',)."""
     return tuple(ctx.platforms or ctx.module_context.platforms)
@@ -122,9 +163,11 @@ def lower_ffi_with_token(
     ctx: Any,
     target: str,
     *operands: Any,
+    what: str,
     alias: bool,
     aliases: Optional[dict] = None,
     token_first: bool = False,
+    per_device: bool = False,
     **attributes: Any,
 ) -> Any:
     """Emits the FFI call ``target(*operands, token) -> (*results, token)``
@@ -137,7 +180,9 @@ def lower_ffi_with_token(
     With ``alias`` the first result reuses the first operand's buffer (no copy
     when the operand is donated; XLA inserts one otherwise); ``aliases``
     ({operand index: result index}, not counting the token) adds more such pairs.
+    ``what`` names the call in errors; ``per_device``: see check_single_caller.
     """
+    check_single_caller(ctx, what, per_device)
     token = ctx.tokens_in.get(collective_effect)
     pairs = dict(aliases or {})
     if alias:
@@ -168,3 +213,15 @@ def register_ffi_target(name: str, capsule: Any, platform: str) -> None:
     the plugin loads later; nothing fails (tests/jax/test_jax_cuda_registration.py).
     """
     jax.ffi.register_ffi_target(name, capsule, platform=platform, api_version=1)
+
+
+# jax.distributed's cluster environments: subclasses are detected when
+# defined, and jax.distributed.initialize() without arguments asks them.
+ClusterEnv = _clusters.ClusterEnv
+
+
+def jax_coordinator_address() -> Optional[str]:
+    """The coordinator's "host:port" once jax.distributed is initialised, else None."""
+    if not jax.distributed.is_initialized():
+        return None
+    return getattr(_distributed.global_state, "coordinator_address", None)

@@ -6,7 +6,7 @@ environment; usable before ``init_process_group``), and its
 from __future__ import annotations
 
 from bagua_core import config
-from bagua_core.launcher.ports import free_port_pair
+from bagua_core.launcher.ports import free_master_ports
 
 
 def get_world_size() -> int:
@@ -91,7 +91,7 @@ def find_free_network_port() -> int:
     outgoing connections (so Gloo's connections cannot take it before it is
     used), and whose successor is free too: as ``MASTER_PORT`` it leaves
     ``MASTER_PORT + 1`` for Bagua's store (its default)."""
-    return free_port_pair()
+    return free_master_ports()
 
 
 __all__ = [

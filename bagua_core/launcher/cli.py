@@ -10,7 +10,7 @@ import secrets
 from typing import List, Optional, Sequence, Tuple
 
 from bagua_core import __version__, config
-from bagua_core.launcher.ports import free_port_pair
+from bagua_core.launcher.ports import free_master_ports
 
 MULTI_NODE_DEFAULT_PORT = 29500
 DEFAULT_GRACE_PERIOD_S = 10.0
@@ -348,7 +348,7 @@ def make_config(
             )
     port = master_port
     if port is None:
-        port = free_port_pair() if nnodes == 1 else MULTI_NODE_DEFAULT_PORT
+        port = free_master_ports() if nnodes == 1 else MULTI_NODE_DEFAULT_PORT
 
     cfg = LaunchConfig(
         nproc_per_node=nproc_per_node,

@@ -30,17 +30,19 @@ def _ephemeral_range() -> Tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def free_port_pair(attempts: int = 200) -> int:
-    """A port ``p`` such that ``p`` and ``p + 1`` are both free right now.
+def free_master_ports(attempts: int = 200) -> int:
+    """A port ``p`` such that ``p``, ``p + 1`` and ``p + 2`` are free right now.
 
     ``p`` is for ``MASTER_PORT`` (torchrun's own store sits there when torch
-    rendezvous is used) and ``p + 1`` for Bagua's store (``BAGUA_STORE_PORT``'s
-    default). They are drawn outside the kernel's ephemeral range: a port
+    rendezvous is used), ``p + 1`` for Bagua's store (``BAGUA_STORE_PORT``'s
+    default) and ``p + 2`` for JAX's coordinator when the workers call
+    ``jax.distributed.initialize()`` (``bagua_core.config.Settings.jax_coordinator_address``).
+    They are drawn outside the kernel's ephemeral range: a port
     from there can be taken by any outgoing connection (Gloo opens many)
     between this check and the moment the store listens.
     """
     lo, hi = _ephemeral_range()
-    spans = [(a, b) for a, b in ((_LOWEST, lo - 2), (hi + 1, 65533)) if b > a]
+    spans = [(a, b) for a, b in ((_LOWEST, lo - 3), (hi + 1, 65532)) if b > a]
     rng = random.Random()  # seeded from the OS: concurrent launchers draw differently
     for _ in range(attempts):
         if spans:
@@ -50,6 +52,6 @@ def free_port_pair(attempts: int = 200) -> int:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-        if port < 65535 and _bindable(port) and _bindable(port + 1):
+        if port < 65534 and all(_bindable(port + k) for k in range(3)):
             return port
-    raise RuntimeError(f"found no free pair of ports (p, p + 1) in {attempts} attempts")
+    raise RuntimeError(f"found no free ports p, p + 1, p + 2 in {attempts} attempts")

@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bagua_core import agreement, algorithm_steps
+from bagua_core import algorithm_steps
 from bagua_core.averager import AsyncAverager, weight_buckets
+from bagua_jax._src import params_agreement
 
 NEW, RUNNING, STOPPED = "new", "running", "stopped"
 
@@ -89,11 +90,7 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
         if _is_traced(params):
             raise TypeError(f"{what}.init cannot run inside jax.jit: it binds host buffers to the weights")
-        agreement.check_same_everywhere(
-            [("leaf", jax.tree_util.keystr(p), tuple(np.shape(x)), str(np.dtype(x.dtype))) for p, x in flat],
-            group,
-            f"the pytree given to {what}.init",
-        )
+        params_agreement.check_params(flat, group, what)
         warmup.init(params)  # checks the leaves (floating arrays on the group's platform)
         algo._bind(AsyncBinding(group, plan, params))
         return state_type(step=jnp.zeros([], jnp.int32))

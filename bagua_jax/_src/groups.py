@@ -12,12 +12,17 @@ the handle of the group's communicator staged on this process's GPU
 
 from __future__ import annotations
 
+import atexit
 from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+
+import jax
 
 import bagua_core
 from bagua_core import devices
 from bagua_core._loader import _C
+from bagua_core.log import logger
 from bagua_jax import _compat
+from bagua_jax._src.distributed import settings_from_jax
 
 if TYPE_CHECKING:
     from bagua_core.config import Settings
@@ -43,15 +48,33 @@ def init_process_group(settings: Optional[Settings] = None) -> ProcessGroup:
 
     Reads torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT, ...; see ``bagua_core.config``), as ``bagua_torch`` does,
-    unless ``settings`` (a ``bagua_core.config.Settings``) is given.
+    unless ``settings`` (a ``bagua_core.config.Settings``) is given. After
+    ``jax.distributed.initialize()``, the rank and world size are JAX's
+    process index and count (see ``bagua_jax._src.distributed``).
     Idempotent: a second call returns the existing default group.
     """
     if bagua_core.is_initialized():
         return bagua_core.get_default_group()
+    if settings is None:
+        settings = settings_from_jax()
     return bagua_core.init_process_group(settings)
 
 
 init = init_process_group  # the earlier name
+
+
+def _drain_pending_collectives() -> None:
+    """At exit, lets the collectives still queued in XLA finish before the
+    group closes: registered after bagua_core's teardown, it runs before it."""
+    if not bagua_core.is_initialized():
+        return
+    try:
+        jax.effects_barrier()
+    except jax.errors.JaxRuntimeError as e:  # a collective failed and nobody read its result
+        logger.warning("bagua_jax: a collective still pending at exit failed: %s", e)
+
+
+atexit.register(_drain_pending_collectives)
 
 
 def process_group(group: Optional[ProcessGroup], what: str = "bagua_jax") -> ProcessGroup:

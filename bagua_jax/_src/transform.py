@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bagua_core import agreement, algorithm_steps, trace as core_trace
+from bagua_core import algorithm_steps, trace as core_trace
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS, check_tensors
 from bagua_core.engine import default_bucket_bytes, plan_buckets
 from bagua_jax import algorithms
-from bagua_jax._src import groups, validation
+from bagua_jax._src import groups, local_devices, params_agreement, validation
 from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
 
 if TYPE_CHECKING:
@@ -72,10 +72,6 @@ class _Layout(NamedTuple):
 
     buckets: Tuple[Tuple[int, ...], ...]
     padded: Tuple[int, ...]
-
-
-def _leaf_signature(path, leaf) -> Tuple[str, str, tuple, str]:
-    return ("leaf", jax.tree_util.keystr(path), tuple(np.shape(leaf)), str(np.dtype(leaf.dtype)))
 
 
 def _check_leaves(what: str, flat: Sequence[Tuple[Any, Any]], group_info) -> None:
@@ -117,7 +113,7 @@ def _layout(
     return _Layout(tuple(buckets), tuple(padded))
 
 
-def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_info):
+def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, check_buckets, group, group_info, mesh_signature):
     """The transformation of an algorithm that shares its optimizer's state
     (QAdam): the engine step runs on the gradients with the optimizer's
     momentum as its state, then the optimizer updates. Its state is the
@@ -130,9 +126,8 @@ def _with_optimizer(algo, what: str, bound: BoundStep, layout_of, group, group_i
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
         _check_leaves("params", flat, group_info)
-        agreement.check_same_everywhere(
-            [_leaf_signature(p, x) for p, x in flat], group, f"the pytree given to {what}.init"
-        )
+        params_agreement.check_params(flat, group, what, mesh_signature)
+        check_buckets([jnp.asarray(x) for _, x in flat])
         return tx.init(params)
 
     def update_fn(updates, state, params=None, **extra_args):
@@ -166,6 +161,8 @@ def transform(
     *,
     process_group: Optional[ProcessGroup] = None,
     name: Optional[str] = None,
+    mesh: Optional[jax.sharding.Mesh] = None,
+    axis_name: Union[str, Sequence[str], None] = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Runs ``algorithm`` as an optax gradient transformation.
 
@@ -179,6 +176,17 @@ def transform(
         With ``BAGUA_TRACE`` set, every bucket's step of every update is
         traced (:mod:`bagua_core.trace`); AsyncModelAverage's background
         averaging is not.
+      mesh: for processes that drive several devices: a ``jax.sharding.Mesh``
+        over this process's devices. ``update`` then takes global arrays on it
+        (e.g. gradients of a batch sharded over the mesh, which XLA has
+        averaged over the devices) and runs the algorithm once per process
+        between processes; its results are replicated over the mesh.
+      axis_name: instead of ``mesh``, for ``update`` called inside
+        ``jax.shard_map``: the mesh axes of this process's devices. Gradient
+        algorithms average the per-device updates over them with
+        ``lax.pmean`` (XLA) before the algorithm runs between processes;
+        weight algorithms expect the same params and updates on every device
+        (average the gradients before the optimizer).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``. ``init(params)`` checks,
@@ -202,7 +210,13 @@ def transform(
         raise NotImplementedError(f"bagua_jax.transform: {algo!r} communicates {plan.communicates}")
     what = f"bagua_jax.transform({algo!r})"
     group = groups.process_group(process_group, what)
+    local_axes = local_devices.axes_of(mesh, axis_name, groups.resolve(group), what)
     if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
+        if local_axes:
+            raise NotImplementedError(
+                f"{what}: AsyncModelAverage runs eagerly on one device per process; mesh= and axis_name= "
+                "are not supported for it"
+            )
         from bagua_jax._src.async_average import async_transform
 
         warm = transform(
@@ -227,8 +241,11 @@ def transform(
         info.has_result,
         info.num_state,
         name,
+        local_axes,
     )
     core_trace.follow_ffi_steps()
+    # processes on meshes of different shapes would weigh their batches differently
+    mesh_signature = [("mesh", tuple(mesh.shape.items()))] if mesh is not None else []
     weights = plan.communicates == WEIGHTS
     after_step = plan.phase == AFTER_OPTIMIZER_STEP
     bucket_bytes = default_bucket_bytes()
@@ -236,31 +253,22 @@ def transform(
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
         _check_leaves("params", flat, group_info)
-        agreement.check_same_everywhere(
-            [_leaf_signature(p, x) for p, x in flat], group, f"the pytree given to {what}.init"
-        )
+        params_agreement.check_params(flat, group, what, mesh_signature)
         check_tensors(algo.to_core(), [np.shape(x) for _, x in flat])
+        arrays = [jnp.asarray(x) for _, x in flat]
+        layout = layout_of(arrays)
         step_state = ()
         if info.num_state:
-            arrays = [jnp.asarray(x) for _, x in flat]
-            leaves = [jnp.ravel(x) for x in arrays]
-            layout = layout_of(leaves)
             buckets = []
-            for bucket, padded in zip(layout.buckets, layout.padded):
-                sl = state_layout_of([arrays[i] for i in bucket], padded)
+            for bucket, padded, sl in zip(layout.buckets, layout.padded, check_buckets(arrays)):
                 if sl.init == "copy_of_data":  # each span starts as a copy of the padded weights
-                    buckets.append(
-                        jnp.tile(
-                            jnp.pad(
-                                jnp.concatenate([leaves[i] for i in bucket]),
-                                (0, padded - sum(leaves[i].size for i in bucket)),
-                            ),
-                            sl.spans,
-                        )
-                    )
+                    flat_data = jnp.concatenate([jnp.ravel(arrays[i]) for i in bucket])
+                    buckets.append(jnp.tile(jnp.pad(flat_data, (0, padded - flat_data.size)), sl.spans))
                 else:  # zeros at first (ByteGrad's residual; low rank's error memory and Q)
                     buckets.append(jnp.zeros((sl.count,), np.dtype(sl.dtype.name)))
             step_state = tuple(buckets)
+        else:
+            check_buckets(arrays)
         return BaguaState(step=jnp.zeros([], jnp.int32), step_state=step_state)
 
     state_layouts: dict = {}
@@ -271,6 +279,12 @@ def transform(
         if key not in state_layouts:
             state_layouts[key] = algorithm_steps.state_layout(plan, comms, key[0], key[1], padded)
         return state_layouts[key]
+
+    def check_buckets(arrays: List[Any]) -> List[algorithm_steps.StateLayout]:
+        """The step's state layout on each bucket of these leaves; the engine
+        checks each bucket (dtype, size) here, at init, not at the first step."""
+        layout = layout_of(arrays)
+        return [state_layout_of([arrays[i] for i in b], padded) for b, padded in zip(layout.buckets, layout.padded)]
 
     def layout_of(leaves: List[Any]) -> _Layout:
         return _layout(
@@ -285,16 +299,19 @@ def transform(
         out: List[Any] = [None] * len(leaves)
         new_state: List[Any] = []
         layout = layout_of(leaves)
-        for k, (bucket, padded) in enumerate(zip(layout.buckets, layout.padded)):
-            state: Tuple[Any, ...] = ()
-            if info.num_state:
-                expected = state_layout_of([leaves[i] for i in bucket], padded).count
-                if k >= len(step_state) or step_state[k].shape != (expected,):
-                    raise ValueError(
-                        f"{what}.update: the state does not fit these leaves (init it with "
-                        "params of the same structure)"
-                    )
-                state = (step_state[k],)
+        if info.num_state:
+            expected = [(sl.count,) for sl in check_buckets(leaves)]
+            held = [tuple(np.shape(x)) for x in step_state]
+            if held != expected:
+                raise ValueError(
+                    f"{what}.update: the state does not fit these leaves: it holds per-bucket states of "
+                    f"shapes {held}, these leaves make buckets needing {expected} under "
+                    f"BAGUA_BUCKET_SIZE={bucket_bytes}. A state made for other params, or saved under "
+                    "another BAGUA_BUCKET_SIZE, does not restore: run with the BAGUA_BUCKET_SIZE it was "
+                    "saved with, or init a new state"
+                )
+        for k, bucket in enumerate(layout.buckets):
+            state: Tuple[Any, ...] = (step_state[k],) if info.num_state else ()
             results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state, bucket=k)
             new_state.extend(state)
             for i, r in zip(bucket, results):
@@ -302,7 +319,13 @@ def transform(
         return out, tuple(new_state)
 
     if plan.optimizer_state:
-        return _with_optimizer(algo, what, bound, layout_of, group, group_info)
+        return local_devices.spread(
+            _with_optimizer(algo, what, bound, layout_of, check_buckets, group, group_info, mesh_signature),
+            mesh,
+            local_axes,
+            average_updates=True,
+            what=what,
+        )
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args
@@ -339,4 +362,10 @@ def transform(
             BaguaState(step=state.step + jnp.asarray(1, jnp.int32), step_state=step_state),
         )
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return local_devices.spread(
+        optax.GradientTransformationExtraArgs(init_fn, update_fn),
+        mesh,
+        local_axes,
+        average_updates=not weights,
+        what=what,
+    )

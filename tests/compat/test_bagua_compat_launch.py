@@ -265,9 +265,9 @@ def _epochs(out):
 def test_elastic_example_under_its_own_launch_line(tmp_path):
     """Unchanged, as its README runs it; the c10d rendezvous waits its last
     call (30 s) for more nodes before starting with one."""
-    from bagua_core.launcher.ports import free_port_pair
+    from bagua_core.launcher.ports import free_master_ports
 
-    line = _elastic_line(free_port_pair())
+    line = _elastic_line(free_master_ports())
     got = _run("bagua.distributed.run", *line, ELASTIC, "--epochs", 3, "--checkpoint_path", tmp_path / "c.ckpt")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     assert _epochs(got.stderr) == [(1, 2), (2, 2), (3, 2)], got.stderr[-3000:]
@@ -277,9 +277,9 @@ def test_elastic_example_under_its_own_launch_line(tmp_path):
 def test_elastic_example_restarts_from_its_checkpoint_after_a_kill(tmp_path):
     """--max_restarts=3: rank 1 SIGKILLs itself in epoch 3; the group restarts
     and resumes from the checkpoint of epoch 2."""
-    from bagua_core.launcher.ports import free_port_pair
+    from bagua_core.launcher.ports import free_master_ports
 
-    line = _elastic_line(free_port_pair(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
+    line = _elastic_line(free_master_ports(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
     flags = ["--epochs", 4, "--checkpoint_path", tmp_path / "c.ckpt", "--kill-rank-at-epoch", "1:3"]
     got = _run("bagua.distributed.run", *line, ELASTIC, *flags)
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
@@ -291,9 +291,9 @@ def test_elastic_example_restarts_from_its_checkpoint_after_a_kill(tmp_path):
 def test_elastic_example_takes_an_added_node(tmp_path):
     """--nnodes=1:2: one node trains alone; the same command started again
     adds a node, and training goes on from the checkpoint with 4 workers."""
-    from bagua_core.launcher.ports import free_port_pair
+    from bagua_core.launcher.ports import free_master_ports
 
-    line = _elastic_line(free_port_pair(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
+    line = _elastic_line(free_master_ports(), "--max_restarts=3", "--rdzv_conf=last_call_timeout=1")
     cmd = [sys.executable, "-m", "bagua.distributed.run", *line, ELASTIC]
     cmd += ["--epochs", "400", "--train-size", "64", "--checkpoint_path", str(tmp_path / "c.ckpt")]
     log = tmp_path / "first.log"
@@ -449,11 +449,11 @@ def test_run_flags(tmp_path):
 @pytest.mark.timeout(90)
 def test_run_elastic_flags(tmp_path):
     """--max_restarts / --rdzv_backend c10d / --rdzv_id: torch elastic's agent, torchrun's environment."""
-    from bagua_core.launcher.ports import free_port_pair
+    from bagua_core.launcher.ports import free_master_ports
 
     show = SHOW.replace('"BAGUA_AUTOTUNE")', '"BAGUA_AUTOTUNE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")')
     flags = ["--nproc_per_node", 2, "--max_restarts", 3, "--rdzv_backend", "c10d", "--rdzv_id", "job9"]
-    flags += ["--rdzv_endpoint", f"127.0.0.1:{free_port_pair()}", "--default_bucket_size", 8192]
+    flags += ["--rdzv_endpoint", f"127.0.0.1:{free_master_ports()}", "--default_bucket_size", 8192]
     got = _run("bagua.distributed.run", *flags, _script(tmp_path, show), "x", timeout=80)
     assert got.returncode == 0, got.stderr
     envs = _envs(got.stdout)

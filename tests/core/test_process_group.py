@@ -335,7 +335,7 @@ def test_ctrl_c_while_waiting_at_rendezvous_stops_at_once_and_says_what_it_waits
     }
     procs = {}
     for rank in (0, 1):
-        env = mp.worker_env(rank, 2, mp.free_port_pair(), extra={"BAGUA_TIMEOUT": "50"})
+        env = mp.worker_env(rank, 2, mp.free_master_ports(), extra={"BAGUA_TIMEOUT": "50"})
         procs[rank] = subprocess.Popen(
             [sys.executable, "-c", "import bagua_core; bagua_core.init_process_group()"],
             env=env,

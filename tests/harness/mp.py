@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from bagua_core.launcher.ports import free_port_pair  # tests use mp.free_port_pair
+from bagua_core.launcher.ports import free_master_ports  # tests use mp.free_master_ports
 from tests.harness.paths import REPO
 
 CASE_PREFIX = "BAGUA-CASE "
@@ -148,7 +148,7 @@ def launch(
 ) -> Run:
     """Runs ``script`` (a path, or Python source text) on ``world_size`` processes.
 
-    The ports come from :func:`free_port_pair`; another process may take one
+    The ports come from :func:`free_master_ports`; another process may take one
     before rank 0 listens on it, so when rank 0 fails with "address already
     in use" on ports chosen here, the run starts again on fresh ports (at most
     three times)."""
@@ -186,7 +186,7 @@ def _output(files) -> str:
 
 def _launch_once(script, world_size, timeout, args, local_world_size, env, per_rank_env):
     """One run; returns it and whether rank 0 found its port taken."""
-    port = free_port_pair()
+    port = free_master_ports()
     procs, files = [], []
     start = time.monotonic()
     port_taken = False

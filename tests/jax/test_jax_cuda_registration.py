@@ -140,7 +140,7 @@ def test_cuda_arrays_on_a_gloo_group_need_a_visible_gpu_to_be_staged():
 
     from tests.harness import mp
 
-    port = mp.free_port_pair()
+    port = mp.free_master_ports()
     env = dict(
         os.environ,
         RANK="0",

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from bagua_jax import _compat
-from bagua_jax._src import ffi, groups, validation
+from bagua_jax._src import ffi, groups, local_devices, validation
 from bagua_jax._src.groups import GroupInfo
 
 # (step, *data, *state) -> (*data, *state); the state is updated in place.
@@ -31,6 +31,7 @@ class BoundStep(NamedTuple):
     has_result: bool  # result is separate from the data (weights -> peer average)
     num_state: int = 0  # state spans the step keeps (e.g. replicas); its state has num_state * data size elements
     model: str = ""  # the transform's name: its row in a BAGUA_TRACE trace
+    local_axes: Tuple[str, ...] = ()  # the process's device axes: the step runs once over them (local_devices)
 
 
 def algorithm_step(
@@ -44,12 +45,18 @@ def algorithm_step(
     ``bound.num_state`` x the padded bucket size, or one leaf per data leaf of
     the same shape (``num_state == 1``). ``bucket``: the bucket's index, for
     BAGUA_TRACE."""
-    out = algorithm_step_p.bind(step_number, *leaves, *state, bound=bound, n_data=len(leaves), bucket=int(bucket))
+    out = local_devices.run_once(
+        lambda buffers: algorithm_step_p.bind(
+            step_number, *buffers, bound=bound, n_data=len(leaves), bucket=int(bucket)
+        ),
+        [*leaves, *state],
+        bound.local_axes,
+    )
     return list(out[: len(leaves)]), tuple(out[len(leaves) :])
 
 
 def _abstract_eval(step_number, *buffers, bound: BoundStep, n_data: int, bucket: int):
-    return [_compat.ShapedArray(b.shape, b.dtype) for b in buffers]
+    return [_compat.shaped_like(b) for b in buffers]
 
 
 def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int, bucket: int):
@@ -67,9 +74,11 @@ def _lowering(ctx, step_number, *buffers, bound: BoundStep, n_data: int, bucket:
         ffi.STEP,
         step_number,
         *buffers,
+        what=f"transform ({bound.name})",
         alias=False,
         aliases=aliases,
         token_first=True,
+        per_device=bool(bound.local_axes),
         step=bound.name,
         params=bound.params,
         comm=np.int64(handle(bound.group.handle)),

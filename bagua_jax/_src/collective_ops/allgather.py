@@ -38,7 +38,7 @@ def allgather(x: ArrayLike, group: Optional[ProcessGroup] = None) -> jax.Array:
 
 
 def _abstract_eval(x, *, group: GroupInfo):
-    return _compat.ShapedArray((group.size, *x.shape), x.dtype)
+    return _compat.shaped_like(x, (group.size, *x.shape))
 
 
 def _lowering(ctx, x, *, group: GroupInfo):
@@ -47,7 +47,12 @@ def _lowering(ctx, x, *, group: GroupInfo):
     ffi.check_lowerable("allgather", ffi.ALLGATHER, platforms)
     # The output is size() times larger than the input: no aliasing.
     return _compat.lower_ffi_with_token(
-        ctx, ffi.ALLGATHER, x, alias=False, comm=np.int64(groups.handle_for(group.handle, platforms, group.platform))
+        ctx,
+        ffi.ALLGATHER,
+        x,
+        what="allgather",
+        alias=False,
+        comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)),
     )
 
 

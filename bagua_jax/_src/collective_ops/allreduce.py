@@ -48,7 +48,7 @@ def allreduce(x: ArrayLike, op: Op = "sum", group: Optional[ProcessGroup] = None
 
 
 def _abstract_eval(x, *, group: GroupInfo, op: int, alias: bool):
-    return _compat.ShapedArray(x.shape, x.dtype)
+    return _compat.shaped_like(x)
 
 
 def _lowering(ctx, x, *, group: GroupInfo, op: int, alias: bool):
@@ -59,6 +59,7 @@ def _lowering(ctx, x, *, group: GroupInfo, op: int, alias: bool):
         ctx,
         ffi.ALLREDUCE,
         x,
+        what="allreduce",
         alias=alias,
         comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)),
         op=np.int64(op),

@@ -49,7 +49,7 @@ def _check_root(root: Any, g: GroupInfo) -> int:
 
 
 def _abstract_eval(x, *, group: GroupInfo, root: int, alias: bool):
-    return _compat.ShapedArray(x.shape, x.dtype)
+    return _compat.shaped_like(x)
 
 
 def _lowering(ctx, x, *, group: GroupInfo, root: int, alias: bool):
@@ -60,6 +60,7 @@ def _lowering(ctx, x, *, group: GroupInfo, root: int, alias: bool):
         ctx,
         ffi.BROADCAST,
         x,
+        what="broadcast",
         alias=alias,
         comm=np.int64(groups.handle_for(group.handle, platforms, group.platform)),
         root=np.int64(root),

@@ -1,0 +1,132 @@
+"""bagua_jax together with jax.distributed, across real processes with 2
+devices each:
+
+* ``launched``: under the launcher's environment, ``jax.distributed.initialize()``
+  without arguments takes Bagua's rank and world size (and a coordinator port
+  beside Bagua's store); ``bagua_jax.init_process_group()`` then agrees with
+  JAX, a mesh over the process's devices trains as numpy does, a mesh over
+  every process's devices is refused, and a world size that disagrees with
+  JAX's is an error;
+* ``explicit``: no launcher's variables; ``jax.distributed.initialize(address,
+  n, i)``, and ``bagua_jax.init_process_group()`` takes everything from JAX.
+
+One multi-process session per way in (jax.distributed initialises once per
+process); this file is also the worker script.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tests.harness.jax_worker import JaxWorker, worker_main
+from tests.harness.mp import Session, session_tests
+from tests.harness.worker import expect_error
+
+SESSIONS = ("launched", "explicit")
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def case_names(session: str):
+    names = ["initialize_and_agree", "mesh_of_this_process_trains"]
+    if session == "launched":
+        names += ["global_mesh_refused", "world_size_disagreement"]
+    return names
+
+
+class Worker(JaxWorker):
+    def __init__(self, session: str):
+        super().__init__()
+        jax = self.jax
+        if session == "launched":
+            import bagua_jax  # noqa: F401 (its cluster environment answers jax.distributed)
+
+            jax.distributed.initialize()
+        else:
+            address = f"127.0.0.1:{int(os.environ['MASTER_PORT']) + 2}"
+            for name in LAUNCH_VARIABLES:
+                os.environ.pop(name, None)
+            jax.distributed.initialize(address, self.world, self.rank)
+        from jax.sharding import Mesh
+
+        self.mesh = Mesh(np.array(jax.local_devices()), ("data",))
+
+    def initialize_and_agree(self):
+        import bagua_jax
+
+        assert (self.jax.process_index(), self.jax.process_count()) == (self.rank, self.world)
+        group = bagua_jax.init_process_group()
+        assert (group.rank, group.size) == (self.rank, self.world)
+        total = bagua_jax.allreduce(self.jnp.full(3, float(self.rank + 1)))
+        np.testing.assert_array_equal(np.asarray(total), np.full(3, self.world * (self.world + 1) / 2))
+
+    def mesh_of_this_process_trains(self):
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        import bagua_jax
+
+        jax, optax = self.jax, self.optax
+        bagua_jax.init_process_group()
+        tx = optax.chain(bagua_jax.transform("gradient_allreduce", mesh=self.mesh), optax.sgd(0.25))
+        rng = np.random.default_rng(3)
+        shards = 2 * self.world
+        x = rng.integers(-2, 3, (shards * 2, 3)).astype(np.float32)
+        y = rng.integers(-2, 3, (shards * 2,)).astype(np.float32)
+        w = jax.device_put(np.zeros(3, np.float32), NamedSharding(self.mesh, P()))
+        state = tx.init(w)
+        mine = slice(self.rank * 4, self.rank * 4 + 4)
+        xs = jax.device_put(x[mine], NamedSharding(self.mesh, P("data")))
+        ys = jax.device_put(y[mine], NamedSharding(self.mesh, P("data")))
+
+        def loss(w, x, y):
+            return ((x @ w - y) ** 2).mean()
+
+        u, state = jax.jit(tx.update)(jax.grad(loss)(w, xs, ys), state, w)
+        w = optax.apply_updates(w, u)
+        want = -0.25 * 2 * x.T @ (x @ np.zeros(3) - y) / len(y)
+        np.testing.assert_array_equal(np.asarray(w), want.astype(np.float32))
+
+    def global_mesh_refused(self):
+        from jax.sharding import Mesh
+
+        import bagua_jax
+
+        everyone = Mesh(np.array(self.jax.devices()), ("data",))
+        expect_error(
+            ValueError,
+            lambda: bagua_jax.transform("gradient_allreduce", mesh=everyone),
+            "holds devices of processes",
+            "jax.local_devices()",
+        )
+
+    def world_size_disagreement(self):
+        from bagua_jax._src.distributed import settings_from_jax
+
+        saved = os.environ["WORLD_SIZE"]
+        os.environ["WORLD_SIZE"] = str(self.world + 1)
+        try:
+            expect_error(ValueError, settings_from_jax, f"process {self.rank} of {self.world}", "WORLD_SIZE=")
+        finally:
+            os.environ["WORLD_SIZE"] = saved
+
+
+test_case, test_session_exits_cleanly = session_tests(
+    __file__,
+    {
+        name: Session(
+            2, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false"}
+        )
+        for name in SESSIONS
+    },
+    case_names,
+    timeout=120,
+    test_timeout=180,
+    requires=("jax", "optax"),
+)
+
+
+if __name__ == "__main__":
+    import sys
+
+    worker_main(lambda: Worker(sys.argv[1]), case_names)
