@@ -387,6 +387,20 @@ def timed_steps(trainer, n, barrier):
     return time.perf_counter() - t0
 
 
+def interleaved_rounds(trainers, warmup, rounds, steps, samples, barrier):
+    """{trainer name: samples/s per round}: every trainer ``warmup`` untimed
+    steps, then ``rounds`` rounds of ``steps`` timed steps each (``samples``
+    samples in all ranks' steps), the order reversed every other round so no
+    configuration always follows the same one."""
+    for t in trainers:
+        t.steps(warmup)
+    per_round = {t.name: [] for t in trainers}
+    for r in range(rounds):
+        for t in trainers if r % 2 == 0 else trainers[::-1]:
+            per_round[t.name].append(samples / timed_steps(t, steps, barrier))
+    return per_round
+
+
 def timed_async_window(trainer, min_steps, barrier, all_agree):
     """Asynchronous model average's timed window: ``(steps, seconds)``, the same steps on every rank.
 

@@ -397,9 +397,9 @@ def _pump(stream, keep: deque, echo: bool) -> None:
 def run_world(args, world: int) -> dict:
     """Launches `world` processes; returns rank 0's results."""
     sys.path.insert(0, REPO)
-    from bagua_core.launcher.ports import free_port_pair
+    from bagua_core.launcher.ports import free_master_ports
 
-    master_port = free_port_pair()
+    master_port = free_master_ports()
     jax_port = _free_port({master_port, master_port + 1})
     with tempfile.TemporaryDirectory(prefix="bagua-bench-") as tmp:
         result_file = os.path.join(tmp, "result.json")

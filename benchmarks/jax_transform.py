@@ -174,17 +174,8 @@ def work(argv) -> int:
         TorchTrainer(CONFIGS[4], args, batches, communicate=False),
     ]
     samples = args.steps * args.batch_size * world
-    per_round = {t.name: [] for t in trainers}
     try:
-        for t in trainers:
-            t.steps(args.warmup)
-        for r in range(args.rounds):
-            for t in trainers if r % 2 == 0 else trainers[::-1]:
-                barrier()
-                t0 = time.perf_counter()
-                t.steps(args.steps)
-                barrier()
-                per_round[t.name].append(samples / (time.perf_counter() - t0))
+        per_round = _training.interleaved_rounds(trainers, args.warmup, args.rounds, args.steps, samples, barrier)
         t_update, t_raw = transform_overhead(args, max(5, args.rounds // 2))
     finally:
         for t in trainers:
