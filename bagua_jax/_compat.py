@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
 from jax._src import (
@@ -27,6 +27,7 @@ from jax._src import (
     dispatch as _dispatch,
     distributed as _distributed,
     effects as _effects,
+    mesh as _mesh,
     sharding_impls as _sharding_impls,
 )
 from jax.extend.core import Primitive  # re-exported
@@ -152,6 +153,11 @@ def check_single_caller(ctx: Any, what: str, per_device: bool) -> None:
             "Bagua communicates once per process: pass mesh=your_mesh to bagua_jax.transform "
             "(global arrays under jax.jit), or axis_name=... inside shard_map"
         )
+
+
+def manual_axes() -> Tuple[str, ...]:
+    """The mesh axes a surrounding shard_map has made manual (none outside one)."""
+    return tuple(getattr(_mesh.get_abstract_mesh(), "manual_axes", ()) or ())
 
 
 def lowering_platforms(ctx: Any) -> Sequence[str]:

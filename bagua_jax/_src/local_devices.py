@@ -32,6 +32,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
+from bagua_jax import _compat
 from bagua_jax._src import validation
 from bagua_jax._src.groups import GroupInfo
 
@@ -80,6 +81,33 @@ def _check_bound(axes: Tuple[str, ...], what: str) -> None:
                 f"{what}: axis {name!r} is not bound here; with axis_name=, call tx.update inside "
                 f"jax.shard_map over a mesh with axis {name!r} (or pass mesh= and call it on global arrays)"
             ) from None
+    others = [a for a in _compat.manual_axes() if a not in axes]
+    if others:  # one leader per index of those axes: several devices of the process would call the engine
+        raise ValueError(
+            f"{what}: the shard_map also splits the devices along {others}, which axis_name={axes} does not "
+            "name; Bagua runs once per process, so name every axis of the process's devices (model-parallel "
+            "axes are not supported)"
+        )
+
+
+def _check_on_mesh(trees: dict, mesh: Mesh, what: str) -> None:
+    """Concrete arrays committed to devices other than the mesh's (e.g. a
+    process-local array on one device): an error that names the fix."""
+    devices = set(mesh.devices.flat)
+    leaves = [
+        (name + jax.tree_util.keystr(p), x)
+        for name, t in trees.items()
+        for p, x in jax.tree_util.tree_leaves_with_path(t)
+    ]
+    for name, leaf in leaves:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and leaf.committed:
+            if leaf.sharding.device_set != devices:
+                raise ValueError(
+                    f"{what}.update: {name} lives on "
+                    f"{sorted(d.id for d in leaf.sharding.device_set)}, not on the mesh's devices "
+                    f"{sorted(d.id for d in devices)}: give transform(mesh=) global arrays on its mesh, "
+                    "e.g. jax.device_put(x, NamedSharding(mesh, P()))"
+                )
 
 
 def _is_leader(axes: Tuple[str, ...]) -> jax.Array:
@@ -112,6 +140,7 @@ def spread(
         replicated = PartitionSpec()
 
         def update_on_mesh(updates, state, params=None, **extra_args):
+            _check_on_mesh({"updates": updates, "state": state, "params": params}, mesh, what)
             # every input replicated over the mesh: the engine sees the process's whole value
             run = jax.shard_map(
                 lambda u, s, p, e: tx.update(u, s, p, **e),

@@ -10,7 +10,10 @@ devices with --xla_force_host_platform_device_count), across real processes:
 * every algorithm on a mesh gives bitwise what the same algorithm gives on
   one device of the same processes (the engine's step on the process's
   value), and every device holds the same result;
-* bad input: a clear error at init or trace time, never a hang.
+* bad input (mesh= and axis_name= together, a mesh or shard_map axis that is
+  not this process's data axis, a process-local array where a global one is
+  needed, multi-device arrays without mesh=, a collective inside shard_map):
+  a clear error at init or trace time, never a hang.
 
 One multi-process session per layout runs every case (this file is also the
 worker script); pytest reports each case on its own.
@@ -241,6 +244,14 @@ class Worker(JaxWorker):
         other = Mesh(np.array(jax.local_devices()), ("batch",))
         run = jax.jit(jax.shard_map(lambda g, s: tx.update(g, s)[0], mesh=other, in_specs=(P(), P()), out_specs=P()))
         expect_error(ValueError, lambda: run(w, state), "'data' is not bound")
+        # a shard_map that also splits the devices along an axis axis_name does not name
+        grid = Mesh(np.array(jax.local_devices()).reshape(-1, 1), ("data", "model"))
+        run = jax.jit(jax.shard_map(lambda g, s: tx.update(g, s)[0], mesh=grid, in_specs=(P(), P()), out_specs=P()))
+        expect_error(ValueError, lambda: run(w, state), "also splits the devices along ['model']")
+        # a process-local array (committed to one device) where mesh= needs global arrays
+        on_mesh = bagua_jax.transform("gradient_allreduce", mesh=self.mesh)
+        local = jax.device_put(np.zeros((4, 2)), jax.local_devices()[0])
+        expect_error(ValueError, lambda: on_mesh.update(local, on_mesh.init(w)), "updates lives on", "NamedSharding")
         # global arrays over several devices without mesh=: refused, not run once per device
         plain = optax.chain(bagua_jax.transform("gradient_allreduce"), optax.sgd(0.1))
         expect_error(Exception, lambda: jax.jit(plain.update)(w, plain.init(w), w), "pass mesh=")
