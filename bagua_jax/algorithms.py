@@ -161,11 +161,7 @@ class AsyncModelAverageAlgorithm(Algorithm):
 
         binding = self._binding_of(f"{type(self).__name__}.resume")
         if params is not None:
-            import jax
-
-            leaves, treedef = jax.tree_util.tree_flatten(params)
-            if treedef != binding.treedef:
-                raise ValueError(f"{type(self).__name__}.resume: params must have the structure given to init")
+            leaves = binding.leaves_of(params, f"{type(self).__name__}.resume")
             with binding.averager.weights_locked():
                 binding.write(leaves)
         if binding.status == STOPPED:

@@ -49,6 +49,7 @@ class AsyncBinding:
     def __init__(self, group, plan, params):
         leaves, self.treedef = jax.tree_util.tree_flatten(params)
         self.dtypes = [np.dtype(x.dtype) for x in leaves]
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
         order = list(reversed(range(len(leaves))))  # bagua_torch's bucket order
         self.buckets = weight_buckets([(str(i), tuple(np.shape(leaves[i])), self.dtypes[i]) for i in order])
         views = {}
@@ -59,6 +60,15 @@ class AsyncBinding:
         self.write(leaves)
         self.averager = AsyncAverager(group, self.buckets, plan)
         self.status = NEW
+
+    def leaves_of(self, tree: Any, what: str) -> List[Any]:
+        """The leaves of ``tree``, which must match those given to init in
+        order and shape; its nodes may differ (``nnx.Optimizer`` gives init
+        ``nnx.Param``-wrapped state and update plain arrays)."""
+        leaves = jax.tree_util.tree_leaves(tree)
+        if [tuple(np.shape(x)) for x in leaves] != self.shapes:
+            raise ValueError(f"{what}: the pytree's leaves must have the shapes of those given to init, in order")
+        return leaves
 
     def write(self, leaves: List[Any]) -> None:
         for view, x in zip(self.views, leaves):
@@ -112,10 +122,9 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
                 "tx.update and optax.apply_updates outside jit"
             )
         binding = algo._binding_of(what)
-        param_leaves, treedef = jax.tree_util.tree_flatten(params)
-        update_leaves, update_def = jax.tree_util.tree_flatten(updates)
-        if treedef != binding.treedef or update_def != binding.treedef:
-            raise ValueError(f"{what}.update: params and updates must have the structure of the pytree given to init")
+        treedef = jax.tree_util.tree_structure(updates)
+        param_leaves = binding.leaves_of(params, f"{what}.update (params)")
+        update_leaves = binding.leaves_of(updates, f"{what}.update (updates)")
         step = int(state.step)
         if step < description.warmup_steps:
             averaged, _ = warmup.update(updates, state_type(step=state.step), params)

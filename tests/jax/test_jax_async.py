@@ -7,7 +7,9 @@
 * abort/resume cycles leave every rank with the same weights; the loss goes
   down (gradients jitted, the update eager);
 * misuse: jit-compiling the update, missing params, update before init, bad
-  hyperparameters, each a clear exception.
+  hyperparameters, each a clear exception;
+* inside ``nnx.Optimizer`` (init gets ``nnx.Param``-wrapped state, update
+  plain arrays): trains, and abort gives every rank the same weights.
 
 One multi-process session per world size runs every case (this file is also
 the worker script); pytest reports each case on its own.
@@ -37,6 +39,7 @@ def case_names(session: str):
         "abort_resume_cycles",
         "misuse_refused",
         "loss_goes_down",
+        "nnx_optimizer",
     ]
 
 
@@ -190,7 +193,7 @@ class Worker(JaxWorker):
         state = tx.init(p)
         expect_error(TypeError, lambda: jax.jit(tx.update)(g, state, p), "jax.jit")
         expect_error(ValueError, lambda: tx.update(g, state), "needs params")
-        expect_error(ValueError, lambda: tx.update(g[:2], state, p[:2]), "structure")
+        expect_error(ValueError, lambda: tx.update(g[:2], state, p[:2]), "shapes of those given to init")
         algo.abort(p)
         algo._binding.close()
 
@@ -201,6 +204,23 @@ class Worker(JaxWorker):
         tx = self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(algo))
         self.assert_training_reduces_loss(tx, eager=True, finish=algo.abort)
         assert algo._binding.averager.rounds > 0
+        algo._binding.close()
+
+    def nnx_optimizer(self):
+        from flax import nnx
+
+        import bagua_jax
+
+        jnp, optax = self.jnp, self.optax
+        model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=2, warmup_steps=2)
+        optimizer = nnx.Optimizer(model, optax.chain(optax.sgd(0.05), bagua_jax.transform(algo)), wrt=nnx.Param)
+        x, y = jnp.ones((8, 4)) * (self.rank + 1), jnp.zeros((8, 2))
+        for _ in range(10):
+            optimizer.update(model, nnx.grad(lambda m: ((m(x) - y) ** 2).mean())(model))
+            time.sleep(0.005)
+        nnx.update(model, algo.abort(nnx.state(model, nnx.Param)))
+        self.same_everywhere(self.jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
         algo._binding.close()
 
 
