@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 #include <utility>
 
 #include "comm/nccl/cuda_util.h"
+#include "comm/registry.h"
 #include "common/error.h"
 #include "device/device.h"
 #include "ffi/collectives.h"
@@ -158,13 +160,31 @@ StreamState& state_of(cudaStream_t stream) {
   return *s;
 }
 
-// Runs body(platform, state) for XLA's stream with its device current.
+// A device communicator (NCCL) runs its kernels on the GPU it was made for
+// (the process's LOCAL_RANK-th); XLA's stream must be on that GPU, or they
+// would work on another device's memory. Host communicators (staged Gloo)
+// say -1 and serve any device. Handles < 0: no communicator.
+void check_same_device(std::initializer_list<int64_t> handles, int index, const char* what) {
+  for (const int64_t handle : handles) {
+    if (handle < 0) continue;
+    const int want = lookup_communicator(handle)->device_index();
+    if (want >= 0 && want != index)
+      throw InvalidArgument(std::string(what) + ": the array is on cuda:" + std::to_string(index) +
+                            " but the group's communicator is on cuda:" + std::to_string(want) +
+                            "; pin each process's JAX to its own GPU (jax.distributed.initialize() under "
+                            "bagua-run, or CUDA_VISIBLE_DEVICES per process)");
+  }
+}
+
+// Runs body(platform, state) for XLA's stream with its device current, once
+// the communicators `handles` are known to serve that device.
 template <typename Body>
-xffi::Error on_stream(cudaStream_t stream, const char* what, Body&& body) {
+xffi::Error on_stream(cudaStream_t stream, const char* what, std::initializer_list<int64_t> handles, Body&& body) {
   StreamState* state = nullptr;
   std::unique_ptr<cuda::DeviceGuard> guard;
   xffi::Error found = guarded(what, [&] {
     state = &state_of(stream);
+    check_same_device(handles, state->index, what);
     guard = std::make_unique<cuda::DeviceGuard>(state->index);
   });
   if (found.failure()) return found;
@@ -173,17 +193,19 @@ xffi::Error on_stream(cudaStream_t stream, const char* what, Body&& body) {
 
 xffi::Error allreduce_cuda(cudaStream_t stream, xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                            xffi::Result<xffi::Token>, int64_t comm, int64_t op) {
-  return on_stream(stream, "allreduce", [&](StreamState& s) { return allreduce(s.platform, comm, op, in, out); });
+  return on_stream(stream, "allreduce", {comm},
+                   [&](StreamState& s) { return allreduce(s.platform, comm, op, in, out); });
 }
 
 xffi::Error broadcast_cuda(cudaStream_t stream, xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                            xffi::Result<xffi::Token>, int64_t comm, int64_t root) {
-  return on_stream(stream, "broadcast", [&](StreamState& s) { return broadcast(s.platform, comm, root, in, out); });
+  return on_stream(stream, "broadcast", {comm},
+                   [&](StreamState& s) { return broadcast(s.platform, comm, root, in, out); });
 }
 
 xffi::Error allgather_cuda(cudaStream_t stream, xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::AnyBuffer> out,
                            xffi::Result<xffi::Token>, int64_t comm) {
-  return on_stream(stream, "allgather", [&](StreamState& s) { return allgather(s.platform, comm, in, out); });
+  return on_stream(stream, "allgather", {comm}, [&](StreamState& s) { return allgather(s.platform, comm, in, out); });
 }
 
 // One bucket of an algorithm step (ffi/xla_step_adapter.h), enqueued on XLA's stream.
@@ -192,7 +214,7 @@ xffi::Error step_cuda(cudaStream_t stream, xffi::Token, xffi::AnyBuffer step, xf
                       std::string_view params, int64_t comm, int64_t intra, int64_t inter, int64_t n_data,
                       std::string_view model, int64_t bucket) {
   const std::string what = "step " + std::string(name);
-  return on_stream(stream, what.c_str(), [&](StreamState& s) {
+  return on_stream(stream, what.c_str(), {comm, intra, inter}, [&](StreamState& s) {
     return guarded(what.c_str(), [&] {
       std::lock_guard<std::mutex> lock(s.mu);
       PreparedStep call = prepare_step(s.platform, name, params, comm, intra, inter, n_data, step, args, rets);
