@@ -22,5 +22,5 @@ def case_names():
     names += [f"collectives_{d}" for d in DTYPES]
     names += ["jit_donated_and_ordered", "wrong_platform_refused"]
     names += [f"transform_{a}" for a in ALGORITHMS]
-    names += ["step_number_restored_state", "step_overhead"]
+    names += ["step_number_restored_state", "step_overhead", "transform_on_gpu_mesh"]
     return names

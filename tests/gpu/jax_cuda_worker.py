@@ -231,6 +231,29 @@ def transform_case(name):
     return case
 
 
+def case_transform_on_gpu_mesh():
+    """The multi-device layout on the GPUs (bagua_jax._src.local_devices): a
+    Mesh over this process's GPUs, transform(mesh=) on replicated global
+    arrays gives bitwise what the one-device path gives, on every GPU."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    gpus = jax.local_devices(backend="gpu")
+    mesh = Mesh(np.array(gpus), ("data",))
+    replicated = NamedSharding(mesh, P())
+    for name in ("gradient_allreduce", "bytegrad"):
+        make, _ = make_algorithm(name)
+        on_mesh = bagua_jax.transform(make(), process_group=groups["cuda"], mesh=mesh, name=f"{name}-mesh")
+        alone = bagua_jax.transform(make(), process_group=groups["cuda"], name=f"{name}-alone")
+        grads = rng_inputs(7, scale=0.1)
+        s_mesh = on_mesh.init([jax.device_put(x, replicated) for x in grads])
+        s_alone = alone.init([on_gpu(x) for x in grads])
+        got, _ = jax.jit(on_mesh.update)([jax.device_put(x, replicated) for x in grads], s_mesh)
+        want, _ = jax.jit(alone.update)([on_gpu(x) for x in grads], s_alone)
+        for g, w in zip(got, want):
+            for shard in g.addressable_shards:
+                assert_same(np.asarray(shard.data), np.asarray(w), True, f"{name} on {shard.device}")
+
+
 def case_step_number_restored_state():
     """The CUDA handler counts step numbers on the host (csrc/ffi/cuda_handlers.cc):
     after a state restored in the same process, the first call still uses the
@@ -306,6 +329,7 @@ def main():
         "wrong_platform_refused": case_wrong_platform_refused,
         "step_number_restored_state": case_step_number_restored_state,
         "step_overhead": case_step_overhead,
+        "transform_on_gpu_mesh": case_transform_on_gpu_mesh,
     }
     for d in ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]:
         table[f"collectives_{d}"] = collectives(d)
