@@ -4,9 +4,10 @@ devices each:
 * ``launched``: under the launcher's environment, ``jax.distributed.initialize()``
   without arguments takes Bagua's rank and world size (and a coordinator port
   beside Bagua's store); ``bagua_jax.init_process_group()`` then agrees with
-  JAX, a mesh over the process's devices trains as numpy does, a mesh over
-  every process's devices is refused, and a world size that disagrees with
-  JAX's is an error;
+  JAX, a mesh over the process's devices trains as numpy does and as JAX's
+  own data parallelism does (XLA averaging over a mesh of every process's
+  devices), ``transform`` on such a global mesh is refused, and a world size
+  that disagrees with JAX's is an error;
 * ``explicit``: no launcher's variables; ``jax.distributed.initialize(address,
   n, i)``, and ``bagua_jax.init_process_group()`` takes everything from JAX.
 
@@ -31,7 +32,7 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NOD
 def case_names(session: str):
     names = ["initialize_and_agree", "mesh_of_this_process_trains"]
     if session == "launched":
-        names += ["global_mesh_refused", "world_size_disagreement"]
+        names += ["matches_xla_across_processes", "global_mesh_refused", "world_size_disagreement"]
     return names
 
 
@@ -42,6 +43,7 @@ class Worker(JaxWorker):
         if session == "launched":
             import bagua_jax  # noqa: F401 (its cluster environment answers jax.distributed)
 
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # XLA's own, for the reference
             jax.distributed.initialize()
         else:
             address = f"127.0.0.1:{int(os.environ['MASTER_PORT']) + 2}"
@@ -86,6 +88,44 @@ class Worker(JaxWorker):
         w = optax.apply_updates(w, u)
         want = -0.25 * 2 * x.T @ (x @ np.zeros(3) - y) / len(y)
         np.testing.assert_array_equal(np.asarray(w), want.astype(np.float32))
+
+    def matches_xla_across_processes(self):
+        """JAX's own data parallelism as the reference: a mesh over every
+        process's devices, XLA averaging the gradient across the processes."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        import bagua_jax
+
+        jax, optax = self.jax, self.optax
+        bagua_jax.init_process_group()
+        everyone = Mesh(np.array(jax.devices()), ("data",))
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((self.world * 8, 5)).astype(np.float32)
+        y = rng.standard_normal((self.world * 8, 3)).astype(np.float32)
+        mine = slice(self.rank * 8, self.rank * 8 + 8)
+
+        def loss(w, x, y):
+            return ((x @ w - y) ** 2).mean()
+
+        def train(tx, mesh):
+            rows = NamedSharding(mesh, P("data"))
+            xs = jax.make_array_from_process_local_data(rows, x[mine])
+            ys = jax.make_array_from_process_local_data(rows, y[mine])
+            w = jax.device_put(np.zeros((5, 3), np.float32), NamedSharding(mesh, P()))
+            state = tx.init(w)
+
+            @jax.jit
+            def step(w, state, xs, ys):
+                u, state = tx.update(jax.grad(loss)(w, xs, ys), state, w)
+                return optax.apply_updates(w, u), state
+
+            for _ in range(3):
+                w, state = step(w, state, xs, ys)
+            return np.asarray(w.addressable_shards[0].data)
+
+        want = train(optax.sgd(0.1), everyone)
+        got = train(optax.chain(bagua_jax.transform("gradient_allreduce", mesh=self.mesh), optax.sgd(0.1)), self.mesh)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
     def global_mesh_refused(self):
         from jax.sharding import Mesh
