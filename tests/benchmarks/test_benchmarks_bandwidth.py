@@ -27,6 +27,7 @@ from tests.harness.benchmark_scripts import (
     run_script,
     script_path,
     start_script,
+    table_rows,
 )
 
 SCRIPT = "bandwidth.py"
@@ -42,7 +43,7 @@ def test_smoke_run_unshaped_writes_table_json_and_png(tmp_path):
     assert p.returncode == 0, explain(p)
     assert "shaping skipped: --no-shaping given" in p.stdout
 
-    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    rows = table_rows(p.stdout)
     for name in CONFIGS:
         assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
     assert rows["DDP"].rstrip(" |").endswith("1.00x")

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("flax")
 
-from tests.harness.benchmark_scripts import explain, run_script
+from tests.harness.benchmark_scripts import explain, run_script, table_rows
 
 CONFIGS = (
     "JAX bagua_jax.transform",
@@ -27,7 +27,7 @@ def test_smoke_run_reports_every_configuration(tmp_path):
     out = tmp_path / "results.json"
     p = run_script("jax_transform.py", "--smoke", "--json", str(out), "--timeout", "110", timeout=140)
     assert p.returncode == 0, explain(p)
-    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    rows = table_rows(p.stdout)
     for name in CONFIGS:
         assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
     doc = json.loads(out.read_text())

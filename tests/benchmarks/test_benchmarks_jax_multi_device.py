@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flax")
 
-from tests.harness.benchmark_scripts import explain, run_script
+from tests.harness.benchmark_scripts import explain, run_script, table_rows
 
 CONFIGS = (
     "XLA psum across hosts",
@@ -29,7 +29,7 @@ def test_smoke_run_reports_every_configuration(tmp_path):
         "jax_multi_device.py", "--no-shaping", "--smoke", "--json", str(out), "--timeout", "150", timeout=170
     )
     assert p.returncode == 0, explain(p)
-    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    rows = table_rows(p.stdout)
     for name in CONFIGS:
         assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
     doc = json.loads(out.read_text())

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from train_throughput import CONFIGS  # every configuration the script runs by default
 
-from tests.harness.benchmark_scripts import explain, run_script
+from tests.harness.benchmark_scripts import explain, run_script, table_rows
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -23,7 +23,7 @@ def test_smoke_run_reports_every_configuration(tmp_path):
     p = run_script("train_throughput.py", "--smoke", "--json", str(out), "--timeout", "60", timeout=80)
     assert p.returncode == 0, explain(p)
 
-    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| ")}
+    rows = table_rows(p.stdout)
     for name in CONFIGS:
         assert name in rows, f"{name!r} missing from the table:\n{p.stdout}"
     assert rows["DDP"].split("|")[3].strip() == "1.00x"
@@ -56,7 +56,7 @@ def test_one_lane_variants_run_beside_the_default(tmp_path):
     configs = ["DDP", "Bagua ByteGrad", "Bagua ByteGrad 1 lane", "Bagua QAdam 1 lane"]
     p = run_script("train_throughput.py", "--smoke", "--timeout", "60", "--configs", ",".join(configs), timeout=80)
     assert p.returncode == 0, explain(p)
-    rows = {line.split("|")[1].strip() for line in p.stdout.splitlines() if line.startswith("| ")}
+    rows = set(table_rows(p.stdout))
     assert set(configs) <= rows, p.stdout
     bad = run_script("train_throughput.py", "--smoke", "--configs", "DDP,DDP 1 lane", timeout=60)
     assert bad.returncode == 2 and "unknown configuration" in bad.stderr, bad.stderr

@@ -16,6 +16,11 @@ from tests.harness.mp import repo_env
 from tests.harness.paths import BENCHMARKS, REPO
 
 
+def table_rows(stdout: str) -> dict:
+    """{first cell: line} of the Markdown table rows a benchmark printed."""
+    return {line.split("|")[1].strip(): line for line in stdout.splitlines() if line.startswith("| ")}
+
+
 def script_path(name: str) -> str:
     return os.path.join(BENCHMARKS, name)
 
