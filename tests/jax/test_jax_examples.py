@@ -29,15 +29,13 @@ def run_example(name, *args):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("algorithm", ["bytegrad", "decentralized"])
-def test_flax_nnx_example(algorithm):
-    run = run_example("train_flax_nnx.py", "--algorithm", algorithm)
+def test_flax_nnx_example():
+    run = run_example("train_flax_nnx.py", "--algorithm", "decentralized")  # a weight algorithm: after adam
     for w in run.workers:
         assert "differs across ranks" not in w.stderr, run.summary()
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "low_precision_decentralized"])
-def test_multi_device_example(algorithm):
-    run = run_example("train_multi_device_jax.py", "--cpu-devices", "4", "--algorithm", algorithm)
+def test_multi_device_example():
+    run = run_example("train_multi_device_jax.py", "--cpu-devices", "4", "--algorithm", "bytegrad")
     assert "2 processes x 4 devices" in run.workers[0].stdout
