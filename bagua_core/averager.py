@@ -128,6 +128,11 @@ class AsyncAverager:
         self._core.check()
 
     @property
+    def core(self) -> _C.AsyncAverager:
+        """The engine's loop, for the engine objects built on it (``_C.AsyncWeights``)."""
+        return self._core
+
+    @property
     def running(self) -> bool:
         return self._core.running
 

@@ -22,6 +22,7 @@
 #include "ops/decentralized.h"
 #include "ops/registry.h"
 #include "sched/async_averager.h"
+#include "sched/async_weights.h"
 #include "sched/engine.h"
 #include "sched/bucket_step_op.h"
 
@@ -418,6 +419,30 @@ own communicator, a weight lock for the training thread, start/abort.)doc")
       .def("_test_release_held", &AsyncAverager::test_release_held)
 #endif
       ;
+
+  py::class_<AsyncWeights, std::shared_ptr<AsyncWeights>>(m, "AsyncWeights", R"doc(
+The weights a JAX program trains with while an AsyncAverager averages them, and
+their training step (csrc/sched/async_weights.h): leaf i is the slot named
+leaves[i][1] of the host bucket leaves[i][0]. register_async_weights gives the
+handle a jitted program names it by.)doc")
+      .def(py::init([](std::shared_ptr<AsyncAverager> averager,
+                       const std::vector<std::pair<BucketPtr, std::string>>& leaves, int64_t warmup_steps) {
+             std::vector<AsyncWeights::Leaf> slots;
+             for (const auto& [bucket, name] : leaves) {
+               if (!bucket) throw InvalidArgument("AsyncWeights: a leaf's bucket is None");
+               const int64_t slot = bucket->find_slot(name);
+               if (slot < 0) throw InvalidArgument("AsyncWeights: " + bucket->describe() + " has no slot " + name);
+               slots.push_back({bucket, static_cast<size_t>(slot)});
+             }
+             return std::make_shared<AsyncWeights>(std::move(averager), std::move(slots), warmup_steps);
+           }),
+           py::arg("averager"), py::arg("leaves"), py::arg("warmup_steps"))
+      .def_property_readonly("started", &AsyncWeights::started);
+  m.def("register_async_weights", &register_async_weights, py::arg("weights"),
+        "A handle naming `weights` in jitted programs (the \"weights\" attribute of bagua_async_step).");
+  m.def("rebind_async_weights", &rebind_async_weights, py::arg("handle"), py::arg("weights"),
+        "Points `handle` at `weights`: programs traced before reach them.");
+  m.def("unregister_async_weights", &unregister_async_weights, py::arg("handle"));
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", R"doc(
 The overlap engine of one process group: ordered buckets, per-tensor readiness

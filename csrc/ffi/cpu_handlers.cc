@@ -1,7 +1,10 @@
 // CPU handlers: buffers are host memory, the communicator is Gloo.
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "ffi/async_step.h"
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
 #include "ffi/step_thread.h"
@@ -35,14 +38,34 @@ xffi::Error allgather_cpu(xffi::AnyBuffer in, xffi::Token, xffi::Result<xffi::An
   return allgather(kCpu, comm, in, out);
 }
 
-// Checks a step call at once (`prepare` returns its PreparedStep), then runs
-// it on the step thread (ffi/step_thread.h), completing the returned future,
-// so XLA goes on with independent work meanwhile. While BAGUA_TRACE records
-// (ffi/step_timings.h), the call's times are recorded under `model`/`bucket`.
-template <typename Prepare>
-xffi::Future run_async(std::string_view name, std::string_view model, int64_t bucket, Prepare&& prepare) {
+// Runs `work` on the step thread (ffi/step_thread.h), completing the returned
+// future with its outcome, so XLA goes on with independent work meanwhile.
+xffi::Future on_step_thread(std::string what, std::function<void()> work) {
   xffi::Promise promise;
   xffi::Future future(promise);
+  run_on_step_thread([promise, what = std::move(what), work = std::move(work)]() mutable {
+    xffi::Error done = guarded(what.c_str(), work);
+    if (done.failure()) {
+      promise.SetError(std::move(done));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
+}
+
+xffi::Future failed(xffi::Error error) {
+  xffi::Promise promise;
+  xffi::Future future(promise);
+  promise.SetError(std::move(error));
+  return future;
+}
+
+// Checks a step call at once (`prepare` returns its PreparedStep), then runs
+// it on the step thread. While BAGUA_TRACE records (ffi/step_timings.h), the
+// call's times are recorded under `model`/`bucket`.
+template <typename Prepare>
+xffi::Future run_async(std::string_view name, std::string_view model, int64_t bucket, Prepare&& prepare) {
   const std::string what = "step " + std::string(name);
   std::shared_ptr<PreparedStep> call;
   std::shared_ptr<StepTimingRecord> timing;
@@ -53,28 +76,23 @@ xffi::Future run_async(std::string_view name, std::string_view model, int64_t bu
     timing->bucket = bucket;
   }
   xffi::Error checked = guarded(what.c_str(), [&] { call = std::make_shared<PreparedStep>(prepare()); });
-  if (checked.failure()) {
-    promise.SetError(std::move(checked));
-    return future;
-  }
+  if (checked.failure()) return failed(std::move(checked));
   if (timing) {
     timing->step = call->number;
     timing->timing.launch_ns = monotonic_ns();
   }
-  run_on_step_thread([call, promise, what, timing]() mutable {
+  return on_step_thread(what, [call, timing] {
     if (timing) timing->timing.start_ns = monotonic_ns();
-    xffi::Error done = guarded(what.c_str(), [&] { run_prepared(*call, step_memory()); });
-    if (timing) {
-      timing->timing.end_ns = monotonic_ns();
-      record_step_timing(std::move(*timing));
-    }
-    if (done.failure()) {
-      promise.SetError(std::move(done));
-    } else {
-      promise.SetAvailable();
-    }
+    struct Record {  // records the times however the step ends
+      const std::shared_ptr<StepTimingRecord>& timing;
+      ~Record() {
+        if (!timing) return;
+        timing->timing.end_ns = monotonic_ns();
+        record_step_timing(std::move(*timing));
+      }
+    } record{timing};
+    run_prepared(*call, step_memory());
   });
-  return future;
 }
 
 // One bucket of an algorithm step (ffi/xla_step_adapter.h): token, step number, then the
@@ -87,6 +105,20 @@ xffi::Future step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs arg
     call.number = read_host_step(step);  // host memory, final when XLA calls the handler
     return call;
   });
+}
+
+// Asynchronous model average's training step (ffi/async_step.h).
+xffi::Future async_step_cpu(xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args, xffi::Result<xffi::Token>,
+                            xffi::RemainingRets rets, int64_t weights) {
+  const char* what = "asynchronous model average";
+  auto call = std::make_shared<AsyncStepCall>();
+  int64_t number = 0;
+  xffi::Error checked = guarded(what, [&] {
+    *call = prepare_async_step(weights, args, rets);
+    number = read_host_step(step);
+  });
+  if (checked.failure()) return failed(std::move(checked));
+  return on_step_thread(what, [call, number] { call->weights->step(number, call->params, call->updates, call->out); });
 }
 
 }  // namespace
@@ -133,3 +165,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cpu, bagua::ffi::step_cpu,
                                   .Attr<int64_t>("n_data")
                                   .Attr<std::string_view>("model")
                                   .Attr<int64_t>("bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_async_step_cpu, bagua::ffi::async_step_cpu,
+                              xffi::Ffi::Bind()
+                                  .Arg<xffi::Token>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("weights"));

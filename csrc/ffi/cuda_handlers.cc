@@ -32,11 +32,13 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "comm/nccl/cuda_util.h"
 #include "comm/registry.h"
 #include "common/error.h"
 #include "device/device.h"
+#include "ffi/async_step.h"
 #include "ffi/collectives.h"
 #include "ffi/handlers.h"
 #include "ffi/xla_step_adapter.h"
@@ -225,6 +227,41 @@ xffi::Error step_cuda(cudaStream_t stream, xffi::Token, xffi::AnyBuffer step, xf
   });
 }
 
+// Asynchronous model average's training step (ffi/async_step.h): through host
+// copies, since the weights it changes are host memory.
+xffi::Error async_step_cuda(cudaStream_t stream, xffi::Token, xffi::AnyBuffer step, xffi::RemainingArgs args,
+                            xffi::Result<xffi::Token>, xffi::RemainingRets rets, int64_t weights) {
+  const char* what = "asynchronous model average";
+  return on_stream(stream, what, {}, [&](StreamState& s) {
+    return guarded(what, [&] {
+      std::lock_guard<std::mutex> lock(s.mu);
+      AsyncStepCall call = prepare_async_step(weights, args, rets);
+      check_step_operand(step);
+      const std::chrono::milliseconds timeout = call.weights->averager()->timeout();
+      std::vector<std::vector<unsigned char>> host;  // the operands' host copies; the updates' become the results
+      auto to_host = [&](std::vector<Span>& spans) {
+        for (Span& x : spans) {
+          host.emplace_back(x.nbytes());
+          s.device->copy_async(host.back().data(), x.data, x.nbytes(), stream);
+          x.data = host.back().data();
+        }
+      };
+      host.reserve(2 * call.params.size() + 1);
+      host.emplace_back(sizeof(int64_t));
+      void* number = host.back().data();
+      s.device->copy_async(number, step.untyped_data(), step.element_type() == xffi::DataType::S32 ? 4 : 8, stream);
+      to_host(call.params);
+      to_host(call.updates);
+      s.device->synchronize(stream, timeout);
+      std::vector<Span> out = call.updates;  // in place on the host copies
+      call.weights->step(step_value(number, step.element_type()), call.params, call.updates, out);
+      for (size_t i = 0; i < out.size(); ++i)
+        s.device->copy_async(call.out[i].data, out[i].data, out[i].nbytes(), stream);
+      s.device->synchronize(stream, timeout);
+    });
+  });
+}
+
 }  // namespace
 }  // namespace ffi
 }  // namespace bagua
@@ -276,3 +313,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_step_cuda, bagua::ffi::step_cuda,
                                   .Attr<int64_t>("n_data")
                                   .Attr<std::string_view>("model")
                                   .Attr<int64_t>("bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(bagua_ffi_async_step_cuda, bagua::ffi::async_step_cuda,
+                              xffi::Ffi::Bind()
+                                  .Ctx<xffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xffi::Token>()
+                                  .Arg<xffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("weights"));

@@ -18,10 +18,13 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
 // Algorithm steps (ffi/xla_step_adapter.h): the token first, then the step number and a
 // bucket's leaves (and state) as remaining operands and results.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
+// Asynchronous model average's training step (ffi/async_step.h).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_async_step_cpu);
 
 #ifdef BAGUA_WITH_XLA_FFI_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allreduce_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_broadcast_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_async_step_cuda);
 #endif

@@ -37,12 +37,41 @@ void apply_average_loop(T* __restrict w, const T* __restrict snapshot, const T* 
   for (size_t i = 0; i < count; ++i) w[i] = AsyncAverageMath<T>::apply(w[i], snapshot[i], avg[i]);
 }
 
+template <typename T>
+void async_local_step_loop(T* w, const T* p, const T* u, T* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const T moved = AsyncStepMath<T>::update(w[i], u[i], p[i]);
+    out[i] = moved;
+    w[i] = AsyncStepMath<T>::apply(p[i], moved);
+  }
+}
+
+template <typename T>
+void async_warmup_step_loop(T* __restrict w, const T* __restrict p, const T* __restrict u, size_t count) {
+  for (size_t i = 0; i < count; ++i) w[i] = AsyncStepMath<T>::apply(p[i], u[i]);
+}
+
 }  // namespace
 
 void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t count, DType dtype) {
   with_floating(dtype, "applying a model average", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     apply_average_loop(static_cast<T*>(w), static_cast<const T*>(snapshot), static_cast<const T*>(avg), count);
+  });
+}
+
+void async_local_step_cpu(void* w, const void* p, const void* u, void* out, size_t count, DType dtype) {
+  with_floating(dtype, "asynchronous model average's training step", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    async_local_step_loop(static_cast<T*>(w), static_cast<const T*>(p), static_cast<const T*>(u), static_cast<T*>(out),
+                          count);
+  });
+}
+
+void async_warmup_step_cpu(void* w, const void* p, const void* u, size_t count, DType dtype) {
+  with_floating(dtype, "asynchronous model average's warm-up step", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    async_warmup_step_loop(static_cast<T*>(w), static_cast<const T*>(p), static_cast<const T*>(u), count);
   });
 }
 

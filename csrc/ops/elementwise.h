@@ -79,6 +79,31 @@ struct AsyncAverageMath<BFloat16> {
   }
 };
 
+// Asynchronous model average's training step (sched/async_weights.h), in the
+// weights' dtype with a rounding after every operation, as optax computes it:
+//   update: u' = (w + u) - p, the optimizer's update u for weights p moved
+//           onto the weights w the loop averaged since;
+//   apply:  w = p + u', exactly what optax.apply_updates(p, u') gives.
+template <typename T>
+struct AsyncStepMath {
+  static BAGUA_HD T update(T w, T u, T p) { return (w + u) - p; }
+  static BAGUA_HD T apply(T p, T u) { return p + u; }
+};
+template <>
+struct AsyncStepMath<Half> {
+  static BAGUA_HD Half update(Half w, Half u, Half p) {
+    return to_half(to_float(to_half(to_float(w) + to_float(u))) - to_float(p));
+  }
+  static BAGUA_HD Half apply(Half p, Half u) { return to_half(to_float(p) + to_float(u)); }
+};
+template <>
+struct AsyncStepMath<BFloat16> {
+  static BAGUA_HD BFloat16 update(BFloat16 w, BFloat16 u, BFloat16 p) {
+    return to_bfloat16(to_float(to_bfloat16(to_float(w) + to_float(u))) - to_float(p));
+  }
+  static BAGUA_HD BFloat16 apply(BFloat16 p, BFloat16 u) { return to_bfloat16(to_float(p) + to_float(u)); }
+};
+
 // Local steps' outer optimizer (ops/local_steps.h), in float32 (float64 for
 // float64 data); float16/bfloat16 round once on store:
 //   pseudo_gradient: d = a - w (how far the weights moved from the anchor)
@@ -184,6 +209,12 @@ void with_momentum_dtype(DType dtype, F&& f) {
 
 // w[i] = AsyncAverageMath::apply(w[i], snapshot[i], avg[i]) on host memory (floating dtypes).
 void apply_average_cpu(void* w, const void* snapshot, const void* avg, size_t count, DType dtype);
+
+// The training step of asynchronous model average on host memory (AsyncStepMath; floating dtypes):
+//   out[i] = update(w[i], u[i], p[i]); w[i] = apply(p[i], out[i]). `out` may alias `u`.
+void async_local_step_cpu(void* w, const void* p, const void* u, void* out, size_t count, DType dtype);
+// w[i] = AsyncStepMath::apply(p[i], u[i]) (the warm-up steps: the averaged update as it is).
+void async_warmup_step_cpu(void* w, const void* p, const void* u, size_t count, DType dtype);
 
 // m[i] = MomentumMath::update(m[i], g[i], beta, 1 - beta) on host memory (floating dtypes).
 void momentum_update_cpu(void* m, const void* g, size_t count, DType dtype, double beta);

@@ -77,6 +77,7 @@ class AsyncAverager {
 
   bool running() const;
   uint64_t rounds() const;  // averaging rounds completed since construction
+  std::chrono::milliseconds timeout() const { return timeout_; }
   std::string describe() const { return step_->describe(); }
 
   // Ends the loop without asking the peers (shutdown) and joins it. Idempotent.

@@ -22,7 +22,7 @@ needs_cuda_handlers = pytest.mark.skipif(
     not getattr(_C, "has_cuda_ffi", False), reason="bagua_core was built without CUDA: no CUDA handlers"
 )
 
-NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step"}
+NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step", "bagua_async_step"}
 
 
 def test_cuda_handlers_exactly_in_cuda_builds():
@@ -95,6 +95,21 @@ def test_cuda_lowering_emits_the_step_target():
     calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
     assert len(calls) == 1 and "@bagua_step(" in calls[0], calls
     assert 'step = "decentralized"' in calls[0] and "bucket = 3" in calls[0] and "n_data = 2" in calls[0]
+
+
+@needs_cuda_handlers
+def test_cuda_lowering_emits_the_async_step_target():
+    from bagua_jax._src.collective_ops.async_step import async_step
+
+    text = _cuda_text(
+        lambda s, p, u: async_step(s, [p], [u], handle=9)[0],
+        jnp.int32(0),
+        jnp.ones(4, jnp.float32),
+        jnp.ones(4, jnp.float32),
+    )
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    assert len(calls) == 1 and "@bagua_async_step(" in calls[0], calls
+    assert "weights = 9" in calls[0] and "!stablehlo.token" in calls[0]
 
 
 def test_cuda_lowering_without_cuda_handlers_is_refused(monkeypatch):
