@@ -120,7 +120,7 @@ class AsyncModelAverageAlgorithm(Algorithm):
     the optimizer's updates, a background loop averages every rank's weights
     every ``sync_interval_ms`` while each rank trains at its own pace. A
     weight algorithm: it goes *after* the optimizer in the chain, needs
-    ``params``, and runs outside ``jax.jit`` (see
+    ``params``; its update runs eagerly or inside ``jax.jit`` (see
     ``bagua_jax._src.async_average``). ``init`` binds this object to the
     weights it is given (a later ``init`` rebinds it); every rank calls
     :meth:`abort` when training stops and :meth:`resume` before training
@@ -143,30 +143,28 @@ class AsyncModelAverageAlgorithm(Algorithm):
     def abort(self, params=None):
         """Stops the background averaging (every rank calls it) and returns the
         weights, averaged once more with training stopped everywhere: the same
-        pytree on every rank. Idempotent. ``params`` is accepted for symmetry
-        with the torch ``abort(model)`` and not used."""
-        from bagua_jax._src.async_average import RUNNING, STOPPED
-
+        pytree on every rank. Idempotent. Waits for the training steps
+        already dispatched first. ``params`` is accepted for symmetry with the
+        torch ``abort(model)`` and not used."""
         binding = self._binding_of(f"{type(self).__name__}.abort")
-        if binding.status == RUNNING:
-            binding.averager.abort()
-            binding.status = STOPPED
+        binding.settle()
+        binding.averager.abort()  # a no-op unless the loop runs
         return binding.tree()
 
     def resume(self, params=None) -> None:
         """Restarts the background averaging after :meth:`abort` (every rank
         calls it), from ``params`` when given (the weights the next update
-        gets; equal on every rank, e.g. what abort returned)."""
-        from bagua_jax._src.async_average import RUNNING, STOPPED
-
+        gets; equal on every rank, e.g. what abort returned). Before the
+        warm-up ended nothing restarts: the first step after it starts the
+        loop."""
         binding = self._binding_of(f"{type(self).__name__}.resume")
+        binding.settle()
         if params is not None:
             leaves = binding.leaves_of(params, f"{type(self).__name__}.resume")
             with binding.averager.weights_locked():
                 binding.write(leaves)
-        if binding.status == STOPPED:
-            binding.averager.start()
-            binding.status = RUNNING
+        if binding.started:
+            binding.averager.start()  # a no-op while it runs
 
 
 def as_algorithm(algorithm) -> Algorithm:

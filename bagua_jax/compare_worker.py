@@ -68,14 +68,6 @@ def main(argv=None) -> None:
         updates, s = tx.update(grads, s, p)
         return optax.apply_updates(p, updates), s, loss
 
-    if args.algorithm == "async":  # its update runs eagerly (host weights, background loop)
-        grad_fn = jax.jit(jax.value_and_grad(loss_fn))
-
-        def step(p, s, x, y):
-            loss, grads = grad_fn(p, x, y)
-            updates, s = tx.update(grads, s, p)
-            return optax.apply_updates(p, updates), s, loss
-
     losses, times = [], []
     for t in range(problem.steps):
         x, y = problem.batch(t, group.rank)

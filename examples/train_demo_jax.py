@@ -107,14 +107,6 @@ def train(name, args, data, test, rank, world):
         updates, s = tx.update(grads, s, p)
         return optax.apply_updates(p, updates), s, loss
 
-    if name == "async":  # its update runs eagerly (the background loop owns host weights): jit the gradients only
-        grad_fn = jax.jit(jax.value_and_grad(loss_fn))
-
-        def step(p, s, xb, yb):
-            loss, grads = grad_fn(p, xb, yb)
-            updates, s = tx.update(grads, s, p)
-            return optax.apply_updates(p, updates), s, loss
-
     steps = math.ceil(x.shape[0] / args.batch_size)
     order = np.random.default_rng(rank)
     samples = 0

@@ -1,4 +1,4 @@
-"""Asynchronous model average as an optax transformation (eager only).
+"""Asynchronous model average as an optax transformation.
 
 ``bagua_jax.transform(AsyncModelAverageAlgorithm(...))`` goes *after* the
 optimizer and needs ``params``. Its state is not all functional: the weights
@@ -7,7 +7,7 @@ object (bound by ``init``), next to the loop itself
 (:class:`bagua_core.averager.AsyncAverager`, on its own clone of the group).
 The optax state (:class:`BaguaState`) holds only the step counter.
 
-``update(updates, state, params)``:
+``update(updates, state, params)``, eagerly or inside ``jax.jit``:
 
 * steps ``t < warmup_steps``: the optimizer's updates are averaged over the
   ranks (``GradientAllReduce``, mean; for SGD that is the gradients' mean
@@ -18,12 +18,14 @@ The optax state (:class:`BaguaState`) holds only the step counter.
   exactly the weights the loop then holds). The first such step starts the
   loop.
 
-It runs on concrete arrays only: the background loop reads and writes host
-memory between steps, which a compiled program cannot do. Jit the gradient
-computation and call ``tx.update`` / ``optax.apply_updates`` outside ``jit``;
-inside ``jit`` it raises ``TypeError``. ``algorithm.abort(params)`` (every
-rank) stops the loop and returns the averaged weights, the same on every
-rank; ``algorithm.resume(params)`` restarts it from ``params``.
+Both are the engine's (``csrc/sched/async_weights.h``), reached through the
+``bagua_async_step`` FFI target, ordered with Bagua's other collectives like
+every step. The host copies are read and written by the step only; what
+reads them from Python (:meth:`abort`, :meth:`resume`, a new ``init``) first
+waits for the steps already dispatched (``jax.effects_barrier``).
+``algorithm.abort(params)`` (every rank) stops the loop and returns the
+averaged weights, the same on every rank; ``algorithm.resume(params)``
+restarts it from ``params``.
 """
 
 from __future__ import annotations
@@ -34,32 +36,39 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
-from bagua_core import algorithm_steps
+from bagua_core import _C, algorithm_steps
 from bagua_core.averager import AsyncAverager, weight_buckets
-from bagua_jax._src import params_agreement
-
-NEW, RUNNING, STOPPED = "new", "running", "stopped"
+from bagua_jax._src import local_devices, params_agreement
+from bagua_jax._src.collective_ops.async_step import async_step
 
 
 class AsyncBinding:
     """What ``init`` binds to the algorithm: the host buckets holding the
-    weights of a pytree, the background loop, and its status."""
+    weights of a pytree, the background loop, and the engine's training step
+    on them (``_C.AsyncWeights``, reached by ``handle`` from jitted code)."""
 
-    def __init__(self, group, plan, params):
+    def __init__(self, group, plan, params, warmup_steps: int, handle: int = 0):
         leaves, self.treedef = jax.tree_util.tree_flatten(params)
         self.dtypes = [np.dtype(x.dtype) for x in leaves]
         self.shapes = [tuple(np.shape(x)) for x in leaves]
         order = list(reversed(range(len(leaves))))  # bagua_torch's bucket order
         self.buckets = weight_buckets([(str(i), tuple(np.shape(leaves[i])), self.dtypes[i]) for i in order])
-        views = {}
+        views, slots = {}, {}
         for b in self.buckets:
             for name in b.slot_names:
                 views[int(name)] = np.asarray(b.view(name)).view(self.dtypes[int(name)])
+                slots[int(name)] = (b, name)
         self.views = [views[i] for i in range(len(leaves))]
         self.write(leaves)
         self.averager = AsyncAverager(group, self.buckets, plan)
-        self.status = NEW
+        self.core = _C.AsyncWeights(self.averager.core, [slots[i] for i in range(len(leaves))], warmup_steps)
+        if handle:
+            _C.rebind_async_weights(handle, self.core)
+            self.handle = handle
+        else:
+            self.handle = int(_C.register_async_weights(self.core))
 
     def leaves_of(self, tree: Any, what: str) -> List[Any]:
         """The leaves of ``tree``, which must match those given to init in
@@ -69,6 +78,11 @@ class AsyncBinding:
         if [tuple(np.shape(x)) for x in leaves] != self.shapes:
             raise ValueError(f"{what}: the pytree's leaves must have the shapes of those given to init, in order")
         return leaves
+
+    @staticmethod
+    def settle() -> None:
+        """Waits for the training steps already dispatched."""
+        jax.effects_barrier()
 
     def write(self, leaves: List[Any]) -> None:
         for view, x in zip(self.views, leaves):
@@ -80,29 +94,37 @@ class AsyncBinding:
     def tree(self):
         return jax.tree_util.tree_unflatten(self.treedef, self.read())
 
+    @property
+    def started(self) -> bool:
+        """Whether a training step started the loop."""
+        return bool(self.core.started)
+
     def close(self) -> None:
+        self.settle()
         self.averager.close()
 
 
-def _is_traced(*trees) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for t in trees for x in jax.tree_util.tree_leaves(t))
-
-
-def async_transform(algo, group, what: str, warmup, state_type) -> optax.GradientTransformationExtraArgs:
+def async_transform(algo, group, what: str, warmup, state_type, local_axes=()) -> optax.GradientTransformationExtraArgs:
     """The transformation of ``algo`` (an AsyncModelAverageAlgorithm) on
     ``group``; ``warmup`` is the GradientAllReduce transformation of its
-    warm-up; ``state_type`` the transform's state class (BaguaState)."""
+    warm-up; ``state_type`` the transform's state class (BaguaState);
+    ``local_axes``: the process's device axes, over which the step runs once
+    (``local_devices.run_once``; the caller spreads the transform over them)."""
     description = algo.to_core()
     plan = description.plan()
     algorithm_steps.check_plan(plan, group)
 
     def init_fn(params):
         flat, _ = jax.tree_util.tree_flatten_with_path(params)
-        if _is_traced(params):
+        if any(isinstance(x, jax.core.Tracer) for _, x in flat):
             raise TypeError(f"{what}.init cannot run inside jax.jit: it binds host buffers to the weights")
         params_agreement.check_params(flat, group, what)
         warmup.init(params)  # checks the leaves (floating arrays on the group's platform)
-        algo._bind(AsyncBinding(group, plan, params))
+        old = algo.__dict__.get("_binding")
+        handle = old.handle if old is not None else 0
+        if old is not None:
+            old.close()  # after the steps in flight, which still write its buffers
+        algo._bind(AsyncBinding(group, plan, params, description.warmup_steps, handle))
         return state_type(step=jnp.zeros([], jnp.int32))
 
     def update_fn(updates, state, params=None, **extra_args):
@@ -115,33 +137,28 @@ def async_transform(algo, group, what: str, warmup, state_type) -> optax.Gradien
                 "tx.update(grads, state, params) and place the transform after the optimizer, "
                 "e.g. optax.chain(optax.sgd(lr), bagua_jax.transform(...))"
             )
-        if _is_traced(updates, state, params):
-            raise TypeError(
-                f"{what} cannot run inside jax.jit (or another JAX transformation): its background loop "
-                "averages host copies of the weights between steps. Jit the gradient computation and call "
-                "tx.update and optax.apply_updates outside jit"
-            )
         binding = algo._binding_of(what)
         treedef = jax.tree_util.tree_structure(updates)
         param_leaves = binding.leaves_of(params, f"{what}.update (params)")
         update_leaves = binding.leaves_of(updates, f"{what}.update (updates)")
-        step = int(state.step)
-        if step < description.warmup_steps:
-            averaged, _ = warmup.update(updates, state_type(step=state.step), params)
-            new_updates = jax.tree_util.tree_leaves(averaged)
-            binding.write([jnp.asarray(p + u).astype(p.dtype) for p, u in zip(param_leaves, new_updates)])
-        else:
-            if binding.status == NEW:
-                binding.averager.start()
-                binding.status = RUNNING
-            with binding.averager.weights_locked():
-                current = binding.read()  # params, as averaged since the last step
-                new_updates = [
-                    ((c + u).astype(c.dtype) - p).astype(u.dtype)
-                    for c, u, p in zip(current, update_leaves, param_leaves)
-                ]
-                # exactly what optax.apply_updates will compute
-                binding.write([jnp.asarray(p + u).astype(p.dtype) for p, u in zip(param_leaves, new_updates)])
+        for i, (p, dtype) in enumerate(zip(param_leaves, binding.dtypes)):
+            if np.dtype(p.dtype) != dtype:
+                raise TypeError(f"{what}.update: params leaf {i} is {np.dtype(p.dtype)}, init was given {dtype}")
+        # the engine's step takes updates in the weights' dtype
+        stepped = [jnp.asarray(u).astype(d) for u, d in zip(update_leaves, binding.dtypes)]
+        if description.warmup_steps > 0:
+
+            def warm(ups):
+                averaged, _ = warmup.update(ups, state_type(step=state.step), params)
+                return jax.tree_util.tree_leaves(averaged)
+
+            stepped = lax.cond(state.step < description.warmup_steps, warm, lambda ups: list(ups), stepped)
+        new_updates = local_devices.run_once(
+            lambda ups: async_step(state.step, param_leaves, ups, handle=binding.handle, per_device=bool(local_axes)),
+            stepped,
+            tuple(local_axes),
+        )
+        new_updates = [n.astype(u.dtype) for n, u in zip(new_updates, update_leaves)]
         return (
             jax.tree_util.tree_unflatten(treedef, new_updates),
             state_type(step=state.step + jnp.asarray(1, jnp.int32)),

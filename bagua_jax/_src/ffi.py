@@ -22,6 +22,7 @@ ALLREDUCE = "bagua_allreduce"
 BROADCAST = "bagua_broadcast"
 ALLGATHER = "bagua_allgather"
 STEP = "bagua_step"  # algorithm steps on a bucket's leaves (csrc/ffi/xla_step_adapter.h)
+ASYNC_STEP = "bagua_async_step"  # asynchronous model average's training step (csrc/ffi/async_step.h)
 
 # jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
 _JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}

@@ -10,9 +10,8 @@ The algorithm's plan (:mod:`bagua_core.algorithms`) says what travels:
   ``optax.apply_updates`` gives ``average(x_t) - lr * g(x_t)`` exactly as the
   torch frontend does: put them *after* the optimizer, ``optax.chain(
   optax.sgd(lr), transform(algo))``, and pass ``params`` to ``update``;
-* AsyncModelAverage runs outside ``jax.jit``, after the optimizer, with a
-  background loop averaging host copies of the weights
-  (``bagua_jax._src.async_average``);
+* AsyncModelAverage goes after the optimizer too, with a background loop
+  averaging host copies of the weights (``bagua_jax._src.async_average``);
 * weight algorithms of the after-optimizer-step phase (LowPrecisionDecentralized)
   run on the weights the optimizer's updates give, ``params + updates``, and
   return ``new - params``; they also go after the optimizer. Their step's state
@@ -193,7 +192,7 @@ def transform(
       on every rank at once, that all ranks hold pytrees of the same
       structure, shapes and dtypes; ``update(updates, state, params)`` works
       eagerly and inside ``jax.jit`` (``params`` is required by weight
-      algorithms; AsyncModelAverage's update is eager only). Every rank must call ``transform`` and ``init`` in the same
+      algorithms). Every rank must call ``transform`` and ``init`` in the same
       order: binding a hierarchical algorithm creates the intra- and
       inter-node groups collectively.
 
@@ -212,17 +211,21 @@ def transform(
     group = groups.process_group(process_group, what)
     local_axes = local_devices.axes_of(mesh, axis_name, groups.resolve(group), what)
     if isinstance(algo, algorithms.AsyncModelAverageAlgorithm):
-        if local_axes:
-            raise NotImplementedError(
-                f"{what}: AsyncModelAverage runs eagerly on one device per process; mesh= and axis_name= "
-                "are not supported for it"
-            )
         from bagua_jax._src.async_average import async_transform
 
         warm = transform(
-            algorithms.GradientAllReduceAlgorithm(hierarchical=False), process_group=group, name=f"{name} warm-up"
+            algorithms.GradientAllReduceAlgorithm(hierarchical=False),
+            process_group=group,
+            name=f"{name} warm-up",
+            axis_name=local_axes or None,  # inside the shard_map spread() below, when there is one
         )
-        return async_transform(algo, group, what, warm, BaguaState)
+        return local_devices.spread(
+            async_transform(algo, group, what, warm, BaguaState, local_axes),
+            mesh,
+            local_axes,
+            average_updates=False,
+            what=what,
+        )
 
     if plan.params.get("overlap_steps", 0) > 0:
         # exchanges that outlive an update run on a private clone, so later collectives on the

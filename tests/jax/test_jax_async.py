@@ -4,12 +4,16 @@
   weights abort returns are the mean of what each rank trained alone, against
   numpy training and torch.distributed all_gather; the warm-up averages the
   updates; the torch frontend in the same processes gives the same weights;
-* abort/resume cycles leave every rank with the same weights; the loss goes
-  down (gradients jitted, the update eager);
-* misuse: jit-compiling the update, missing params, update before init, bad
-  hyperparameters, each a clear exception;
+  each schedule runs eagerly and as one jitted step, with bitwise the same
+  weights;
+* abort/resume cycles of a jitted step leave every rank with the same
+  weights; the loss goes down under jit; a second init (a rollback) keeps a
+  step jitted before working, on the new weights;
+* misuse: init inside jit, missing params, other dtypes, update before init,
+  bad hyperparameters, each a clear exception;
 * inside ``nnx.Optimizer`` (init gets ``nnx.Param``-wrapped state, update
-  plain arrays): trains, and abort gives every rank the same weights.
+  plain arrays) under ``nnx.jit``: trains, and abort gives every rank the
+  same weights.
 
 One multi-process session per world size runs every case (this file is also
 the worker script); pytest reports each case on its own.
@@ -37,6 +41,8 @@ def case_names(session: str):
         "warmup_averages_updates",
         "matches_torch",
         "abort_resume_cycles",
+        "second_init_under_jit",
+        "half_precision_step",
         "misuse_refused",
         "loss_goes_down",
         "nnx_optimizer",
@@ -73,24 +79,39 @@ class Worker(JaxWorker):
         bagua_jax.init_process_group()
         _ = self.torch  # torch.distributed for the references
 
-    def _run(self, algo, steps, lr=0.1):
-        """Eager training with SGD; returns the final params (list of leaves)."""
+    def _sgd_step(self, tx, jit):
+        optax = self.optax
+
+        def step(p, state, g):
+            u, state = tx.update(g, state, p)
+            return optax.apply_updates(p, u), state
+
+        return self.jax.jit(step) if jit else step
+
+    def _run(self, algo, steps, lr=0.1, jit=False):
+        """Training with SGD, eager or one jitted step; returns the final params (list of leaves)."""
         import bagua_jax
 
         jnp, optax = self.jnp, self.optax
         tx = optax.chain(optax.sgd(lr), bagua_jax.transform(algo))
+        step = self._sgd_step(tx, jit)
         p = [jnp.asarray(x) for x in self.start()]
         state = tx.init(p)
         for t in range(steps):
-            u, state = tx.update([jnp.asarray(g) for g in self.grads(t)], state, p)
-            p = optax.apply_updates(p, u)
+            p, state = step(p, state, [jnp.asarray(g) for g in self.grads(t)])
         return p
 
     def _schedule(self, warmup):
         import bagua_jax
 
+        eager = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=warmup)
+        p_eager = self._run(eager, 6)
+        eager.abort(p_eager)
+        eager._binding.close()
         algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS, warmup_steps=warmup)
-        p = self._run(algo, 6)
+        p = self._run(algo, 6, jit=True)
+        for a, b in zip(p, p_eager):  # the same engine step, eagerly and jitted
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         ref = [x.astype(np.float32) for x in self.start()]
         for t in range(6):
             g = self.grads(t)
@@ -152,13 +173,13 @@ class Worker(JaxWorker):
         jnp, optax = self.jnp, self.optax
         algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=2, warmup_steps=1)
         tx = optax.chain(optax.sgd(0.05), bagua_jax.transform(algo))
+        step = self._sgd_step(tx, jit=True)
         p = [jnp.asarray(x) for x in self.start()]
         state = tx.init(p)
         t = 0
         for _cycle in range(3):
             for _ in range(8):
-                u, state = tx.update([jnp.asarray(g) for g in self.grads(t)], state, p)
-                p = optax.apply_updates(p, u)
+                p, state = step(p, state, [jnp.asarray(g) for g in self.grads(t)])
                 t += 1
                 time.sleep(0.005)
             p = algo.abort(p)
@@ -171,6 +192,58 @@ class Worker(JaxWorker):
         assert algo._binding.averager.rounds >= 3
         algo.abort(p)
         algo._binding.close()
+
+    def second_init_under_jit(self):
+        """A step jitted before a second init (a rollback to other weights)
+        trains the weights of the new init: no stale buffers, no error."""
+        import bagua_jax
+
+        jnp, optax = self.jnp, self.optax
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS)
+        tx = optax.chain(optax.sgd(0.1), bagua_jax.transform(algo))
+        step = self._sgd_step(tx, jit=True)
+        g = [jnp.asarray(x) for x in self.grads(0)]
+        p = [jnp.asarray(x) for x in self.start()]
+        state = tx.init(p)
+        for _ in range(3):
+            p, state = step(p, state, g)
+        algo.abort(p)
+        fresh = [jnp.asarray(x) * 2 for x in self.start()]
+        state = tx.init(fresh)  # the steps above may still be in flight
+        p, state = step(fresh, state, g)
+        want = [np.float32(2) * x - np.float32(0.1) * np.asarray(y) for x, y in zip(self.start(), g)]
+        for got, w in zip(p, want):
+            np.testing.assert_allclose(np.asarray(got), w, rtol=0, atol=1e-6)
+        final = self.jax.tree_util.tree_leaves(algo.abort(p))
+        self.same_everywhere(final)
+        algo._binding.close()
+
+    def half_precision_step(self):
+        """The engine's step in float16 and bfloat16 rounds after every
+        operation, as numpy (ml_dtypes) does: u' = (w + u) - p, w = p + u'."""
+        import ml_dtypes
+
+        import bagua_jax
+
+        jnp = self.jnp
+        for dtype in (np.float16, ml_dtypes.bfloat16):
+            algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=NEVER_MS)
+            tx = bagua_jax.transform(algo)
+            update = self.jax.jit(tx.update)
+            start = [x.astype(dtype) for x in self.start()]
+            state = tx.init([jnp.asarray(x) for x in start])
+            w = start
+            for t in range(3):
+                u = [(np.float32(0.3) * g).astype(dtype) for g in self.grads(t)]
+                p = [(x * np.float32(1.5 + t)).astype(dtype) for x in start]  # not the weights: w moves them
+                got, state = update([jnp.asarray(x) for x in u], state, [jnp.asarray(x) for x in p])
+                want = [(wi + ui) - pi for wi, ui, pi in zip(w, u, p)]
+                w = [pi + wi for pi, wi in zip(p, want)]
+                for a, b in zip(got, want):
+                    assert np.asarray(a).dtype == dtype
+                    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), b.view(np.uint16))
+            algo.abort()
+            algo._binding.close()
 
     def misuse_refused(self):
         import bagua_jax
@@ -190,9 +263,11 @@ class Worker(JaxWorker):
         expect_error(
             RuntimeError, lambda: unbound.update(g, bagua_jax.BaguaState(step=jnp.zeros([], jnp.int32)), p), "init"
         )
+        expect_error(TypeError, lambda: jax.jit(tx.init)(p), "inside jax.jit")
         state = tx.init(p)
-        expect_error(TypeError, lambda: jax.jit(tx.update)(g, state, p), "jax.jit")
         expect_error(ValueError, lambda: tx.update(g, state), "needs params")
+        as16 = [x.astype(jnp.float16) for x in p]
+        expect_error(TypeError, lambda: tx.update(g, state, as16), "params leaf 0 is float16")
         expect_error(ValueError, lambda: tx.update(g[:2], state, p[:2]), "shapes of those given to init")
         algo.abort(p)
         algo._binding.close()
@@ -202,7 +277,7 @@ class Worker(JaxWorker):
 
         algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=5, warmup_steps=5)
         tx = self.optax.chain(self.optax.sgd(0.3), bagua_jax.transform(algo))
-        self.assert_training_reduces_loss(tx, eager=True, finish=algo.abort)
+        self.assert_training_reduces_loss(tx, finish=algo.abort)
         assert algo._binding.averager.rounds > 0
         algo._binding.close()
 
@@ -216,8 +291,13 @@ class Worker(JaxWorker):
         algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=2, warmup_steps=2)
         optimizer = nnx.Optimizer(model, optax.chain(optax.sgd(0.05), bagua_jax.transform(algo)), wrt=nnx.Param)
         x, y = jnp.ones((8, 4)) * (self.rank + 1), jnp.zeros((8, 2))
-        for _ in range(10):
+
+        @nnx.jit
+        def train_step(model, optimizer):
             optimizer.update(model, nnx.grad(lambda m: ((m(x) - y) ** 2).mean())(model))
+
+        for _ in range(10):
+            train_step(model, optimizer)
             time.sleep(0.005)
         nnx.update(model, algo.abort(nnx.state(model, nnx.Param)))
         self.same_everywhere(self.jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
