@@ -41,6 +41,7 @@ def case_names(session: str):
         "warmup_averages_updates",
         "matches_torch",
         "abort_resume_cycles",
+        "jitted_step_during_round_kept",
         "second_init_under_jit",
         "half_precision_step",
         "misuse_refused",
@@ -191,6 +192,49 @@ class Worker(JaxWorker):
             algo.resume(p)  # idempotent
         assert algo._binding.averager.rounds >= 3
         algo.abort(p)
+        algo._binding.close()
+
+    def jitted_step_during_round_kept(self):
+        """One round held (engine test hook) after its snapshot w0; every rank
+        runs a jitted step (ranks > 0 with the round's allreduce in flight),
+        then the round applies: each rank must hold mean(w0) + (w1 - w0), w1
+        its weights after that step: the step is neither lost nor torn."""
+        import bagua_jax
+
+        jnp, optax = self.jnp, self.optax
+        algo = bagua_jax.AsyncModelAverageAlgorithm(sync_interval_ms=5)
+        tx = optax.chain(optax.sgd(0.5), bagua_jax.transform(algo))
+        step = self._sgd_step(tx, jit=True)
+        p = [jnp.asarray(x) for x in self.start()]
+        state = tx.init(p)
+        binding = algo._binding
+        hook = binding.averager.core
+        flat = lambda: np.concatenate([np.ravel(np.asarray(x)) for x in binding.read()])  # noqa: E731
+        hook._test_hold(True)
+        try:
+            p, state = step(p, state, [jnp.asarray(g) for g in self.grads(0)])  # starts the loop
+            binding.settle()
+            assert hook._test_wait_held(30.0), "no round took its snapshot"
+            w0 = flat()  # the snapshot: nothing changed the weights since
+            if self.rank > 0:
+                hook._test_release_held()  # its allreduce now waits for rank 0
+            p, state = step(p, state, [jnp.asarray(g) for g in self.grads(1)])
+            binding.settle()
+            w1 = flat()
+            self.torch.dist.barrier()  # every rank stepped before rank 0 lets the allreduce finish
+            if self.rank == 0:
+                hook._test_release_held()
+            deadline = time.monotonic() + 30.0
+            while binding.averager.rounds < 1:
+                assert time.monotonic() < deadline, "the held round did not finish"
+                time.sleep(0.005)
+            got = flat()  # the next round, if any, is held after its snapshot
+        finally:
+            hook._test_hold(False)
+        mean = self.gathered_mean([w0])
+        assert np.abs(w1 - w0).max() > 1e-3 and np.abs(w0 - mean).max() > 1e-2, "the test would not tell"
+        np.testing.assert_allclose(got, mean + (w1.astype(np.float64) - w0), rtol=0, atol=1e-5)
+        self.same_everywhere(self.jax.tree_util.tree_leaves(algo.abort(p)))
         algo._binding.close()
 
     def second_init_under_jit(self):
