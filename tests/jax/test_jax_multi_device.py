@@ -11,6 +11,7 @@ devices with --xla_force_host_platform_device_count), across real processes:
   on a mesh gives bitwise what the same algorithm gives on
   one device of the same processes (the engine's step on the process's
   value), and every device holds the same result;
+* broadcast_params on global arrays over the mesh keeps their shardings;
 * bad input (mesh= and axis_name= together, a mesh or shard_map axis that is
   not this process's data axis, a process-local array where a global one is
   needed, multi-device arrays without mesh=, a collective inside shard_map):
@@ -44,6 +45,7 @@ def case_names(session: str):
         "mesh_matches_numpy",
         "shard_map_matches_numpy",
         "every_algorithm_on_mesh_matches_one_device",
+        "broadcast_params_on_mesh",
         "bad_input",
     ]
 
@@ -229,6 +231,24 @@ class Worker(JaxWorker):
             if isinstance(algo, bagua_jax.AsyncModelAverageAlgorithm):
                 algo.abort()
                 algo._binding.close()
+
+    def broadcast_params_on_mesh(self):
+        """broadcast_params on global arrays over the process's mesh, replicated
+        and sharded: every process gets rank 0's values, each leaf keeps its
+        sharding."""
+        from jax.sharding import PartitionSpec as P
+
+        import bagua_jax
+
+        bagua_jax.init_process_group()
+        mine = np.arange(8.0 * self.devices).reshape(self.devices * 2, 4) + 1000 * self.rank
+        params = {"replicated": self.sharded(mine[:2], P()), "sharded": self.sharded(mine, P("data"))}
+        got = bagua_jax.broadcast_params(params, root=0)
+        root = np.arange(8.0 * self.devices).reshape(self.devices * 2, 4)
+        for name, want in (("replicated", root[:2]), ("sharded", root)):
+            assert got[name].sharding == params[name].sharding, name
+            np.testing.assert_array_equal(np.asarray(got[name]), want)
+        self.assert_replicated_equal(got["replicated"], root[:2])
 
     def bad_input(self):
         from jax.sharding import Mesh, PartitionSpec as P
