@@ -226,7 +226,8 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
          std::optional<int> lanes, std::optional<int64_t> lane_threshold_bytes, std::optional<int64_t> segment_bytes,
          std::optional<bool> shm, std::optional<int64_t> shm_threshold_bytes, std::optional<int64_t> shm_window_bytes,
          std::optional<std::string> wire_packing, std::optional<int64_t> wire_packing_min_bytes,
-         std::optional<int64_t> wire_packing_segment_bytes, std::optional<double> wire_packing_slow_bits_per_s) {
+         std::optional<int64_t> wire_packing_segment_bytes, std::optional<double> wire_packing_slow_bits_per_s,
+         std::optional<int64_t> wire_packing_window_bytes) {
         GlooCommunicatorOptions o;
         o.timeout = to_timeout(timeout_s);
         o.hostname = hostname;
@@ -242,6 +243,8 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
         if (wire_packing_segment_bytes)
           o.wire_packing_segment_bytes = to_count(*wire_packing_segment_bytes, "wire_packing_segment_bytes");
         if (wire_packing_slow_bits_per_s) o.wire_packing_slow_bits_per_s = *wire_packing_slow_bits_per_s;
+        if (wire_packing_window_bytes)
+          o.wire_packing_window_bytes = to_count(*wire_packing_window_bytes, "wire_packing_window_bytes");
         return create_gloo_communicator(std::move(store), prefix, rank, size, o);
       },
       py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("hostname"),
@@ -249,7 +252,8 @@ is 'auto', 'on' or 'off' (BAGUA_WIRE_PACKING; empty: the engine's default).)doc"
       py::arg("segment_bytes") = py::none(), py::arg("shm") = py::none(), py::arg("shm_threshold_bytes") = py::none(),
       py::arg("shm_window_bytes") = py::none(), py::arg("wire_packing") = py::none(),
       py::arg("wire_packing_min_bytes") = py::none(), py::arg("wire_packing_segment_bytes") = py::none(),
-      py::arg("wire_packing_slow_bits_per_s") = py::none(), Release());
+      py::arg("wire_packing_slow_bits_per_s") = py::none(), py::arg("wire_packing_window_bytes") = py::none(),
+      Release());
 
 #ifdef BAGUA_WITH_TEST_BINDINGS
   m.def("_shm_host_identity", &shm_host_identity,

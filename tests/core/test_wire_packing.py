@@ -4,7 +4,7 @@
   gradient-like and adversarial data (all 256 top bytes, NaN payloads,
   infinities, -0.0, denormals), at tiny and odd sizes; a corrupt size raises;
 * the packed allreduce (comm/gloo/packed_allreduce.h), forced on with tiny
-  segments, over 2 and 3 real processes, SUM and AVG, in and out of place,
+  segments and windows, over 2 and 3 real processes, SUM and AVG, in and out of place,
   equals numpy summing in rank order bitwise, and for 2 ranks equals the
   unpacked path (Gloo's ring) bitwise; `auto` keeps Gloo's ring on loopback
   and switches when every rank finds the link slow; `off` never packs;
@@ -223,6 +223,7 @@ class Session(StoreSession):
             wire_packing="on",
             wire_packing_min_bytes=0,
             wire_packing_segment_bytes=4096,
+            wire_packing_window_bytes=12000,  # the largest calls below run as several windows
         )
         self.off = _C._create_gloo_communicator_tuned(
             self.store, "off", self.rank, self.world, TIMEOUT_S, "127.0.0.1", **tuned, wire_packing="off"

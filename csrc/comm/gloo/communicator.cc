@@ -393,10 +393,10 @@ class GlooCommunicator : public Communicator {
     std::vector<ga::PackedAllreduceStats> st(parts);
     on_lanes(parts, [&](size_t lane) {
       const size_t b = count * lane / parts, e = count * (lane + 1) / parts;
-      st[lane] = ga::packed_allreduce_f32(lanes_[lane].context, static_cast<const float*>(send) + b,
-                                          static_cast<float*>(recv) + b, e - b, average, pack,
-                                          ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag), options_.timeout,
-                                          options_.wire_packing_segment_bytes / 4, packed_scratch_[lane]);
+      st[lane] = ga::packed_allreduce_f32(
+          lanes_[lane].context, static_cast<const float*>(send) + b, static_cast<float*>(recv) + b, e - b, average,
+          pack, ga::make_slot(ga::kPackedAllreduceSlotPrefix, tag), options_.timeout,
+          options_.wire_packing_segment_bytes / 4, options_.wire_packing_window_bytes / 4, packed_scratch_[lane]);
     });
     double bytes = 0, seconds = 0;
     for (const auto& s : st) {

@@ -79,6 +79,11 @@ struct GlooCommunicatorOptions {
   size_t wire_packing_min_bytes = 1u << 20;
   double wire_packing_slow_bits_per_s = 2e9;
   size_t wire_packing_segment_bytes = 1u << 20;
+  // The packed allreduce reduces each lane's part in windows of at most this
+  // many bytes (comm/gloo/packed_allreduce.h): its scratch, about 2.25 times a
+  // window per lane, then stays bounded however large a bucket is (VGG16's
+  // first dense layer alone is 392 MiB). 0: no windows.
+  size_t wire_packing_window_bytes = 32u << 20;
 };
 
 CommunicatorPtr create_gloo_communicator(StorePtr store, const std::string& prefix, int rank, int size,

@@ -85,15 +85,11 @@ void add_to_totals(const PackedAllreduceStats& s) {
 
 }  // namespace
 
-PackedAllreduceStats packed_allreduce_totals() {
-  std::lock_guard<std::mutex> g(totals_mu);
-  return totals;
-}
-
-PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
-                                          size_t count, bool average, bool pack, uint64_t slot,
-                                          std::chrono::milliseconds timeout, size_t segment_elems,
-                                          PackedAllreduceScratch& scratch) {
+// One window of the call: the whole exchange of `count` values.
+static PackedAllreduceStats exchange(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
+                                     size_t count, bool average, bool pack, uint64_t slot,
+                                     std::chrono::milliseconds timeout, size_t segment_elems,
+                                     PackedAllreduceScratch& scratch) {
   const int size = ctx->size;
   const int me = ctx->rank;
   const size_t S = std::max<size_t>(1, segment_elems);
@@ -258,6 +254,38 @@ PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& 
   st.receiving_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_arrival).count();
   add_to_totals(st);
   return st;
+}
+
+PackedAllreduceStats packed_allreduce_totals() {
+  std::lock_guard<std::mutex> g(totals_mu);
+  return totals;
+}
+
+PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
+                                          size_t count, bool average, bool pack, uint64_t slot,
+                                          std::chrono::milliseconds timeout, size_t segment_elems, size_t window_elems,
+                                          PackedAllreduceScratch& scratch) {
+  // At least one segment per rank's chunk in a window; windows of one call
+  // reuse its slot: each pair delivers a slot's messages in order, so a
+  // peer's next window never meets this one's receives.
+  const size_t per_window =
+      window_elems == 0 ? count
+                        : std::max(window_elems, std::max<size_t>(1, segment_elems) * static_cast<size_t>(ctx->size));
+  PackedAllreduceStats total;
+  size_t begin = 0;
+  do {
+    const size_t n = std::min(per_window, count - begin);
+    const PackedAllreduceStats st =
+        exchange(ctx, send + begin, recv + begin, n, average, pack, slot, timeout, segment_elems, scratch);
+    total.packed_messages += st.packed_messages;
+    total.raw_messages += st.raw_messages;
+    total.wire_bytes += st.wire_bytes;
+    total.raw_bytes += st.raw_bytes;
+    total.received_bytes += st.received_bytes;
+    total.receiving_seconds += st.receiving_seconds;
+    begin += n;
+  } while (begin < count);
+  return total;
 }
 
 }  // namespace gloo_algorithms

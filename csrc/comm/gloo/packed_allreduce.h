@@ -18,6 +18,13 @@
 // not shrink the segment); receivers post each body at its raw size (Gloo's
 // TCP pair accepts a shorter message into a larger posted receive) and read
 // the format from the header, so ranks need not agree on packing.
+//
+// A call longer than `window_elems` values (0: no limit) runs as windows of
+// that many, one exchange after the other, so the scratch it keeps (the
+// staged bodies: about 2 + 1/size times what one exchange carries) is
+// bounded by the window, not by the largest buffer ever reduced. Each window
+// ends with its last segment's allgather before the next begins: the cost is
+// one segment's round trip per window.
 #pragma once
 
 #include <chrono>
@@ -58,7 +65,7 @@ struct PackedAllreduceScratch {
 // comes from make_slot(kPackedAllreduceSlotPrefix, tag).
 PackedAllreduceStats packed_allreduce_f32(const std::shared_ptr<gloo::Context>& ctx, const float* send, float* recv,
                                           size_t count, bool average, bool pack, uint64_t slot,
-                                          std::chrono::milliseconds timeout, size_t segment_elems,
+                                          std::chrono::milliseconds timeout, size_t segment_elems, size_t window_elems,
                                           PackedAllreduceScratch& scratch);
 
 }  // namespace gloo_algorithms
