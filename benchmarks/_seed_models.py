@@ -32,7 +32,7 @@ STATE_COPIES = {
     "DDP+PowerSGD": 3.0,  # the hook's copy of its one bucket, the error-feedback residual, P and Q
     "Horovod": 0.5,
     "Horovod+fp16": 0.5,
-    # Bagua's allreduce: 2.25 times its largest bucket (PACKING_SCRATCH), not a share of the weights
+    # Bagua's allreduce: a bounded wire-packing scratch (packing_scratch_bytes), not a share of the weights
     "Bagua GradientAllReduce": 0.0,
     "Bagua GradientAllReduce hierarchical": 0.0,
     "Bagua ByteGrad": 0.5,  # compressed send and receive buffers
@@ -50,12 +50,21 @@ STATE_COPIES = {
 }
 
 
-# Bagua's allreduce keeps a wire-packing scratch of 2.25 times its largest bucket (send and receive
-# stages of the whole bucket, a share for the gather), and a tensor larger than
-# the bucket size (10 MiB) is a bucket of its own: VGG16's fc6 weight (392 MiB) made GradientAllReduce's
-# peak 925 MiB above DDP's, BERT-large's word embeddings (119 MiB) 312 MiB above.
+# Bagua's allreduce keeps a wire-packing scratch of 2.25 times what one exchange carries (send and
+# receive stages, a share for the gather), and a tensor larger than the bucket size (10 MiB) is a
+# bucket of its own. Each of the 2 lanes reduces its half of a bucket in windows of at most 32 MiB
+# (csrc/comm/gloo/communicator.h wire_packing_window_bytes), so the scratch stops growing at 2.25 x
+# 64 MiB: before the windows, VGG16's fc6 weight (392 MiB) made GradientAllReduce's peak 925 MiB
+# above DDP's (seed_scale-2026-12-06-4h-vgg16), after them 184 MiB (seed_scale-2026-12-07-4h-vgg16-memory).
 LARGEST_TENSOR = {"vgg16": 102_760_448, "bert-large": 31_254_528, "tiny-vgg": 1_152, "tiny-bert": 16_384}
+PACKING_WINDOW_BYTES = 2 * (32 << 20)  # both lanes' windows
 PACKING_SCRATCH = ("Bagua GradientAllReduce", "Bagua GradientAllReduce hierarchical")
+
+
+def packing_scratch_bytes(model: str, config: str) -> float:
+    if config not in PACKING_SCRATCH:
+        return 0.0
+    return 2.25 * min(4 * LARGEST_TENSOR[model], PACKING_WINDOW_BYTES)
 
 
 def optimizer_copies(config: str, momentum: float, stepped: bool = True) -> float:
@@ -244,10 +253,10 @@ def per_rank_bytes(
     weights = 4 * PARAMETERS[model]
     if mode == "real":
         copies = 2.0 + optimizer_copies(config, momentum) + STATE_COPIES[config]
-        scratch = 2.25 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
+        scratch = packing_scratch_bytes(model, config)
         return BASE_BYTES[model] + copies * weights + scratch + model_spec(model, seq_len).activation_bytes(batch)
     stepped = optimizer_on == "cpu" or config.startswith("JAX")  # JAX's optax update runs here
-    scratch = 2.25 * 4 * LARGEST_TENSOR[model] if config in PACKING_SCRATCH else 0
+    scratch = packing_scratch_bytes(model, config)
     copies = 3.0 + optimizer_copies(config, momentum, stepped) + STATE_COPIES[config]
     return BASE_BYTES[model] + copies * weights + scratch
 
