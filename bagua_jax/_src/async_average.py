@@ -30,6 +30,7 @@ restarts it from ``params``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, List
 
 import jax
@@ -49,7 +50,7 @@ class AsyncBinding:
     weights of a pytree, the background loop, and the engine's training step
     on them (``_C.AsyncWeights``, reached by ``handle`` from jitted code)."""
 
-    def __init__(self, group, plan, params, warmup_steps: int, handle: int = 0):
+    def __init__(self, group, plan, params, warmup_steps: int, handle: int):
         leaves, self.treedef = jax.tree_util.tree_flatten(params)
         self.dtypes = [np.dtype(x.dtype) for x in leaves]
         self.shapes = [tuple(np.shape(x)) for x in leaves]
@@ -64,11 +65,8 @@ class AsyncBinding:
         self.write(leaves)
         self.averager = AsyncAverager(group, self.buckets, plan)
         self.core = _C.AsyncWeights(self.averager.core, [slots[i] for i in range(len(leaves))], warmup_steps)
-        if handle:
-            _C.rebind_async_weights(handle, self.core)
-            self.handle = handle
-        else:
-            self.handle = int(_C.register_async_weights(self.core))
+        _C.rebind_async_weights(handle, self.core)  # the old binding's buffers go with it
+        self.handle = handle
 
     def leaves_of(self, tree: Any, what: str) -> List[Any]:
         """The leaves of ``tree``, which must match those given to init in
@@ -104,6 +102,18 @@ class AsyncBinding:
         self.averager.close()
 
 
+def _handle_of(algo) -> int:
+    """The algorithm's handle for jitted code: one per algorithm object, so a
+    step jitted before a new ``init`` reaches the new binding; freed with the
+    object."""
+    handle = algo.__dict__.get("_async_handle")
+    if handle is None:
+        handle = int(_C.register_async_weights(None))
+        algo.__dict__["_async_handle"] = handle
+        weakref.finalize(algo, _C.unregister_async_weights, handle)
+    return handle
+
+
 def async_transform(algo, group, what: str, warmup, state_type, local_axes=()) -> optax.GradientTransformationExtraArgs:
     """The transformation of ``algo`` (an AsyncModelAverageAlgorithm) on
     ``group``; ``warmup`` is the GradientAllReduce transformation of its
@@ -121,10 +131,9 @@ def async_transform(algo, group, what: str, warmup, state_type, local_axes=()) -
         params_agreement.check_params(flat, group, what)
         warmup.init(params)  # checks the leaves (floating arrays on the group's platform)
         old = algo.__dict__.get("_binding")
-        handle = old.handle if old is not None else 0
         if old is not None:
             old.close()  # after the steps in flight, which still write its buffers
-        algo._bind(AsyncBinding(group, plan, params, description.warmup_steps, handle))
+        algo._bind(AsyncBinding(group, plan, params, description.warmup_steps, _handle_of(algo)))
         return state_type(step=jnp.zeros([], jnp.int32))
 
     def update_fn(updates, state, params=None, **extra_args):

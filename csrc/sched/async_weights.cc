@@ -90,7 +90,9 @@ void rebind_async_weights(int64_t handle, std::shared_ptr<AsyncWeights> weights)
 }
 
 std::shared_ptr<AsyncWeights> lookup_async_weights(int64_t handle) {
-  return table().get(handle, " (was the transform's algorithm closed?)");
+  auto weights = table().get(handle, " (was the transform's algorithm freed?)");
+  if (!weights) throw InvalidArgument("asynchronous model average: no weights bound yet (call init first)");
+  return weights;
 }
 
 void unregister_async_weights(int64_t handle) { table().remove(handle); }

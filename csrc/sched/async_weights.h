@@ -64,10 +64,12 @@ class AsyncWeights {
   std::atomic<bool> started_{false};
 };
 
+// `weights` may be null: a handle reserved for a later rebind (until then a
+// step naming it fails with InvalidArgument).
 int64_t register_async_weights(std::shared_ptr<AsyncWeights> weights);
 // Throws InvalidArgument for a handle register_async_weights never gave.
 void rebind_async_weights(int64_t handle, std::shared_ptr<AsyncWeights> weights);
-// Throws InvalidArgument for an unknown handle.
+// Throws InvalidArgument for an unknown handle or one bound to nothing.
 std::shared_ptr<AsyncWeights> lookup_async_weights(int64_t handle);
 void unregister_async_weights(int64_t handle);
 
