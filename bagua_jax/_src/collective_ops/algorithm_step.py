@@ -96,7 +96,8 @@ def _no_autodiff(*args, **kwargs):
     )
 
 
-def _no_batching(*args, **kwargs):
+def refuse_batching(*args, **kwargs):
+    """The batching rule of the transform's primitives."""
     raise NotImplementedError(
         "bagua_jax.transform cannot run under jax.vmap: every rank must run each step exactly once"
     )
@@ -105,4 +106,4 @@ def _no_batching(*args, **kwargs):
 _compat.def_effectful_abstract_eval(algorithm_step_p, _abstract_eval)
 _compat.register_lowering(algorithm_step_p, _lowering)
 _compat.def_jvp(algorithm_step_p, _no_autodiff)
-_compat.def_batching(algorithm_step_p, _no_batching)
+_compat.def_batching(algorithm_step_p, refuse_batching)

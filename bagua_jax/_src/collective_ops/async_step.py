@@ -13,6 +13,7 @@ import numpy as np
 
 from bagua_jax import _compat
 from bagua_jax._src import ffi
+from bagua_jax._src.collective_ops.algorithm_step import refuse_batching
 
 # (step, *params, *updates) -> (*new updates); the updates are updated in place.
 async_step_p = _compat.define_primitive("bagua_async_step")
@@ -58,13 +59,7 @@ def _no_autodiff(*args, **kwargs):
     raise NotImplementedError("bagua_jax.transform's weight averaging is not differentiable")
 
 
-def _no_batching(*args, **kwargs):
-    raise NotImplementedError(
-        "bagua_jax.transform cannot run under jax.vmap: every rank must run each step exactly once"
-    )
-
-
 _compat.def_effectful_abstract_eval(async_step_p, _abstract_eval)
 _compat.register_lowering(async_step_p, _lowering)
 _compat.def_jvp(async_step_p, _no_autodiff)
-_compat.def_batching(async_step_p, _no_batching)
+_compat.def_batching(async_step_p, refuse_batching)
