@@ -15,9 +15,9 @@ XLA FFI handlers of the Bagua engine::
 
 Gradient algorithms go before the optimizer in the chain; weight algorithms
 (``DecentralizedAlgorithm``) go after it and need ``params``.
-``AsyncModelAverageAlgorithm`` goes after it too, but its update runs outside
-``jax.jit`` (a background loop averages host copies of the weights; see
-``bagua_jax._src.async_average``).
+``AsyncModelAverageAlgorithm`` goes after it too (a background loop averages
+host copies of the weights, which its update reads and writes, also inside
+``jax.jit``; see ``bagua_jax._src.async_average``).
 
 On GPUs: collectives and transform steps on arrays on a CUDA device run
 through the CUDA handlers (built when bagua_core was built with CUDA;

@@ -3,8 +3,8 @@
 (float64 turns on ``jax_enable_x64``), with ``bagua_jax.transform`` and plain
 SGD (the transform before the optimizer for gradient algorithms, after it for
 weight algorithms; QAdam's transform is the whole optimizer, bagua_jax.qadam;
-asynchronous model average's update runs outside jit and averages at the
-problem's fixed steps, as the torch side); rank 0 writes every step's loss
+asynchronous model average averages at the problem's fixed steps, as the
+torch side); rank 0 writes every step's loss
 (mean over ranks) and time."""
 
 from __future__ import annotations
