@@ -211,6 +211,16 @@ def lower_ffi_with_token(
     return list(results)
 
 
+def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:
+    """The lowering rule of an FFI call without a token (public API)."""
+    return jax.ffi.ffi_lowering(target, **kwargs)
+
+
+def lower_fun(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """A lowering rule that lowers ``fun`` (returning a list) in place of a primitive."""
+    return mlir.lower_fun(fun, multiple_results=True)
+
+
 def register_ffi_target(name: str, capsule: Any, platform: str) -> None:
     """Registers a typed-FFI handler for ``platform`` ("cpu" or "CUDA").
 

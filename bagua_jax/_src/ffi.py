@@ -4,7 +4,8 @@ The handlers live in the extension module (csrc/ffi/); ``_C.ffi_targets()``
 returns them as capsules grouped by platform: "cpu" always, "CUDA" when the
 module was built with CUDA (``_C.has_cuda_ffi``; csrc/ffi/cuda_handlers.cc).
 Every platform registers the same target names, so a collective's lowering
-does not depend on the platform.
+does not depend on the platform (except ``bagua_leader_broadcast``, CPU only:
+on GPUs XLA's collective-broadcast does its work).
 
 Registering the CUDA handlers with a jaxlib that has no CUDA plugin is
 harmless: JAX keeps registrations for a platform it has not loaded and hands
@@ -23,6 +24,7 @@ BROADCAST = "bagua_broadcast"
 ALLGATHER = "bagua_allgather"
 STEP = "bagua_step"  # algorithm steps on a bucket's leaves (csrc/ffi/xla_step_adapter.h)
 ASYNC_STEP = "bagua_async_step"  # asynchronous model average's training step (csrc/ffi/async_step.h)
+LEADER_BROADCAST = "bagua_leader_broadcast"  # CPU only: one device's arrays to the others (csrc/ffi/leader_broadcast.h)
 
 # jax.ffi spells the platforms "cpu" and "CUDA"; lowering contexts say "cuda".
 _JAX_PLATFORM = {"cpu": "cpu", "CUDA": "cuda", "cuda": "cuda"}

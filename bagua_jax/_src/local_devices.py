@@ -6,8 +6,8 @@ mesh axes); between processes, Bagua's algorithm through the engine, called
 once per process. Under shard_map every device runs the program, so the
 engine call is guarded: the device at index 0 of every local axis (the
 leader) runs it, the others pass their operands through, and the leader's
-results reach every device by an XLA ``psum`` of (result on the leader, zero
-elsewhere), which is exact.
+results reach every device by ``collective_ops.leader_broadcast`` (on CPU a
+copy from the leader's buffers, on GPUs XLA's collective-broadcast).
 
 Two ways in, both through :func:`bagua_jax.transform`:
 
@@ -23,17 +23,17 @@ Two ways in, both through :func:`bagua_jax.transform`:
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from bagua_jax import _compat
 from bagua_jax._src import validation
+from bagua_jax._src.collective_ops.leader_broadcast import leader_broadcast
 from bagua_jax._src.groups import GroupInfo
 
 
@@ -58,7 +58,7 @@ def axes_of(
 
 
 def check_mesh(mesh: Any, group: GroupInfo, what: str) -> None:
-    """A Mesh over devices of this process only, on the group's platform."""
+    """A Mesh over all of this process's devices and no other's, on the group's platform."""
     if not isinstance(mesh, Mesh):
         raise TypeError(f"{what}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     me = jax.process_index()
@@ -69,7 +69,19 @@ def check_mesh(mesh: Any, group: GroupInfo, what: str) -> None:
             "processes and XLA inside one, so build the mesh over this process's devices: "
             "Mesh(np.array(jax.local_devices()), ('data',))"
         )
+    if mesh.devices.size != jax.local_device_count():
+        raise ValueError(
+            f"{what}: the mesh holds {mesh.devices.size} of this process's {jax.local_device_count()} "
+            "devices; Bagua runs once per process over all of them: build the mesh over "
+            "jax.local_devices() (or start one process per group of devices)"
+        )
     validation.check_platform(f"transform (mesh {dict(mesh.shape)})", {d.platform for d in mesh.devices.flat}, group)
+
+
+def signature(axes: Tuple[str, ...]) -> list:
+    """What ``init`` checks every process agrees on: how many devices each
+    drives (unequal counts would weigh the processes' batches unequally)."""
+    return [("devices per process", jax.local_device_count())] if axes else []
 
 
 def _check_bound(axes: Tuple[str, ...], what: str) -> None:
@@ -87,6 +99,13 @@ def _check_bound(axes: Tuple[str, ...], what: str) -> None:
             f"{what}: the shard_map also splits the devices along {others}, which axis_name={axes} does not "
             "name; Bagua runs once per process, so name every axis of the process's devices (model-parallel "
             "axes are not supported)"
+        )
+    size = math.prod(lax.axis_size(a) for a in axes)
+    if size != jax.local_device_count():
+        raise ValueError(
+            f"{what}: the shard_map's axes {axes} span {size} devices, this process has "
+            f"{jax.local_device_count()}; Bagua runs once per process over all of its devices "
+            "(init checked every process has as many): shard_map over a mesh of jax.local_devices()"
         )
 
 
@@ -110,18 +129,13 @@ def _check_on_mesh(trees: dict, mesh: Mesh, what: str) -> None:
                 )
 
 
-def _is_leader(axes: Tuple[str, ...]) -> jax.Array:
-    return functools.reduce(jnp.logical_and, [lax.axis_index(a) == 0 for a in axes])
-
-
 def run_once(call: Callable[[list], list], operands: Sequence[Any], axes: Tuple[str, ...]) -> list:
     """``call(operands)``, which returns arrays shaped as ``operands``, run
     by the leader device only; every device gets the leader's results."""
     if not axes:
         return list(call(list(operands)))
-    leader = _is_leader(axes)
-    out = lax.cond(leader, lambda ops: list(call(ops)), lambda ops: list(ops), list(operands))
-    return [lax.psum(jnp.where(leader, o, jnp.zeros_like(o)), axes) for o in out]
+    out = lax.cond(lax.axis_index(axes) == 0, lambda ops: list(call(ops)), lambda ops: list(ops), list(operands))
+    return leader_broadcast(out, axes)
 
 
 def spread(

@@ -248,7 +248,9 @@ def transform(
     )
     core_trace.follow_ffi_steps()
     # processes on meshes of different shapes would weigh their batches differently
-    mesh_signature = [("mesh", tuple(mesh.shape.items()))] if mesh is not None else []
+    mesh_signature = local_devices.signature(local_axes)
+    if mesh is not None:
+        mesh_signature.append(("mesh", tuple(mesh.shape.items())))
     weights = plan.communicates == WEIGHTS
     after_step = plan.phase == AFTER_OPTIMIZER_STEP
     bucket_bytes = default_bucket_bytes()

@@ -20,6 +20,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allgather_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_step_cpu);
 // Asynchronous model average's training step (ffi/async_step.h).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_async_step_cpu);
+// The leader device's arrays copied into the process's other devices
+// (ffi/leader_broadcast.h); CPU only: on GPUs XLA's collective-broadcast does it.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_leader_broadcast_cpu);
 
 #ifdef BAGUA_WITH_XLA_FFI_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(bagua_ffi_allreduce_cuda);

@@ -12,6 +12,7 @@ const std::vector<Target>& targets() {
       {"bagua_allgather", "cpu", reinterpret_cast<void*>(&bagua_ffi_allgather_cpu)},
       {"bagua_step", "cpu", reinterpret_cast<void*>(&bagua_ffi_step_cpu)},
       {"bagua_async_step", "cpu", reinterpret_cast<void*>(&bagua_ffi_async_step_cpu)},
+      {"bagua_leader_broadcast", "cpu", reinterpret_cast<void*>(&bagua_ffi_leader_broadcast_cpu)},
 #ifdef BAGUA_WITH_XLA_FFI_CUDA
       {"bagua_allreduce", "CUDA", reinterpret_cast<void*>(&bagua_ffi_allreduce_cuda)},
       {"bagua_broadcast", "CUDA", reinterpret_cast<void*>(&bagua_ffi_broadcast_cuda)},

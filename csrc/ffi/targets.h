@@ -1,7 +1,8 @@
 // The table of FFI targets the module exports, for jax.ffi.register_ffi_target.
 // One name per collective; each platform registers its own handler under that
 // name, so the Python lowering is the same on every platform: "cpu" always,
-// "CUDA" in builds with CUDA (BAGUA_WITH_XLA_FFI_CUDA).
+// "CUDA" in builds with CUDA (BAGUA_WITH_XLA_FFI_CUDA). The exception,
+// "bagua_leader_broadcast", is CPU only: on GPUs XLA's collective-broadcast does it.
 #pragma once
 
 #include <vector>

@@ -47,6 +47,24 @@ def expect_error(exc_type, fn, *needles):
     raise AssertionError(f"expected {exc_type.__name__}" + (f" mentioning {needles[0]!r}" if needles else ""))
 
 
+def exit_as_dead_peer(case: str, rank: int, world: int) -> None:
+    """On the last rank: reports ``case`` passed and exits at once, without a
+    word to the others (the peer that dies in a dead-peer case)."""
+    if rank == world - 1:
+        report(case, True)
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def expect_failure_within(seconds: float, fn, *needles) -> None:
+    """Calls ``fn`` (e.g. a collective with a dead peer); it must raise,
+    with every one of ``needles`` in its message, within ``seconds``."""
+    start = time.monotonic()
+    expect_error(Exception, fn, *needles)  # JAX's runtime error type varies by version
+    elapsed = time.monotonic() - start
+    assert elapsed < seconds, f"failed only after {elapsed:.1f} s"
+
+
 def open_store(_C, rank):
     """The rendezvous store: server on rank 0 at MASTER_PORT + 1, a client per rank."""
     port = int(os.environ["MASTER_PORT"]) + 1

@@ -3,7 +3,8 @@ CUDA handlers exactly when it was built with CUDA, registering them on this
 CPU-only jaxlib is harmless (the CPU collectives keep working: the JAX tests
 on CPU run with them registered), and lowering for CUDA emits the same
 targets as on CPU with XLA's token, refusing cleanly where no handler or the
-wrong group."""
+wrong group; the leader broadcast alone is CPU only (XLA's collective-broadcast
+on GPUs)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ needs_cuda_handlers = pytest.mark.skipif(
 )
 
 NAMES = {"bagua_allreduce", "bagua_broadcast", "bagua_allgather", "bagua_step", "bagua_async_step"}
+CPU_ONLY = {"bagua_leader_broadcast"}  # on GPUs XLA's collective-broadcast does its work
 
 
 def test_cuda_handlers_exactly_in_cuda_builds():
@@ -31,7 +33,7 @@ def test_cuda_handlers_exactly_in_cuda_builds():
 
 def test_target_table_lists_both_platforms():
     table = _C.ffi_targets()
-    assert set(table["cpu"]) == NAMES
+    assert set(table["cpu"]) == NAMES | CPU_ONLY
     if _C.has_cuda_ffi:
         assert set(table) == {"cpu", "CUDA"}
         assert set(table["CUDA"]) == NAMES
@@ -44,7 +46,7 @@ def test_registration_on_cpu_only_jaxlib_is_harmless():
     from bagua_jax._src import ffi
 
     registered = ffi.register_targets()
-    assert registered["cpu"] == NAMES
+    assert registered["cpu"] == NAMES | CPU_ONLY
     assert registered.get("cuda", set()) == (NAMES if _C.has_cuda_ffi else set())
     assert ffi.register_targets() is registered  # once per process
     assert {d.platform for d in jax.devices()} == {"cpu"}  # no CUDA backend came with it
@@ -110,6 +112,26 @@ def test_cuda_lowering_emits_the_async_step_target():
     calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
     assert len(calls) == 1 and "@bagua_async_step(" in calls[0], calls
     assert "weights = 9" in calls[0] and "!stablehlo.token" in calls[0]
+
+
+def test_leader_broadcast_lowers_to_the_copy_on_cpu_and_xla_collective_broadcast_on_cuda():
+    """How an engine step's result reaches the process's other devices
+    (local_devices.run_once): the CPU target, or XLA's collective-broadcast."""
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    from bagua_jax._src.collective_ops.leader_broadcast import leader_broadcast
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    fn = jax.jit(
+        jax.shard_map(
+            lambda x: leader_broadcast([x], ("data",))[0], mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
+        )
+    )
+    cpu = fn.trace(jnp.ones(3)).lower(lowering_platforms=("cpu",)).as_text()
+    assert "@bagua_leader_broadcast(" in cpu and "collective_broadcast" not in cpu
+    cuda = fn.trace(jnp.ones(3)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.collective_broadcast" in cuda and "bagua_leader_broadcast" not in cuda
 
 
 def test_cuda_lowering_without_cuda_handlers_is_refused(monkeypatch):

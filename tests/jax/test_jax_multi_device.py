@@ -12,10 +12,14 @@ devices with --xla_force_host_platform_device_count), across real processes:
   one device of the same processes (the engine's step on the process's
   value), and every device holds the same result;
 * broadcast_params on global arrays over the mesh keeps their shardings;
+* the leader broadcast that spreads an engine step's result over the
+  process's devices, over two mesh axes and inside a scan;
 * bad input (mesh= and axis_name= together, a mesh or shard_map axis that is
   not this process's data axis, a process-local array where a global one is
   needed, multi-device arrays without mesh=, a collective inside shard_map):
-  a clear error at init or trace time, never a hang.
+  a clear error at init or trace time, never a hang;
+* a dead peer: every survivor's step on the mesh fails with PeerError on
+  every device within seconds.
 
 One multi-process session per layout runs every case (this file is also the
 worker script); pytest reports each case on its own.
@@ -23,15 +27,16 @@ worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from tests.harness.jax_worker import JaxWorker, worker_main
 from tests.harness.mp import Session, session_tests
-from tests.harness.worker import expect_error
+from tests.harness.worker import exit_as_dead_peer, expect_error, expect_failure_within
 
-# session -> (processes, devices per process)
-LAYOUTS = {"p2d4": (2, 4), "p3d2": (3, 2), "p8d1": (8, 1)}
-GLOBAL_SHARDS = {"p2d4": 8, "p3d2": 6, "p8d1": 8}  # batch shards of the global batch
+# session -> (processes, devices per process; a tuple: per rank)
+LAYOUTS = {"p2d4": (2, 4), "p3d2": (3, 2), "p8d1": (8, 1), "p2uneven": (2, (2, 1))}
 ROWS_PER_SHARD = 2
 STEPS = 3
 LR = 2.0**-6
@@ -41,12 +46,16 @@ def case_names(session: str):
     _, devices = LAYOUTS[session]
     if devices == 1:
         return ["one_device_per_process_matches_numpy"]
+    if isinstance(devices, tuple):
+        return ["uneven_device_counts_refused_at_init"]
     return [
         "mesh_matches_numpy",
         "shard_map_matches_numpy",
         "every_algorithm_on_mesh_matches_one_device",
         "broadcast_params_on_mesh",
+        "leader_broadcast_in_loops_and_over_two_axes",
         "bad_input",
+        "dead_peer_on_mesh",  # last: one process exits
     ]
 
 
@@ -73,6 +82,10 @@ def numpy_reference(shards: int):
 
 class Worker(JaxWorker):
     def __init__(self):
+        by_rank = os.environ.get("BAGUA_TEST_DEVICES_BY_RANK")
+        if by_rank:  # before jax starts
+            count = by_rank.split(",")[int(os.environ["RANK"])]
+            os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
         super().__init__()
         self.jax.config.update("jax_enable_x64", True)
         from jax.sharding import Mesh
@@ -250,6 +263,49 @@ class Worker(JaxWorker):
             np.testing.assert_array_equal(np.asarray(got[name]), want)
         self.assert_replicated_equal(got["replicated"], root[:2])
 
+    def uneven_device_counts_refused_at_init(self):
+        """Processes that drive different numbers of devices would weigh their
+        batches unequally: init refuses on every rank, with mesh= and
+        axis_name= alike."""
+        import bagua_jax
+
+        bagua_jax.init_process_group()
+        w = self.jnp.zeros((4, 2))
+        for where in ({"mesh": self.mesh}, {"axis_name": "data"}):
+            tx = bagua_jax.transform("gradient_allreduce", **where)
+            expect_error(ValueError, lambda: tx.init(w), "devices per process", "differs across ranks")
+
+    def leader_broadcast_in_loops_and_over_two_axes(self):
+        """How an engine step's result reaches the process's other devices:
+        every device gets the leader's values (several dtypes, odd sizes), over
+        two mesh axes, at a call site that runs several times per run (a scan)."""
+        from jax import lax
+        from jax.sharding import Mesh, PartitionSpec as P
+
+        from bagua_jax._src.collective_ops.leader_broadcast import leader_broadcast
+
+        jax = self.jax
+        grid = Mesh(np.array(jax.local_devices()).reshape(2, -1), ("a", "b"))
+
+        def body(x, n):
+            position = lax.axis_index(("a", "b"))
+
+            def one(carry, _):  # the leader doubles, the others add their position
+                out = [c * 2 + position.astype(c.dtype) for c in carry]
+                return tuple(leader_broadcast(out, ("a", "b"))), None
+
+            return lax.scan(one, (x, n), None, length=3)[0]
+
+        run = jax.jit(jax.shard_map(body, mesh=grid, in_specs=(P(), P()), out_specs=(P(), P()), check_vma=False))
+        x = np.arange(1001.0)
+        n = np.arange(7, dtype=np.int32)
+        for _ in range(2):  # a second run of the same program
+            got_x, got_n = run(x, n)
+            for shard in got_x.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), x * 8)
+            for shard in got_n.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), n * 8)
+
     def bad_input(self):
         from jax.sharding import Mesh, PartitionSpec as P
 
@@ -273,6 +329,14 @@ class Worker(JaxWorker):
         grid = Mesh(np.array(jax.local_devices()).reshape(-1, 1), ("data", "model"))
         run = jax.jit(jax.shard_map(lambda g, s: tx.update(g, s)[0], mesh=grid, in_specs=(P(), P()), out_specs=P()))
         expect_error(ValueError, lambda: run(w, state), "also splits the devices along ['model']")
+        # a mesh or shard_map over some of the process's devices: Bagua runs over all of them
+        part = Mesh(np.array(jax.local_devices()[:1]), ("data",))
+        expect_error(
+            ValueError, lambda: bagua_jax.transform("bytegrad", mesh=part), f"holds 1 of this process's {self.devices}"
+        )
+        run = jax.jit(jax.shard_map(lambda g, s: tx.update(g, s)[0], mesh=part, in_specs=(P(), P()), out_specs=P()))
+        on_part = jax.device_get((w, state))  # host values: placed on the part by the call
+        expect_error(ValueError, lambda: run(*on_part), "span 1 devices", f"this process has {self.devices}")
         # a process-local array (committed to one device) where mesh= needs global arrays
         on_mesh = bagua_jax.transform("gradient_allreduce", mesh=self.mesh)
         local = jax.device_put(np.zeros((4, 2)), jax.local_devices()[0])
@@ -289,12 +353,35 @@ class Worker(JaxWorker):
         total = bagua_jax.allreduce(self.jnp.ones(3))
         np.testing.assert_array_equal(np.asarray(total), np.full(3, float(self.world)))
 
+    def dead_peer_on_mesh(self):
+        """A peer process dies: the step on the mesh fails on every device of
+        the survivors (the leader's engine step, and the other devices' copy
+        of its result with it) well within the timeout, never a hang."""
+        from jax.sharding import PartitionSpec as P
+
+        import bagua_jax
+
+        bagua_jax.init_process_group()
+        tx = bagua_jax.transform("bytegrad", mesh=self.mesh)
+        grads = self.sharded(np.ones(1 << 16), P())
+        state = tx.init(grads)
+        exit_as_dead_peer("dead_peer_on_mesh", self.rank, self.world)
+
+        def step():
+            out, _ = self.jax.jit(tx.update)(grads, state)
+            for shard in out.addressable_shards:  # every device's copy
+                np.asarray(shard.data)
+
+        expect_failure_within(45, step, "PeerError")
+
 
 # ---------------------------------------------------------------- pytest side
 
 
 def _session(name: str) -> Session:
     processes, devices = LAYOUTS[name]
+    if isinstance(devices, tuple):
+        return Session(processes, env={"BAGUA_TEST_DEVICES_BY_RANK": ",".join(map(str, devices))})
     flags = f"--xla_force_host_platform_device_count={devices} --xla_cpu_multi_thread_eigen=false"
     return Session(processes, env={"XLA_FLAGS": flags})
 

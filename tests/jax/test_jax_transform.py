@@ -17,15 +17,13 @@ the worker script); pytest reports each case on its own.
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
-import time
 
 import numpy as np
 
 from tests.harness.jax_worker import JaxWorker, worker_main
 from tests.harness.mp import Session, session_tests
+from tests.harness.worker import exit_as_dead_peer, expect_failure_within
 
 # session -> (world size, local world size)
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
@@ -389,21 +387,10 @@ class Worker(JaxWorker):
         tx = bagua_jax.transform(bagua_jax.ByteGradAlgorithm(hierarchical=False))
         grads = {"w": jnp.ones(1 << 16)}
         state = tx.init(grads)
-        if self.rank == self.world - 1:
-            from tests.harness.worker import report
-
-            report("dead_peer", True)
-            sys.stdout.flush()
-            os._exit(0)
-        start = time.monotonic()
-        try:
-            out, _ = jax.jit(tx.update)(grads, state)
-            np.asarray(out["w"])
-        except Exception as e:  # noqa: BLE001 - JAX's runtime error type varies by version
-            assert "step bytegrad" in str(e) and "PeerError" in str(e), str(e)
-        else:
-            raise AssertionError("a step with a dead peer returned")
-        assert time.monotonic() - start < 45
+        exit_as_dead_peer("dead_peer", self.rank, self.world)
+        expect_failure_within(
+            45, lambda: np.asarray(jax.jit(tx.update)(grads, state)[0]["w"]), "step bytegrad", "PeerError"
+        )
 
 
 # ---------------------------------------------------------------- pytest side
