@@ -52,19 +52,50 @@ def check_params(flat: Sequence[Tuple[Any, Any]], group, what: str, extra: Seque
 
 def broadcast_params(params: Any, root: int = 0, group=None) -> Any:
     """``params`` as rank ``root`` holds them, on every rank of ``group``
-    (default: the default group), each leaf with its own sharding. Call it
-    on every rank, outside ``jax.jit``, before ``tx.init``: e.g. after
+    (default: the default group), each leaf with its own sharding. A global
+    array over several processes' devices must be whole in every process
+    (replicated across them; a leaf sharded across them is a ValueError).
+    Call it on every rank, outside ``jax.jit``, before ``tx.init``: e.g. after
     ``model.init(jax.random.PRNGKey(rank), ...)``, or for Flax
     ``batch_stats`` too."""
     from bagua_jax._src import groups
 
     group = groups.process_group(group, "bagua_jax.broadcast_params")
     jax.effects_barrier()
-    leaves, treedef = jax.tree_util.tree_flatten(params)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    hosts = [_whole_value(path, leaf) for path, leaf in flat]  # every refusal before any communication
     out = []
-    for leaf in leaves:
-        host = np.array(leaf)  # a writable host copy (a global array's whole value)
+    for (_, leaf), host in zip(flat, hosts):
         core_comm.broadcast(host, root, group)
-        sharding = getattr(leaf, "sharding", None)
-        out.append(jax.device_put(host, sharding) if sharding is not None else jax.numpy.asarray(host))
+        out.append(_placed_like(leaf, host))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _whole_value(path, leaf) -> np.ndarray:
+    """A writable host copy of the leaf's whole value, as this process holds it
+    (a global array over several processes: from the shards on its devices)."""
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+        return np.array(leaf)
+    host = np.empty(leaf.shape, leaf.dtype)
+    held = {}
+    for shard in leaf.addressable_shards:
+        key = tuple(s.indices(n) for s, n in zip(shard.index, leaf.shape))
+        if key not in held:
+            held[key] = host[shard.index] = np.asarray(shard.data)
+    if sum(part.size for part in held.values()) != leaf.size:  # a NamedSharding's shards tile the array
+        raise ValueError(
+            f"bagua_jax.broadcast_params: {jax.tree_util.keystr(path)} is sharded across processes "
+            f"({leaf.sharding}): each holds other parts of it, so there are no rank-0 values to copy. "
+            "Bagua's data parallelism keeps the params whole in every process (replicated, or sharded "
+            "over each process's own devices)"
+        )
+    return host
+
+
+def _placed_like(leaf, host: np.ndarray):
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None:
+        return jax.numpy.asarray(host)
+    if leaf.is_fully_addressable:
+        return jax.device_put(host, sharding)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -6,8 +6,10 @@ devices each:
   beside Bagua's store); ``bagua_jax.init_process_group()`` then agrees with
   JAX, a mesh over the process's devices trains as numpy does and as JAX's
   own data parallelism does (XLA averaging over a mesh of every process's
-  devices), ``transform`` on such a global mesh is refused, and a world size
-  that disagrees with JAX's is an error;
+  devices), ``transform`` on such a global mesh is refused, ``broadcast_params``
+  copies rank 0's values into global arrays replicated across the processes
+  (refusing ones sharded across them), and a world size that disagrees with
+  JAX's is an error;
 * ``explicit``: no launcher's variables; ``jax.distributed.initialize(address,
   n, i)``, and ``bagua_jax.init_process_group()`` takes everything from JAX.
 
@@ -32,7 +34,12 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NOD
 def case_names(session: str):
     names = ["initialize_and_agree", "mesh_of_this_process_trains"]
     if session == "launched":
-        names += ["matches_xla_across_processes", "global_mesh_refused", "world_size_disagreement"]
+        names += [
+            "matches_xla_across_processes",
+            "global_mesh_refused",
+            "broadcast_params_across_processes",
+            "world_size_disagreement",
+        ]
     return names
 
 
@@ -139,6 +146,36 @@ class Worker(JaxWorker):
             "holds devices of processes",
             "jax.local_devices()",
         )
+
+    def broadcast_params_across_processes(self):
+        """broadcast_params on global arrays over every process's devices: leaves
+        replicated across the processes (whole, or sharded over each process's
+        own devices) take rank 0's values on every device and keep their
+        shardings; a leaf sharded across the processes is refused on every rank."""
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+        import bagua_jax
+
+        jax = self.jax
+        rows = [[d for d in jax.devices() if d.process_index == p] for p in range(self.world)]
+        everyone = Mesh(np.array(rows), ("process", "local"))
+
+        def values(rank):
+            return np.arange(24.0).reshape(4, 6) + 1000 * rank
+
+        def global_array(spec):  # this process's values in its shards (replicas that disagree)
+            mine = values(self.rank)
+            return jax.make_array_from_callback(mine.shape, NamedSharding(everyone, spec), lambda i: mine[i])
+
+        params = {"whole": global_array(P()), "over_local": global_array(P("local"))}
+        got = bagua_jax.broadcast_params(params, root=0)
+        for name, leaf in got.items():
+            assert leaf.sharding == params[name].sharding, name
+            for shard in leaf.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), values(0)[shard.index], err_msg=name)
+        across = {"w": global_array(P("process"))}
+        expect_error(ValueError, lambda: bagua_jax.broadcast_params(across), "['w'] is sharded across processes")
+        bagua_jax.broadcast_params({"x": np.ones(3)})  # the group is still in step
 
     def world_size_disagreement(self):
         from bagua_jax._src.distributed import settings_from_jax
