@@ -15,10 +15,11 @@ import io
 import json
 import os
 import re
-import zlib
 from typing import Dict, List, Optional
 
 import torch
+
+from bagua_core.checkpoint_files import problem_of_bytes, write_bytes  # noqa: F401 (re-exported)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _ITER = re.compile(r"iter_(\d{7})$")
@@ -42,28 +43,6 @@ def optimizer_file(checkpoints_path: str, iteration: int, rank: int) -> str:
 
 def rng_file(checkpoints_path: str, iteration: int, rank: int) -> str:
     return os.path.join(iteration_dir(checkpoints_path, iteration), f"rng_rank_{rank}.pt")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes(path: str, data: bytes) -> int:
-    """``data`` to ``path``, whole or not at all (tmp, fsync, rename); returns its CRC-32."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(directory)
-    return zlib.crc32(data)
 
 
 def save(obj, path: str) -> Dict[str, int]:
@@ -91,17 +70,6 @@ def manifest(directory: str) -> Optional[Dict[str, Dict[str, int]]]:
         with open(p, "rb") as f:
             files.update(json.loads(f.read())["files"])
     return files
-
-
-def problem_of_bytes(name: str, data: bytes, entry: Optional[Dict[str, int]]) -> Optional[str]:
-    """Why ``data`` (file ``name``) is not what its manifest entry describes (None: it is)."""
-    if entry is None:
-        return f"{name} is not in the iteration's manifests"
-    if len(data) != entry["size"]:
-        return f"{name} has {len(data)} bytes, the manifest says {entry['size']}"
-    if zlib.crc32(data) != entry["crc32"]:
-        return f"{name} fails its checksum (CRC-32 {zlib.crc32(data):08x}, expected {entry['crc32']:08x})"
-    return None
 
 
 def iterations(checkpoints_path: str) -> List[int]:
