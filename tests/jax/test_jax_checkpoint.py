@@ -9,7 +9,8 @@
   and the manifest) is not used; nothing saved: ``(None, target)``;
 * ``keep_last`` keeps the newest steps; a rank that cannot write makes every
   rank raise OSError and keeps the earlier checkpoints;
-* a target of another structure: RuntimeError on every rank.
+* a target of another structure: RuntimeError on every rank;
+* a process SIGKILLed while orbax writes: the next one loads the step before.
 """
 
 from __future__ import annotations
@@ -190,3 +191,55 @@ test_case, test_session_exits_cleanly = session_tests(
 
 if __name__ == "__main__":
     worker_main(Worker, lambda s: CASES)
+
+
+KILLED_WHILE_SAVING = """
+import glob, os, signal, sys, threading, time
+import jax.numpy as jnp, bagua_jax
+from bagua_jax.checkpoint import save_checkpoint
+
+bagua_jax.init_process_group()
+directory, n = sys.argv[1], int(sys.argv[2])
+state = {"w": jnp.arange(n, dtype=jnp.float32)}
+save_checkpoint(directory, 1, state)
+
+def kill_once_step_2_appears():  # orbax's temporary directory, or the step renamed before its manifest
+    while not glob.glob(os.path.join(directory, "rank_0", "2*")):
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+threading.Thread(target=kill_once_step_2_appears, daemon=True).start()
+save_checkpoint(directory, 2, {"w": state["w"] + 1})
+time.sleep(60)  # the kill comes first
+"""
+
+RESUMED = """
+import sys
+import numpy as np, jax.numpy as jnp, bagua_jax
+from bagua_jax.checkpoint import load_checkpoint, save_checkpoint
+
+bagua_jax.init_process_group()
+directory, n = sys.argv[1], int(sys.argv[2])
+step, state = load_checkpoint(directory, {"w": jnp.zeros(n, jnp.float32)})
+assert step == 1, step
+np.testing.assert_array_equal(np.asarray(state["w"]), np.arange(n, dtype=np.float32))
+save_checkpoint(directory, 2, {"w": state["w"] + 1})  # over what the killed save left
+assert load_checkpoint(directory, state)[0] == 2
+print("RESUMED")
+"""
+
+
+def test_killed_while_saving_resumes_from_the_step_before(tmp_path):
+    """A real SIGKILL in the middle of save_checkpoint (orbax writing 160 MB):
+    the next process loads the step before, exactly, and can save over the
+    leftovers."""
+    import pytest
+
+    from tests.harness import mp
+
+    pytest.importorskip("orbax.checkpoint")
+    args = [str(tmp_path), str(40_000_000)]
+    killed = mp.launch(KILLED_WHILE_SAVING, 1, timeout=120, args=args)
+    assert killed.workers[0].returncode == -9, killed.summary()
+    resumed = mp.launch(RESUMED, 1, timeout=120, args=args)
+    assert resumed.ok() and "RESUMED" in resumed.workers[0].stdout, resumed.summary()
