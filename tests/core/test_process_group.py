@@ -1,7 +1,8 @@
 """Process groups: initialisation from the environment, repeated and mismatched
 initialisation, handles, destroy (no threads left) and re-initialisation, debug
-checks, clones (independent communicators, closed without leaving threads); a
-peer killed with SIGKILL during a collective.
+checks, clones (independent communicators, closed without leaving threads);
+no threads, descriptors, sockets or shared-memory segments left over three
+regroupings; a peer killed with SIGKILL during a collective.
 
 This file is also the worker script (numpy only: fast to start).
 """
@@ -36,6 +37,7 @@ def main_cases():
         ("debug_checks_catch_mismatch", case_debug_checks),
         ("clone_is_independent_and_closes", case_clone),
         ("no_threads_left", case_no_threads_left),
+        ("no_leaks_over_three_regroupings", case_no_leaks_over_three_regroupings),
     ]
 
 
@@ -196,6 +198,49 @@ def case_no_threads_left():
     bc.get_default_group().intra_node_group()
     bc.destroy_process_group()
     assert threads() == BASELINE_THREADS, f"{threads()} threads after destroy, {BASELINE_THREADS} before init"
+
+
+def resources() -> dict:
+    """What a group holds while it lives: threads, descriptors (sockets among
+    them) and mapped shared-memory segments of this process."""
+    fds = [os.path.join("/proc/self/fd", f) for f in os.listdir("/proc/self/fd")]
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(fd))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    with open("/proc/self/maps") as f:
+        segments = {line.split()[-1] for line in f if "/dev/shm/bagua-" in line}
+    return {
+        "threads": threads(),
+        "fds": len(links),
+        "sockets": sum(link.startswith("socket:") for link in links),
+        "shm segments": len(segments),
+    }
+
+
+def regroup() -> None:
+    """One membership change as a worker sees it: a new group, traffic over
+    every transport (TCP, shared memory, a subgroup, a clone), then destroy."""
+    bc.init_process_group()
+    assert (bc.allreduce(np.ones(1 << 20, np.float32)).numpy() == bc.get_world_size()).all()
+    bc.allreduce(np.ones(8), group=bc.new_group([0, 1]))
+    bc.get_default_group().clone()
+    live = resources()
+    assert live["sockets"] > 0 and live["shm segments"] > 0, live  # what the destroy must free
+    bc.destroy_process_group()
+
+
+def case_no_leaks_over_three_regroupings():
+    regroup()  # one-time setup (e.g. the step thread) is not a leak
+    wait_for_threads(BASELINE_THREADS)
+    before = resources()
+    for _ in range(3):
+        regroup()
+    wait_for_threads(before["threads"])
+    after = resources()
+    assert after == before, f"after 3 regroupings {after}, before {before}"
 
 
 def kill_worker(victim: int) -> int:
