@@ -38,9 +38,9 @@ from typing import Any, List, Optional, Tuple
 import jax
 import numpy as np
 
-from bagua_core import checkpoint_files, comm as core_comm
+from bagua_core import checkpoint_files, comm as core_comm, preemption
 
-__all__ = ["save_checkpoint", "load_checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "PreemptionGuard"]
 
 _MANIFEST = re.compile(r"^(\d+)\.manifest\.json$")
 
@@ -106,6 +106,16 @@ def load_checkpoint(directory: str, target: Any, *, group=None) -> Tuple[Optiona
                 f"bagua_jax.load_checkpoint: {message}; falling back to the step before", RuntimeWarning, stacklevel=2
             )
         below = candidate
+
+
+class PreemptionGuard(preemption.PreemptionGuard):
+    """``bagua_core.preemption.PreemptionGuard`` for JAX: a SIGTERM to any rank
+    makes ``should_stop()`` true on every rank at the same call, to save and
+    stop. Its collective first waits for the jitted steps in flight
+    (``jax.effects_barrier``), a pause per call: ``every=N`` checks every N-th."""
+
+    def _settle(self) -> None:
+        jax.effects_barrier()
 
 
 def _restore(mine: str, step: int, target: Any, group) -> Any:

@@ -38,8 +38,8 @@ unverified, with a warning. ``load_rng=True`` (default) restores each rank's
 random states, so a resumed run draws what the uninterrupted one would have.
 """
 
+from bagua_core.preemption import PreemptionGuard
 from bagua_torch.checkpoint.checkpointing import load_checkpoint, save_checkpoint
 from bagua_torch.checkpoint.files import TRACKER, checkpoint_file, expert_file, optimizer_file
-from bagua_torch.checkpoint.preemption import PreemptionGuard
 
 __all__ = ["save_checkpoint", "load_checkpoint", "PreemptionGuard"]

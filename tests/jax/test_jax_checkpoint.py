@@ -9,6 +9,7 @@
   and the manifest) is not used; nothing saved: ``(None, target)``;
 * ``keep_last`` keeps the newest steps; a rank that cannot write makes every
   rank raise OSError and keeps the earlier checkpoints;
+* a SIGTERM to one rank (PreemptionGuard): every rank saves at the same step;
 * a target of another structure: RuntimeError on every rank;
 * a process SIGKILLed while orbax writes: the next one loads the step before.
 """
@@ -32,6 +33,7 @@ CASES = [
     "damaged_newest_step_falls_back",
     "unfinished_step_and_nothing_saved",
     "keep_last_and_unwritable",
+    "sigterm_saves_every_rank_at_the_same_step",
     "target_of_another_structure",
 ]
 SHAPES = [(6, 5), (5,), (17,)]
@@ -166,6 +168,26 @@ class Worker(JaxWorker):
             "4.manifest.json",
         ] + (["5.manifest.json"] if self.rank != 1 else [])
         assert load_checkpoint(directory, state)[0] == 4  # the newest every rank finished
+
+    def sigterm_saves_every_rank_at_the_same_step(self):
+        import signal
+
+        from bagua_jax.checkpoint import PreemptionGuard, load_checkpoint, save_checkpoint
+
+        directory = self.directory("preempted")
+        step, state = self.trainer("bytegrad")
+        with PreemptionGuard() as guard:
+            for t in range(20):
+                state = self.train(step, state, t, t + 1)
+                if self.rank == self.world - 1 and t == 3:  # the notice reaches one rank, mid-run
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if guard.should_stop():
+                    save_checkpoint(directory, t + 1, state)
+                    break
+        assert t == 3, t
+        at, restored = load_checkpoint(directory, self.trainer("bytegrad")[1])
+        assert at == 4
+        self.assert_same(restored, state)
 
     def target_of_another_structure(self):
         from bagua_jax.checkpoint import load_checkpoint, save_checkpoint

@@ -14,6 +14,10 @@ returns::
         if guard.should_stop():
             save_checkpoint(step + 1, path, model, optimizer)
             break
+
+Framework-agnostic; ``bagua_torch.checkpoint`` exports it, and
+``bagua_jax.checkpoint`` a subclass that first waits for the jitted steps in
+flight (their collectives share the group).
 """
 
 from __future__ import annotations
@@ -49,9 +53,14 @@ class PreemptionGuard:
             return self.requested
         from bagua_core import comm
 
+        self._settle()
+
         flag = np.array([1 if self.requested else 0], dtype=np.int64)
         comm.allreduce_inplace(flag, op=comm.ReduceOp.MAX, group=bagua_core.get_default_group().control_group)
         return bool(flag[0])
+
+    def _settle(self) -> None:
+        """Waits for what must reach the group before the guard's collective."""
 
     def close(self) -> None:
         """Puts the previous signal handlers back."""
