@@ -291,7 +291,13 @@ void LocalStepsStep::sync_now(const ExecContext& ctx, Span data, const Span& anc
   if (mixing_ == 0.0) {  // the pseudo-gradient in place of the weights, which become the new anchor
     step_kernels::pseudo_gradient(ctx, data.data, anchor.data, data.count, data.dtype);
     const size_t mine_bad = step_kernels::count_nonfinite(ctx, data.data, data.count, data.dtype, kCountSlot);
-    average(ctx, data, compressed_, error);
+    try {
+      average(ctx, data, compressed_, error);
+    } catch (...) {
+      // the weights became the pseudo-gradient, part-averaged: back to the last synchronisation
+      step_kernels::copy(ctx, data.data, anchor.data, data.nbytes());
+      throw;
+    }
     refuse_nonfinite(ctx, data, anchor, mine_bad);
     step_kernels::outer_sgd(ctx, data.data, anchor.data, momentum.data, data.data, data.count, data.dtype, lr_,
                             momentum_, nesterov_, fresh);

@@ -23,7 +23,9 @@ the leaders, which keep the residual):
 * a NaN in one rank's pseudo-gradient is an error on every rank at that
   synchronisation, naming the rank that held it, and that bucket's weights
   are the last synchronisation's (the failure breaks the engine: the other
-  buckets of the step synchronised or not, as their lanes met it);
+  buckets of the step synchronised or not, as their lanes met it); a rank
+  that dies at a synchronisation is an error on every other rank, whose
+  buckets are each at the last synchronisation or at their inner step;
 * the step's alignment, state spans and description follow the settings
   (plain LocalSteps unchanged); bad settings are refused by the description
   and by the C++ step (every frontend raises the description's errors:
@@ -39,7 +41,7 @@ import numpy as np
 
 from tests.harness.jax_worker import JaxWorker, worker_main
 from tests.harness.mp import Session, session_tests
-from tests.harness.worker import expect_error
+from tests.harness.worker import exit_as_dead_peer, expect_error, expect_failure_within
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 BUCKET_BYTES = 64
@@ -65,6 +67,7 @@ def case_names(session: str):
         "settings_and_state",
         "nan_is_refused_on_every_rank",
         *(f"{frontend}_matches_reference_{codec}" for codec in LOW_BIT for frontend in ("torch", "jax")),
+        "dead_peer_at_synchronisation",  # last: a rank exits
     ]
 
 
@@ -318,22 +321,53 @@ class Worker(JaxWorker):
                 bagua_core.BaguaError, opt.step, f"NaN or Inf in the pseudo-gradient on rank {self.rank}", whose
             )
         # the NaN's bucket is back at the last synchronisation (the warm-up average), on every
-        # rank. The failure breaks the engine: each other bucket either synchronised as usual
-        # or, when its lane met the failure first, still holds this rank's inner step.
+        # rank. The failure breaks the engine: each other bucket synchronised as usual, still
+        # holds this rank's inner step (its lane met the failure first), or is back at the last
+        # synchronisation too (the failure broke its exchange midway).
         want, _, layout = reference(self.world, self.local, True, codec="topk_uint2")
         inner = inner_weights(self.rank, want[OUTER["warmup_steps"] - 1][self.rank], sync)
         before = inner_weights(self.rank, want[OUTER["warmup_steps"] - 1][self.rank], sync - 1)
         assert all(np.array_equal(a, b) for a, b in zip(before, want[sync - 1][self.rank]))  # as the simulation's
         for leaves, _ in layout:
             got = [params[i].detach().numpy() for i in leaves]
-            if 0 in leaves:
-                outcomes = {"restored": [want[OUTER["warmup_steps"] - 1][0][i] for i in leaves]}
-            else:
-                outcomes = {"synchronised": [want[sync][0][i] for i in leaves], "skipped": [inner[i] for i in leaves]}
+            outcomes = {"restored": [want[OUTER["warmup_steps"] - 1][0][i] for i in leaves]}
+            if 0 not in leaves:
+                outcomes["synchronised"] = [want[sync][0][i] for i in leaves]
+                outcomes["skipped"] = [inner[i] for i in leaves]
             assert any(all(np.array_equal(a, b) for a, b in zip(got, w)) for w in outcomes.values()), (
                 f"leaves {leaves} are none of {sorted(outcomes)}"
             )
         model.bagua_ddp.close()
+
+    def dead_peer_at_synchronisation(self):
+        """The last rank exits before the first synchronisation: every other
+        rank raises there, and no bucket is left holding a part-averaged
+        pseudo-gradient: each is back at the last synchronisation (its
+        exchange had started) or still holds this rank's inner step."""
+        algorithm = self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(True))
+        model, params, opt, step_grads = self.torch_model(algorithm)
+        sync = OUTER["warmup_steps"] + OUTER["sync_interval"] - 1
+        for t in range(sync):
+            step_grads["g"] = grads_of(self.rank, t)
+            opt.zero_grad()
+            model().backward()
+            opt.step()
+        step_grads["g"] = grads_of(self.rank, sync)
+        opt.zero_grad()
+        model().backward()
+        exit_as_dead_peer("dead_peer_at_synchronisation", self.rank, self.world)
+        expect_failure_within(60, opt.step, "local_steps")
+        want, _, layout = reference(self.world, self.local, True)
+        last_sync = want[OUTER["warmup_steps"] - 1][0]
+        inner = inner_weights(self.rank, last_sync, sync)
+        seen = set()
+        for leaves, _ in layout:
+            got = [params[i].detach().numpy() for i in leaves]
+            outcomes = {"restored": [last_sync[i] for i in leaves], "kept": [inner[i] for i in leaves]}
+            matched = [k for k, w in outcomes.items() if all(np.array_equal(a, b) for a, b in zip(got, w))]
+            assert matched, f"leaves {leaves} are none of {sorted(outcomes)}"
+            seen.update(matched)
+        assert "restored" in seen, "no bucket's exchange started"
 
     def compression_and_error_feedback_matter(self):
         with_ef, residual, _ = reference(self.world, self.local, True)
