@@ -1,7 +1,8 @@
 """bagua-run's (``python -m bagua.run``) elastic jobs, on torch elastic's agent and rendezvous, with
 real worker processes: torchrun's environment (restart count, run id, world
 size), restarts after a failure up to --max-restarts then the worker's exit
-code, nothing left running, and a clear error from an unreachable
+code, no threads, descriptors or sockets gained by the launcher over three
+restarts, nothing left running, and a clear error from an unreachable
 rendezvous within its timeout. Bagua training under these launches (a
 restart that resumes, a node that joins) is in
 tests/compat/test_bagua_compat_launch.py."""
@@ -25,7 +26,20 @@ WORKER = """
 import json, os, sys
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "BAGUA_DEFAULT_BUCKET_SIZE")
-print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"argv": sys.argv[1:], "pid": os.getpid()}), flush=True)
+
+def agent():  # what the long-lived launcher process holds as this generation starts
+    proc = f"/proc/{os.getppid()}"
+    links = []
+    for fd in os.listdir(proc + "/fd"):
+        try:
+            links.append(os.readlink(f"{proc}/fd/{fd}"))
+        except OSError:
+            pass
+    return {"threads": len(os.listdir(proc + "/task")), "fds": len(links),
+            "sockets": sum(link.startswith("socket:") for link in links)}
+
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}
+                          | {"argv": sys.argv[1:], "pid": os.getpid(), "agent": agent()}), flush=True)
 fail = os.environ.get("FAIL_RANK_UNTIL_RESTART")  # "rank:count": that rank exits 3 before that restart
 if fail:
     rank, _, until = fail.partition(":")
@@ -88,6 +102,20 @@ def test_a_failed_worker_restarts_the_group(tmp_path, backend):
         assert e["argv"] == ["--flag", "x"] and e["BAGUA_DEFAULT_BUCKET_SIZE"] == "4096", e
         assert e["TORCHELASTIC_RUN_ID"] == "job7", e
     assert all(line.startswith("[rank ") for line in got.stdout.splitlines() if "ENV " in line)
+
+
+def test_the_launcher_holds_no_more_after_three_restarts(tmp_path):
+    """Three membership changes (a worker fails twice more after the first
+    restart): the launcher's threads, descriptors and sockets as the fourth
+    group starts are those it held as the second one started."""
+    got = _run(
+        tmp_path, "--nproc-per-node", 2, "--max-restarts", 3, "--rdzv-backend", "c10d",
+        "--rdzv-conf", "last_call_timeout=1", env={"FAIL_RANK_UNTIL_RESTART": "1:3"},
+    )  # fmt: skip
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    seen = {(e["TORCHELASTIC_RESTART_COUNT"], e["RANK"]): e["agent"] for e in _envs(got.stdout)}
+    assert sorted(seen) == [(str(g), str(r)) for g in range(4) for r in range(2)], sorted(seen)
+    assert seen[("3", "0")] == seen[("1", "0")], seen
 
 
 def test_a_worker_failing_past_the_restarts_ends_the_job_with_its_code(tmp_path):
