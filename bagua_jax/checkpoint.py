@@ -20,8 +20,10 @@ its files against the manifest. When any rank finds one missing, truncated or
 altered, every rank warns (RuntimeWarning naming the rank, file and why) and
 falls back to the step before, and so on. Nothing to load: ``(None,
 target)``. The state restores into ``target``'s structure (e.g. the state
-``tx.init`` and the model's init give), under the same ``BAGUA_BUCKET_SIZE``
-and number of ranks it was saved with.
+``tx.init`` and the model's init give), on the number of ranks it was saved
+with. A transform's per-bucket state (``BaguaState.step_state``) restores as
+saved, so one saved under another ``BAGUA_BUCKET_SIZE`` loads too: the first
+``update`` lays it out for the current buckets.
 
 Needs ``orbax-checkpoint`` (installed with flax).
 """
@@ -121,7 +123,8 @@ class PreemptionGuard(preemption.PreemptionGuard):
 def _restore(mine: str, step: int, target: Any, group) -> Any:
     def restore():
         with _manager(mine) as manager:
-            return manager.restore(step, args=_ocp().args.StandardRestore(target))
+            saved = _as_saved(target, manager.item_metadata(step))
+            return manager.restore(step, args=_ocp().args.StandardRestore(saved))
 
     return _on_every_rank(
         restore,
@@ -131,6 +134,49 @@ def _restore(mine: str, step: int, target: Any, group) -> Any:
             "is the target the state this checkpoint was saved from (same model, algorithm and ranks)?"
         ),
     )
+
+
+def _as_saved(target: Any, metadata) -> Any:
+    """``target`` with each transform state's per-bucket arrays shaped as the
+    checkpoint holds them (their number and sizes follow the bucket size it
+    was saved under)."""
+    from bagua_jax._src.transform import BaguaState
+
+    saved = {}
+    for leaf in jax.tree_util.tree_leaves(getattr(metadata, "tree", metadata)):
+        if hasattr(leaf, "name") and hasattr(leaf, "shape"):
+            saved[str(leaf.name)] = leaf
+
+    def shaped(path, node):
+        if not isinstance(node, BaguaState) or not node.step_state:
+            return node
+        prefix = ".".join(_key_name(k) for k in path) + ".step_state."
+        held = sorted(
+            (
+                (int(name[len(prefix) :]), m)
+                for name, m in saved.items()
+                if name.startswith(prefix) and name[len(prefix) :].isdigit()
+            ),
+            key=lambda km: km[0],
+        )
+        if not held:
+            return node
+        sharding = getattr(node.step_state[0], "sharding", None)
+        arrays = []
+        for _, m in held:
+            zeros = np.zeros(tuple(m.shape), np.dtype(m.dtype))
+            arrays.append(jax.device_put(zeros, sharding) if sharding is not None else zeros)
+        return node._replace(step_state=tuple(arrays))
+
+    return jax.tree_util.tree_map_with_path(shaped, target, is_leaf=lambda x: isinstance(x, BaguaState))
+
+
+def _key_name(key) -> str:
+    """A pytree key as orbax names it in a saved array's path."""
+    for attr in ("name", "key", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
 
 
 def _on_every_rank(work, group, failure):
@@ -188,7 +234,7 @@ def _manager(mine: str):
         enable_async_checkpointing=False,
         multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
     )
-    return ocp.CheckpointManager(mine, options=options)
+    return ocp.CheckpointManager(mine, options=options, item_handlers=ocp.StandardCheckpointHandler())
 
 
 def _ocp():

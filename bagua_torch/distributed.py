@@ -60,7 +60,7 @@ from bagua_core.dtypes import as_dtype
 from bagua_core.engine import Engine, monotonic_ns
 from bagua_core.errors import BaguaError
 from bagua_core.process_group import ProcessGroup
-from bagua_torch import _observe, _optimizers, _phases, _sync
+from bagua_torch import _observe, _optimizers, _phases, _relayout, _sync
 from bagua_torch._step_guard import StepGuard
 from bagua_torch._views import bucket_tensors, same_memory
 from bagua_torch.algorithms.base import Algorithm, AlgorithmImpl, as_algorithm
@@ -304,6 +304,9 @@ class BaguaDistributedDataParallel:
         else:
             order = [(n, self._by_name[n]) for n in order_names]
         decls = [(n, tuple(p.shape), as_dtype(p.dtype)) for n, p in order]
+        self.declared = [
+            (n, p.numel(), _relayout.dtype_name(p.dtype)) for n, p in order
+        ]  # what a saved state is planned from
         alignment = self.step_info.alignment
         if self.plan.one_bucket_per_dtype:
             by_dtype: Dict[object, list] = {}
@@ -681,7 +684,17 @@ class BaguaDistributedDataParallel:
                 f"{self.module_name} trains with {self.algorithm.name!r}"
             )
         self.finish_step()
-        self.impl.load_state_dict(dict(state_dict["state"]))
+        state = dict(state_dict["state"])
+        if "step_state" in state and self.impl.ops and self.impl.keeps_state:
+            state["step_state"] = _relayout.step_state_for(
+                type(self.algorithm).__name__,
+                state["step_state"],
+                self.impl.ops,
+                self.buckets,
+                self.declared,
+                self.step_info.alignment,
+            )
+        self.impl.load_state_dict(state)
 
     def close(self) -> None:
         """Removes the hooks, gives parameters and gradients their own memory

@@ -37,9 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bagua_core import algorithm_steps, trace as core_trace
+from bagua_core import algorithm_steps, state_relayout, trace as core_trace
 from bagua_core.algorithms._base import AFTER_OPTIMIZER_STEP, GRADIENTS, WEIGHTS, check_tensors
 from bagua_core.engine import default_bucket_bytes, plan_buckets
+from bagua_core.log import logger
 from bagua_jax import algorithms
 from bagua_jax._src import groups, local_devices, params_agreement, validation
 from bagua_jax._src.collective_ops.algorithm_step import BoundStep, algorithm_step
@@ -60,7 +61,9 @@ class BaguaState(NamedTuple):
     size; ByteGrad with error feedback: its quantisation residual, one array
     of the bucket's padded size, zeros after ``init``; low rank: its error
     memory and Q matrices, one 1-D float32 array, float64 for float64
-    gradients), empty otherwise."""
+    gradients), empty otherwise. Saved under another ``BAGUA_BUCKET_SIZE``,
+    a state laid out as the buckets are (all but low rank's) is moved into
+    the current buckets at the first ``update``."""
 
     step: jax.Array
     step_state: Tuple[jax.Array, ...] = ()
@@ -300,21 +303,58 @@ def transform(
             info.alignment,
         )
 
+    def fit_state(leaves: List[Any], step_state: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """``step_state`` in these leaves' buckets: a data-shaped state saved
+        under another BAGUA_BUCKET_SIZE is moved tensor by tensor."""
+        layouts = check_buckets(leaves)
+        expected = [(sl.count,) for sl in layouts]
+        held = [tuple(np.shape(x)) for x in step_state]
+        if held == expected:
+            return step_state
+        try:
+            relaid = relayout(leaves, step_state, layouts)
+        except ValueError as e:
+            raise ValueError(
+                f"{what}.update: the state does not fit these leaves: it holds per-bucket states of "
+                f"shapes {held}, these leaves make buckets needing {expected} under "
+                f"BAGUA_BUCKET_SIZE={bucket_bytes}, and it is not theirs under another bucket size ({e}). "
+                "A state made for other params, or on another number of ranks, does not restore: "
+                "init a new state"
+            ) from None
+        logger.info("%s: a state of %d buckets laid out for these %d buckets", what, len(held), len(expected))
+        return relaid
+
+    def relayout(leaves: List[Any], step_state: Tuple[Any, ...], layouts) -> Tuple[Any, ...]:
+        if not all(sl.data_shaped for sl in layouts):
+            raise ValueError(f"{algo.name}'s state is laid out its own way, not tensor by tensor")
+        spans = layouts[0].spans
+        if any(np.ndim(x) != 1 or np.shape(x)[0] % spans for x in step_state):
+            raise ValueError(f"each bucket's state is {spans} spans of its padded size")
+        numel_of = {i: int(np.prod(np.shape(x), dtype=np.int64)) for i, x in enumerate(leaves)}
+        registration = reversed(range(len(leaves)))  # as _layout declares them
+        decls = [(i, numel_of[i], str(np.dtype(leaves[i].dtype))) for i in registration]
+        sizes = [(str(np.dtype(x.dtype)), np.shape(x)[0] // spans) for x in step_state]
+        saved = state_relayout.saved_buckets(decls, sizes, info.alignment)
+        out = []
+        for bucket_moves, padded, sl in zip(
+            state_relayout.moves(saved, layout_of(leaves).buckets, numel_of), layout_of(leaves).padded, layouts
+        ):
+            used = sum(m.count for m in bucket_moves)
+            parts = []
+            for s in range(spans):
+                for m in bucket_moves:
+                    start = s * sizes[m.source][1] + m.source_offset
+                    parts.append(step_state[m.source][start : start + m.count])
+                parts.append(jnp.zeros((padded - used,), np.dtype(sl.dtype.name)))
+            out.append(jnp.concatenate(parts))
+        return tuple(out)
+
     def communicate(leaves: List[Any], step, step_state) -> Tuple[List[Any], Tuple[Any, ...]]:
         out: List[Any] = [None] * len(leaves)
         new_state: List[Any] = []
         layout = layout_of(leaves)
         if info.num_state:
-            expected = [(sl.count,) for sl in check_buckets(leaves)]
-            held = [tuple(np.shape(x)) for x in step_state]
-            if held != expected:
-                raise ValueError(
-                    f"{what}.update: the state does not fit these leaves: it holds per-bucket states of "
-                    f"shapes {held}, these leaves make buckets needing {expected} under "
-                    f"BAGUA_BUCKET_SIZE={bucket_bytes}. A state made for other params, or saved under "
-                    "another BAGUA_BUCKET_SIZE, does not restore: run with the BAGUA_BUCKET_SIZE it was "
-                    "saved with, or init a new state"
-                )
+            step_state = fit_state(leaves, tuple(step_state))
         for k, bucket in enumerate(layout.buckets):
             state: Tuple[Any, ...] = (step_state[k],) if info.num_state else ()
             results, state = algorithm_step([leaves[i] for i in bucket], step, bound, state=state, bucket=k)

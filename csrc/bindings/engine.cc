@@ -313,6 +313,9 @@ Engine.wait().)doc")
           },
           "Zero-copy 1-D view of the result buffer (the bucket's layout).")
       .def_property_readonly("num_state", &StepOp::num_state, "Number of state spans of the step (0: stateless).")
+      .def_property_readonly(
+          "state_data_shaped", [](const StepOp& o) { return o.num_state() > 0 && o.state_layout().data_shaped; },
+          "Whether each state span has the bucket's layout (its tensors back to back, then padding).")
       .def(
           "state_view",
           [](const StepOp& o) {

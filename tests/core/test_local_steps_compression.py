@@ -45,6 +45,7 @@ from tests.harness.worker import exit_as_dead_peer, expect_error, expect_failure
 
 SESSIONS = {"w2": (2, None), "w3": (3, None), "w4n2": (4, 2)}
 BUCKET_BYTES = 64
+ONE_BUCKET_BYTES = 1 << 20  # a restored state's new layout: every tensor in one bucket
 SHAPES = [(6, 5), (7,), (3, 4), (11,)]  # 89 elements: not a multiple of 2 or 3
 STEPS = 11
 # inner SGD: lr and momentum powers of two, so torch's fused a + alpha * b rounds as numpy does
@@ -63,6 +64,8 @@ def case_names(session: str):
         "jax_matches_reference",
         "jax_matches_reference_without_error_feedback",
         "jax_checkpoint_resumes_bitwise",
+        "torch_state_moves_to_another_bucket_size",
+        "jax_state_moves_to_another_bucket_size",
         "compression_and_error_feedback_matter",
         "settings_and_state",
         "nan_is_refused_on_every_rank",
@@ -91,9 +94,11 @@ def initial_weights():
     return [(np.rint(rng.standard_normal(s) * 64) / 64).astype(F32) for s in SHAPES]
 
 
-def reference(world, local, error_feedback, compressed=True, codec="minmax_uint8"):
+def reference(world, local, error_feedback, compressed=True, codec="minmax_uint8", rebucket=None):
     """The whole scheme on every rank in float32: (each step's weights of
-    every rank, each bucket's final residual of every rank, the layout)."""
+    every rank, each bucket's final residual of every rank, the layout).
+    ``rebucket=(step, bytes)``: from that step on the buckets are of
+    ``bytes``, each tensor's momentum and residual moved to its new place."""
     from tests.harness.reference import lowbit
     from tests.harness.reference.buckets import flatten, padded_buckets, payload, unflatten
     from tests.harness.reference.compressed_exchange import allgather_reduce, scatter_reduce_gather
@@ -118,8 +123,20 @@ def reference(world, local, error_feedback, compressed=True, codec="minmax_uint8
             total = total + x
         return total / F32(len(xs))
 
+    def moved(vectors, old, new):  # per-bucket vectors of the layout old, laid out as new
+        leaves = [None] * len(SHAPES)
+        for v, bucket in zip(vectors, old):
+            unflatten(v, bucket, SHAPES, leaves)
+        return [flatten(leaves, bucket) for bucket in new]
+
     out = []
     for t in range(STEPS):
+        if rebucket and t == rebucket[0]:
+            new = padded_buckets(SHAPES, F32, rebucket[1], 1 if sparse else world)
+            momentum = moved(momentum, layout, new)
+            by_group = [moved([residual[k][n] for k in range(len(layout))], layout, new) for n in range(groups)]
+            residual = [[by_group[n][k] for n in range(groups)] for k in range(len(new))]
+            layout = new
         for r in range(world):
             g = grads_of(r, t)
             buf[r] = [x.copy() for x in g] if buf[r] is None else [F32(MOMENTUM) * b + x for b, x in zip(buf[r], g)]
@@ -296,6 +313,56 @@ class Worker(JaxWorker):
             not np.array_equal(np.asarray(a), w - p)
             for a, w, p in zip(u, want[next_sync][self.rank], want[next_sync - 1][self.rank])
         )
+
+    def torch_state_moves_to_another_bucket_size(self):
+        """The same through torch (``bagua_ddp.state_dict()``): saved with
+        64-byte buckets, loaded into a model wrapped with one bucket."""
+        saved_after = OUTER["warmup_steps"] + OUTER["sync_interval"] + 1
+        want, _, _ = reference(self.world, self.local, True, rebucket=(saved_after, ONE_BUCKET_BYTES))
+        mine = [w[self.rank] for w in want]
+        fed = self.torch_model(self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(True)))
+        self.torch.train_fed(fed, lambda t: grads_of(self.rank, t), mine, saved_after)
+        model, _, opt, _ = fed
+        saved = pickle.loads(pickle.dumps((model.state_dict(), opt.state_dict(), model.bagua_ddp.state_dict())))
+        model.bagua_ddp.close()
+        os.environ["BAGUA_BUCKET_SIZE"] = str(ONE_BUCKET_BYTES)
+        try:
+            fed = self.torch_model(self.torch.A.LocalStepsAlgorithm(**self.algorithm_args(True)))
+        finally:
+            os.environ["BAGUA_BUCKET_SIZE"] = str(BUCKET_BYTES)
+        model, _, opt, _ = fed
+        assert len(model.bagua_buckets) == 1 < len(saved[2]["state"]["step_state"])
+        model.load_state_dict(saved[0])
+        opt.load_state_dict(saved[1])
+        other = {"algorithm": saved[2]["algorithm"], "state": {"step_state": [self.torch.torch.zeros(3, 8)] * 2}}
+        expect_error(ValueError, lambda: model.bagua_ddp.load_state_dict(other), "not their state under another bucket")
+        model.bagua_ddp.load_state_dict(saved[2])
+        self.torch.train_fed(fed, lambda t: grads_of(self.rank, t), mine, STEPS, start=saved_after)
+        fed[0].bagua_ddp.close()
+
+    def jax_state_moves_to_another_bucket_size(self):
+        """Saved under 64-byte buckets after the first synchronisation,
+        restored into a transform of one bucket: each tensor's anchor,
+        momentum and residual move to their new buckets and training goes on
+        as the simulation that moves them does."""
+        jax, jnp = self.jax, self.jnp
+        saved_after = OUTER["warmup_steps"] + OUTER["sync_interval"] + 1
+        want, _, layout = reference(self.world, self.local, True, rebucket=(saved_after, ONE_BUCKET_BYTES))
+        tx = self.jax_transform()
+        state = self.jax_run(tx, tx.init([jnp.asarray(w) for w in initial_weights()]), want, range(saved_after))
+        saved = pickle.loads(pickle.dumps(jax.device_get(state)))
+        os.environ["BAGUA_BUCKET_SIZE"] = str(ONE_BUCKET_BYTES)
+        try:
+            tx2 = self.jax_transform()
+            fresh = tx2.init([jnp.asarray(w) for w in initial_weights()])
+        finally:
+            os.environ["BAGUA_BUCKET_SIZE"] = str(BUCKET_BYTES)
+        assert len(fresh[1].step_state) == 1 < len(saved[1].step_state)
+        other = (saved[0], saved[1]._replace(step_state=(jnp.zeros(3 * 8), jnp.zeros(3 * 8))))
+        params = [jnp.asarray(p) for p in want[saved_after - 1][self.rank]]
+        expect_error(ValueError, lambda: tx2.update(params, other, params), "not theirs under another bucket size")
+        state = self.jax_run(tx2, jax.tree_util.tree_map(jnp.asarray, saved), want, range(saved_after, STEPS))
+        assert [s.shape for s in state[1].step_state] == [s.shape for s in fresh[1].step_state]
 
     def nan_is_refused_on_every_rank(self):
         """Rank 1's gradient is NaN in the last step before the first

@@ -57,14 +57,14 @@ class TorchWorker:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         return model.with_bagua([opt], algorithm), params, opt, step_grads
 
-    def train_fed(self, fed, grads, want, steps):
-        """Steps a ``fed_parameters`` model ``steps`` times, the gradients of step
-        t being ``grads(t)``; after each, every parameter must equal ``want[t]``
-        (this rank's arrays) bitwise."""
+    def train_fed(self, fed, grads, want, steps, start=0):
+        """Steps a ``fed_parameters`` model from step ``start`` up to ``steps``,
+        the gradients of step t being ``grads(t)``; after each, every parameter
+        must equal ``want[t]`` (this rank's arrays) bitwise."""
         import numpy as np
 
         model, params, opt, step_grads = fed
-        for t in range(steps):
+        for t in range(start, steps):
             step_grads["g"] = grads(t)
             opt.zero_grad()
             model().backward()

@@ -34,6 +34,7 @@ CASES = [
     "unfinished_step_and_nothing_saved",
     "keep_last_and_unwritable",
     "sigterm_saves_every_rank_at_the_same_step",
+    "another_bucket_size",
     "target_of_another_structure",
 ]
 SHAPES = [(6, 5), (5,), (17,)]
@@ -188,6 +189,29 @@ class Worker(JaxWorker):
         at, restored = load_checkpoint(directory, self.trainer("bytegrad")[1])
         assert at == 4
         self.assert_same(restored, state)
+
+    def another_bucket_size(self):
+        """Saved under 16-byte buckets (one per leaf), loaded into a
+        transform of the default size (one bucket): the per-bucket state
+        restores as saved, and training goes on exactly as from the state
+        kept in memory (the first update lays it out for the new buckets)."""
+        from bagua_jax.checkpoint import load_checkpoint, save_checkpoint
+
+        directory = self.directory("bucket_size")
+        os.environ["BAGUA_BUCKET_SIZE"] = "16"
+        try:
+            step, state = self.trainer("bytegrad")
+        finally:
+            del os.environ["BAGUA_BUCKET_SIZE"]
+        state = self.train(step, state, 0, 3)
+        save_checkpoint(directory, 3, state)
+        step, fresh = self.trainer("bytegrad")
+        assert len(fresh[1][0].step_state) == 1 < len(state[1][0].step_state)
+        from_memory = self.train(step, state, 3, 6)
+        at, restored = load_checkpoint(directory, fresh)
+        assert at == 3
+        self.assert_same(restored, state)
+        self.assert_same(self.train(step, restored, 3, 6), from_memory)
 
     def target_of_another_structure(self):
         from bagua_jax.checkpoint import load_checkpoint, save_checkpoint
