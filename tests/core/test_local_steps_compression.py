@@ -18,6 +18,10 @@ the leaders, which keep the residual):
   residual lives in the optax state, and a state pickled mid-training and
   restored into a fresh transform continues bitwise (with a zeroed residual
   it does not); torch's checkpoints: tests/torch/test_torch_state_dict.py;
+* a state saved under 64-byte buckets goes on under one bucket, in torch
+  (``bagua_ddp.load_state_dict``) and JAX (the first ``update``), as the
+  simulation that moves each tensor's anchor, momentum and residual does;
+  a state that is not these tensors' under any bucket size is refused;
 * the compression matters (the result is not the float average), and so does
   the error feedback;
 * a NaN in one rank's pseudo-gradient is an error on every rank at that
