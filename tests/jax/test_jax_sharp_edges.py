@@ -6,8 +6,9 @@
 * ranks that start from different params get a warning naming
   ``bagua_jax.broadcast_params``, which makes them rank 0's;
 * QAdam on float16 params is refused at ``init``, not at the first step;
-* a state made under another ``BAGUA_BUCKET_SIZE`` is refused with a message
-  that says so and how to restore it;
+* a state made under another ``BAGUA_BUCKET_SIZE`` goes on in the new
+  buckets (ByteGrad's residual), or, laid out its own way (LowRank's), is
+  refused with a message naming the bucket size;
 * a script that exits with jitted steps in flight exits cleanly: the steps
   finish before Bagua's group closes (its own launch: the check is the
   processes' stderr).
@@ -90,15 +91,27 @@ class Worker(JaxWorker):
     def bucket_size_change(self):
         import bagua_jax
 
-        params = [self.jnp.ones(1000), self.jnp.ones(1000)]
-        saved = bagua_jax.transform(bagua_jax.ByteGradAlgorithm(error_feedback=True))  # one bucket of both
-        state = saved.init(params)
-        os.environ["BAGUA_BUCKET_SIZE"] = "4000"  # now one bucket each
-        try:
-            restored = bagua_jax.transform(bagua_jax.ByteGradAlgorithm(error_feedback=True))
-        finally:
-            del os.environ["BAGUA_BUCKET_SIZE"]
-        expect_error(ValueError, lambda: restored.update(params, state), "BAGUA_BUCKET_SIZE=4000", "saved with")
+        params = [self.jnp.ones((40, 25)), self.jnp.ones((40, 25))]
+        made = {}
+        for size in (None, "4000"):  # one bucket of both, then one bucket each
+            if size:
+                os.environ["BAGUA_BUCKET_SIZE"] = size
+            try:
+                made[size] = [
+                    bagua_jax.transform(bagua_jax.ByteGradAlgorithm(error_feedback=True)),
+                    bagua_jax.transform(bagua_jax.LowRankAlgorithm()),
+                ]
+            finally:
+                os.environ.pop("BAGUA_BUCKET_SIZE", None)
+        bytegrad, low_rank = made["4000"]
+        _, state = bytegrad.update(params, made[None][0].init(params))  # the residual is moved, tensor by tensor
+        assert [x.shape for x in state.step_state] == [x.shape for x in bytegrad.init(params).step_state]
+        expect_error(  # low rank's own layout is not
+            ValueError,
+            lambda: low_rank.update(params, made[None][1].init(params)),
+            "BAGUA_BUCKET_SIZE=4000",
+            "laid out its own way",
+        )
 
 
 test_case, test_session_exits_cleanly = session_tests(
