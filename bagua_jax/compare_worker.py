@@ -1,8 +1,10 @@
 """The JAX side of ``bagua-compare`` (run by it under ``bagua-run``): trains
 :class:`bagua_core.compare.problem.Problem`'s MLP, in the problem's dtype
 (float64 turns on ``jax_enable_x64``), with ``bagua_jax.transform`` and plain
-SGD (the transform before the optimizer for gradient algorithms, after it for
-weight algorithms; QAdam's transform is the whole optimizer, bagua_jax.qadam;
+SGD, once per configuration of ``--algorithm``, each from fresh weights,
+optimizer and transform (the transform before the optimizer for gradient
+algorithms, after it for weight algorithms; QAdam's transform is the whole
+optimizer, bagua_jax.qadam;
 asynchronous model average averages at the problem's fixed steps, as the
 torch side); rank 0 writes every step's loss
 (mean over ranks) and time."""
@@ -21,7 +23,7 @@ import optax
 
 import bagua_jax
 from bagua_core.algorithms import WEIGHTS
-from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result
+from bagua_core.compare.problem import algorithm_of, result, worker_arguments, write_results
 
 
 def forward(params, x):
@@ -34,24 +36,22 @@ def forward(params, x):
     return x
 
 
-def main(argv=None) -> None:
-    args, problem = worker_arguments(argv)
-    if problem.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
-    group = bagua_jax.init_process_group()
-    if args.algorithm == "qadam":  # the transform is the whole optimizer
+def train(name: str, problem, group):
+    """Trains ``problem``'s MLP from its initial weights with configuration
+    ``name``; returns its :func:`~bagua_core.compare.problem.result` on rank 0."""
+    if name == "qadam":  # the transform is the whole optimizer
         tx = bagua_jax.transform(
             bagua_jax.QAdamAlgorithm(bagua_jax.qadam(problem.adam_lr, warmup_steps=problem.warmup_steps))
         )
     else:
-        name, extra = algorithm_of(args.algorithm)
-        if args.algorithm == "async":
+        registered, extra = algorithm_of(name)
+        if name == "async":
             extra = {"warmup_steps": problem.warmup_steps}
             if problem.async_sync_interval_ms() is not None:
                 extra["sync_interval_ms"] = problem.async_sync_interval_ms()
-        elif args.algorithm == "low_rank":  # compressed after the problem's warm-up
+        elif name == "low_rank":  # compressed after the problem's warm-up
             extra = {"start_iter": problem.warmup_steps}
-        algorithm = bagua_jax.algorithms.Algorithm.init(name, **extra)
+        algorithm = bagua_jax.algorithms.Algorithm.init(registered, **extra)
         bagua = bagua_jax.transform(algorithm)
         sgd = optax.sgd(problem.lr)
         weights = algorithm.to_core().plan().communicates == WEIGHTS
@@ -76,14 +76,27 @@ def main(argv=None) -> None:
         loss.block_until_ready()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
-        if args.algorithm == "async" and problem.averages_after(t):
+        if name == "async" and problem.averages_after(t):
             params = algorithm.abort(params)  # the average, with training stopped on every rank
             algorithm.resume(params)
-    if args.algorithm == "async":
+    if name == "async":
         algorithm.abort(params)  # every rank: the loop's last round, then it stops
     mean = bagua_jax.allreduce(jnp.asarray(losses, problem.dtype), op="avg")
+    return result("jax", name, group.size, np.asarray(mean).tolist(), times) if group.rank == 0 else None
+
+
+def main(argv=None) -> None:
+    args, problem = worker_arguments(argv)
+    if problem.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    group = bagua_jax.init_process_group()
+    results = {}
+    for name in args.algorithm:  # one launch for all: the processes start and join once
+        if group.rank == 0:
+            print(f"compare_worker: {name}", flush=True)  # names the configuration of a failure
+        results[name] = train(name, problem, group)
     if group.rank == 0:
-        write_result(args.out, "jax", args.algorithm, group.size, np.asarray(mean).tolist(), times)
+        write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The torch side of ``bagua-compare`` (run by it under ``bagua-run``):
 trains :class:`bagua_core.compare.problem.Problem`'s MLP, in the problem's
 dtype, with ``with_bagua`` and plain SGD (QAdam: its own optimizer,
-QAdamOptimizer); rank 0 writes every step's loss (mean over ranks) and time.
+QAdamOptimizer), once per configuration of ``--algorithm``, each from a fresh
+model, optimizer and algorithm; rank 0 writes every step's loss (mean over
+ranks) and time.
 Asynchronous model average averages at the problem's fixed steps
 (``abort`` + ``resume``), or with ``--async-average-every 0`` at wall-clock
 times (its trajectory then differs from run to run)."""
@@ -15,14 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_core.compare.problem import algorithm_of, worker_arguments, write_result
+from bagua_core.compare.problem import algorithm_of, result, worker_arguments, write_results
 from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 
-def main(argv=None) -> None:
-    args, problem = worker_arguments(argv)
-    torch.set_num_threads(1)
-    group = bagua_torch.init_process_group()
+def train(name: str, problem, group):
+    """Trains ``problem``'s MLP from its initial weights with configuration
+    ``name``; returns its :func:`~bagua_core.compare.problem.result` on rank 0."""
     layers = []
     for i, (fan_in, fan_out) in enumerate(problem.sizes):
         layers.append(torch.nn.Linear(fan_in, fan_out))
@@ -32,19 +33,19 @@ def main(argv=None) -> None:
     with torch.no_grad():
         for p, w in zip(model.parameters(), problem.initial_weights()):
             p.copy_(torch.from_numpy(w))
-    if args.algorithm == "qadam":  # communicates its own optimizer's momentum
+    if name == "qadam":  # communicates its own optimizer's momentum
         opt = QAdamOptimizer(model.parameters(), lr=problem.adam_lr, warmup_steps=problem.warmup_steps)
         algorithm = QAdamAlgorithm(opt)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=problem.lr)
-        name, extra = algorithm_of(args.algorithm)
-        if args.algorithm == "async":
+        registered, extra = algorithm_of(name)
+        if name == "async":
             extra = {"warmup_steps": problem.warmup_steps}
             if problem.async_sync_interval_ms() is not None:
                 extra["sync_interval_ms"] = problem.async_sync_interval_ms()
-        elif args.algorithm == "low_rank":  # compressed after the problem's warm-up
+        elif name == "low_rank":  # compressed after the problem's warm-up
             extra = {"start_iter": problem.warmup_steps}
-        algorithm = Algorithm.init(name, **extra)
+        algorithm = Algorithm.init(registered, **extra)
     model = model.with_bagua([opt], algorithm)
 
     losses, times = [], []
@@ -57,15 +58,28 @@ def main(argv=None) -> None:
         opt.step()
         times.append(time.perf_counter() - start)
         losses.append(loss.item())
-        if args.algorithm == "async" and problem.averages_after(step):
+        if name == "async" and problem.averages_after(step):
             algorithm.abort(model)  # the average, with training stopped on every rank
             algorithm.resume(model)
-    if args.algorithm == "async":
+    if name == "async":
         algorithm.abort(model)  # every rank: the loop's last round, then it stops
+    model.bagua_ddp.close()  # its engine stops: the next configuration starts alone
     mean = torch.tensor(np.asarray(losses, np.float64))
     bagua_torch.allreduce_inplace(mean, op=bagua_torch.ReduceOp.AVG)
+    return result("torch", name, group.size, mean.tolist(), times) if group.rank == 0 else None
+
+
+def main(argv=None) -> None:
+    args, problem = worker_arguments(argv)
+    torch.set_num_threads(1)
+    group = bagua_torch.init_process_group()
+    results = {}
+    for name in args.algorithm:  # one launch for all: the processes start and join once
+        if group.rank == 0:
+            print(f"compare_worker: {name}", flush=True)  # names the configuration of a failure
+        results[name] = train(name, problem, group)
     if group.rank == 0:
-        write_result(args.out, "torch", args.algorithm, group.size, mean.tolist(), times)
+        write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ frontend and with the JAX frontend, side by side.
 :data:`bagua_core.compare.problem.VARIANTS` (``bytegrad_error_feedback``:
 ByteGrad with ``error_feedback=True``; ``local_steps_compressed``,
 ``local_steps_fp4`` and ``local_steps_topk``: LocalSteps with error feedback
-and ``compression="minmax_uint8"``, ``"fp4_e2m1"`` and ``"topk_uint2"``). For
-each algorithm it launches ``--nproc`` processes (``bagua-run``) running
+and ``compression="minmax_uint8"``, ``"fp4_e2m1"`` and ``"topk_uint2"``). It
+launches ``--nproc`` processes (``bagua-run``) running
 ``bagua_torch.compare_worker``, then as many running
-``bagua_jax.compare_worker``. Both start from identical weights and read
+``bagua_jax.compare_worker``; each trains every algorithm in turn, from a
+fresh model, optimizer and algorithm (one launch per frontend: starting the
+processes costs more than training). Both start from identical weights and read
 identical batches (:mod:`bagua_core.compare.problem`), in float32 or, with
 ``--dtype float64``, float64 (JAX with ``jax_enable_x64``). They train with
 plain SGD, except QAdam, which brings its own optimizer (``QAdamOptimizer`` in

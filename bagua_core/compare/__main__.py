@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from bagua_core.compare import report
 from bagua_core.compare.problem import Problem, configurations
@@ -27,7 +27,9 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     p.add_argument("--nproc", type=int, default=2, help="processes per run")
     p.add_argument("--out", default="bagua-compare", help="directory for compare.json and compare.png")
     p.add_argument("--print-every", type=int, default=10, help="loss rows shown per algorithm")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per run before it is stopped")
+    p.add_argument(
+        "--timeout", type=float, default=600, help="seconds per algorithm and frontend before a run is stopped"
+    )
     Problem.add_args(p)
     args = p.parse_args(argv)
     args.algorithm = configurations() if args.algorithm == "all" else args.algorithm.split(",")
@@ -45,8 +47,13 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     return args
 
 
-def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, timeout: float) -> dict:
-    """Runs one frontend's worker on ``nproc`` processes; returns rank 0's result."""
+def run_workers(frontend: str, algorithms: List[str], problem: Problem, nproc: int, timeout: float) -> dict:
+    """Runs one frontend's worker on ``nproc`` processes, which train each of
+    ``algorithms`` in turn (one launch: starting the processes and importing
+    the framework cost more than training); returns rank 0's results by
+    algorithm. ``timeout``: seconds per algorithm."""
+    timeout *= len(algorithms)
+    names = ",".join(algorithms)
     with tempfile.TemporaryDirectory(prefix="bagua-compare-") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [
@@ -57,18 +64,17 @@ def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, tim
             str(nproc),
             "-m",
             FRONTENDS[frontend],
-            f"--algorithm={algorithm}",
+            f"--algorithm={names}",
             f"--out={out}",
             *problem.to_args(),
         ]
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"bagua-compare: the {frontend} run of {algorithm} took over {timeout:.0f} s") from None
+            raise RuntimeError(f"bagua-compare: the {frontend} run of {names} took over {timeout:.0f} s") from None
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(
-                f"bagua-compare: the {frontend} run of {algorithm} failed (exit {proc.returncode}):\n"
-                + proc.stdout[-4000:]
+                f"bagua-compare: the {frontend} run of {names} failed (exit {proc.returncode}):\n" + proc.stdout[-4000:]
             )
         with open(out) as f:
             return json.load(f)
@@ -77,11 +83,13 @@ def run_workers(frontend: str, algorithm: str, problem: Problem, nproc: int, tim
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     problem = Problem.from_args(args)
+    names = ", ".join(args.algorithm)
+    print(f"bagua-compare: {names}: torch, then jax, on {args.nproc} processes, {problem.dtype}", flush=True)
+    runs = {fe: run_workers(fe, args.algorithm, problem, args.nproc, args.timeout) for fe in FRONTENDS}
     results = {}
     for name in args.algorithm:
-        print(f"bagua-compare: {name}: torch, then jax, on {args.nproc} processes, {problem.dtype}", flush=True)
-        runs = {fe: run_workers(fe, name, problem, args.nproc, args.timeout) for fe in FRONTENDS}
-        results[name] = {**runs, "summary": {**report.summarise(runs["torch"], runs["jax"]), "dtype": problem.dtype}}
+        r = {fe: runs[fe][name] for fe in FRONTENDS}
+        results[name] = {**r, "summary": {**report.summarise(r["torch"], r["jax"]), "dtype": problem.dtype}}
     report.print_report(results, max(1, args.print_every), problem)
     for path in report.write(results, args.out):
         print(f"wrote {path}")

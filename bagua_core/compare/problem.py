@@ -117,29 +117,34 @@ class Problem:
 
 
 def worker_arguments(argv=None):
-    """Parses a worker's command line: the problem, ``--algorithm`` and ``--out``."""
+    """Parses a worker's command line: the problem, ``--algorithm`` (one
+    configuration or several, comma-separated, trained in turn) and ``--out``;
+    ``args.algorithm`` becomes the list."""
     import argparse
 
     p = argparse.ArgumentParser(description="a bagua-compare worker")
-    p.add_argument("--algorithm", required=True)
+    p.add_argument("--algorithm", required=True, help="configurations, comma-separated")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     Problem.add_args(p)
     args = p.parse_args(argv)
+    args.algorithm = args.algorithm.split(",")
     return args, Problem.from_args(args)
 
 
-def write_result(path: str, framework: str, algorithm: str, world: int, losses, step_times) -> None:
-    """What rank 0 of a worker run hands back to the tool."""
+def result(framework: str, algorithm: str, world: int, losses, step_times) -> dict:
+    """One configuration's run, as rank 0 of a worker run hands it back to the tool."""
+    return {
+        "framework": framework,
+        "algorithm": algorithm,
+        "world_size": world,
+        "losses": [float(v) for v in losses],
+        "step_times_s": [float(t) for t in step_times],
+    }
+
+
+def write_results(path: str, results: dict) -> None:
+    """What rank 0 of a worker run hands back to the tool: configuration -> :func:`result`."""
     import json
 
     with open(path, "w") as f:
-        json.dump(
-            {
-                "framework": framework,
-                "algorithm": algorithm,
-                "world_size": world,
-                "losses": [float(v) for v in losses],
-                "step_times_s": [float(t) for t in step_times],
-            },
-            f,
-        )
+        json.dump(results, f)

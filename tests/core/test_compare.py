@@ -5,7 +5,8 @@ curves agree to float tolerance; QAdam in float32 only within its measured
 quantisation gap, and in float64 (both frameworks) to float64 tolerance, as
 low-precision decentralized; asynchronous model average averages at fixed
 steps (abort + resume), so its whole curve is compared. The tool writes its
-JSON and PNG."""
+JSON and PNG. Each frontend trains every algorithm of a run in one launch
+(process start-up and imports are most of a run's time)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def run_compare(out, *args):
             str(STEPS),
             "--out",
             str(out),
-            "--timeout",
-            "240",
+            "--timeout",  # per algorithm: a run of all 13 stops within the test's own timeout
+            "30",
             *args,
         ],
         cwd=REPO,
