@@ -81,6 +81,7 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "lmdb>=1.4" "redis>=5" "optuna>=3.4"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
 	$(PIP) install -q "transformers>=4.40" "tqdm>=4.60" "$(TORCH)"  # the bench extra (seed_scale's BERT-large)
+	$(PIP) install -q "torchft==0.2.0" "$(TORCH)"  # the ft extra: the Lighthouse of per-step fault tolerance
 	touch $@
 
 # lint checks and changes nothing; format rewrites the tree so that lint passes.

@@ -97,6 +97,10 @@ Settings (all optional):
     NCCL kernels of two communicators launched at once can
     wait for each other on the device; see
     :func:`engine_lanes_for`)
+``BAGUA_LIGHTHOUSE``
+    ``HOST:PORT`` of torchft's Lighthouse, the quorum
+    service of per-step fault tolerance
+    (:mod:`bagua_core.live`). Alias: ``TORCHFT_LIGHTHOUSE``
 ``BAGUA_AUTOTUNE``
     autotune level: >= 1 tunes the bucket size and order
     online (see :mod:`bagua_core.autotune`); default 0
@@ -270,6 +274,7 @@ class Settings:
     wire_packing: Optional[str] = None  # None: the engine's default (auto)
     engine_lanes: Optional[int] = None  # None: by device (Engine.for_group)
     backend: str = "auto"  # BACKENDS; resolved per job by bagua_core.backend
+    lighthouse: Optional[str] = None  # per-step fault tolerance's quorum service (bagua_core.live)
 
     @property
     def store_limits(self) -> dict:
@@ -293,6 +298,13 @@ class Settings:
     @property
     def num_nodes(self) -> int:
         return (self.world_size + self.local_world_size - 1) // self.local_world_size
+
+
+def lighthouse_address(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``BAGUA_LIGHTHOUSE`` (or torchft's ``TORCHFT_LIGHTHOUSE``): set when the
+    job runs with per-step fault tolerance (:mod:`bagua_core.live`)."""
+    env = os.environ if env is None else env
+    return (env.get("BAGUA_LIGHTHOUSE") or env.get("TORCHFT_LIGHTHOUSE") or "").strip() or None
 
 
 def load(env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -375,6 +387,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Settings:
         wire_packing=_wire_packing(g("BAGUA_WIRE_PACKING")),
         engine_lanes=parse_int("BAGUA_ENGINE_LANES", g("BAGUA_ENGINE_LANES"), None, minimum=1),
         backend=parse_backend("BAGUA_BACKEND", g("BAGUA_BACKEND")),
+        lighthouse=lighthouse_address(env),
     )
 
 

@@ -376,12 +376,16 @@ _ctx: Optional[_Context] = None
 _generation = 0
 
 
-def init_process_group(settings: Optional[config.Settings] = None, backend: Optional[str] = None) -> ProcessGroup:
+def init_process_group(
+    settings: Optional[config.Settings] = None, backend: Optional[str] = None, *, generation: Optional[int] = None
+) -> ProcessGroup:
     """Joins the job described by the environment (or ``settings``) and returns
     the world group. ``backend`` ("auto", "nccl" or "gloo") overrides
     ``BAGUA_BACKEND``; every rank must ask for the same (see the module
     docstring). A repeated call with the same settings returns the same
-    group; with different ones it raises ``RuntimeError``."""
+    group; with different ones it raises ``RuntimeError``. ``generation``:
+    the rendezvous generation the ranks agreed on (:mod:`bagua_core.live`;
+    default: this process's count of initialisations)."""
     global _ctx, _generation
     settings = config.load() if settings is None else settings
     if backend is not None:
@@ -394,7 +398,7 @@ def init_process_group(settings: Optional[config.Settings] = None, backend: Opti
                     f"({_ctx.settings} != {settings}); call destroy_process_group() first"
                 )
             return _ctx.world
-        _generation += 1
+        _generation = _generation + 1 if generation is None else generation
         ctx = _Context(settings, _generation, separate_control=_separate_control)
         try:
             ctx.connect_store()

@@ -57,7 +57,7 @@ Sharp bits:
 from typing import TYPE_CHECKING
 
 from bagua_core import ReduceOp
-from bagua_jax import algorithms, checkpoint
+from bagua_jax import algorithms, checkpoint, live
 from bagua_jax._src.collective_ops.allgather import allgather
 from bagua_jax._src.collective_ops.allreduce import allreduce
 from bagua_jax._src.collective_ops.broadcast import broadcast
@@ -89,6 +89,7 @@ __all__ = [
     "broadcast_params",
     "checkpoint",
     "init",
+    "live",
     "qadam",
     "init_process_group",
     "transform",

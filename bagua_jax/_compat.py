@@ -241,3 +241,12 @@ def jax_coordinator_address() -> Optional[str]:
     if not jax.distributed.is_initialized():
         return None
     return getattr(_distributed.global_state, "coordinator_address", None)
+
+
+def reset_effect_tokens() -> None:
+    """Forgets the ordered-effect tokens JAX threads from one jitted call to
+    the next (``dispatch.runtime_tokens``). After a collective failed, its
+    token carries the error into every later call with the same effect; a
+    live job that rebuilt its group starts a new chain (its old group's calls
+    have all ended: ``jax.effects_barrier()`` first)."""
+    _dispatch.runtime_tokens.clear()

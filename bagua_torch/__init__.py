@@ -15,7 +15,7 @@ primitives on torch tensors are here and in :mod:`bagua_torch.communication`.
 """
 
 from bagua_core import PRIMITIVES
-from bagua_torch import algorithms
+from bagua_torch import algorithms, live
 
 # "name as name": an explicit re-export, which type checkers see without
 # reading __all__ (they cannot expand the names it takes from PRIMITIVES).
@@ -69,4 +69,5 @@ __all__ = [
     "BaguaDistributedDataParallel",
     "DistributedDataParallel",
     "algorithms",
+    "live",
 ]

@@ -339,12 +339,12 @@ def make_config(
         )
     secret = ""
     if not os.environ.get(config.STORE_SECRET_ENV):
-        if nnodes == 1:
+        if nnodes == 1 and not config.lighthouse_address():
             secret = secrets.token_hex(32)  # every worker of this job is started here
-        else:
+        else:  # several nodes, or replicas of a live job (each started by its own bagua-run)
             warnings.append(
                 f"{config.STORE_SECRET_ENV} is not set: the rendezvous store accepts any client "
-                f"that reaches {master_addr}; set it to the same secret on every node"
+                f"that reaches {master_addr}; set it to the same secret on every node (every replica of a live job)"
             )
     port = master_port
     if port is None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.harness import mp
 from tests.harness.paths import REPO
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.multiprocess]
@@ -96,7 +96,7 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
         second = start("b")
         _wait_for("4 ranks", joined, nodes)
         alone = new_group_ran(2, 6)
-        _kill_node(second.pid)
+        mp.kill_tree(second.pid)
         second.wait(timeout=30)
         nodes.pop()
         _wait_for("2 ranks going on", alone, nodes)
@@ -108,7 +108,7 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
     finally:
         for _, proc in nodes:
             if proc.poll() is None:
-                _kill_node(proc.pid)
+                mp.kill_tree(proc.pid)
                 proc.wait()
 
     records = _records(record)
@@ -134,29 +134,6 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
         assert sorted(counts) == list(range(TRAIN_SIZE)) and set(counts.values()) == {1}, (epoch, counts)
     rerun = sum(len(rs) for rs in by_step.values()) - sum(worlds)
     assert rerun > 0, "the kill cost no step: nothing was redone from a checkpoint"
-
-
-def _kill_node(pid):
-    """SIGKILL to the agent and every process under it (torch elastic starts
-    its workers in sessions of their own)."""
-    children = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
-            except OSError:
-                continue
-    doomed, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        doomed.append(p)
-        todo += children[p]
-    for p in doomed:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _group_start(records, group):
