@@ -20,8 +20,16 @@ its files against the manifest. When any rank finds one missing, truncated or
 altered, every rank warns (RuntimeWarning naming the rank, file and why) and
 falls back to the step before, and so on. Nothing to load: ``(None,
 target)``. The state restores into ``target``'s structure (e.g. the state
-``tx.init`` and the model's init give), on the number of ranks it was saved
-with. A transform's per-bucket state (``BaguaState.step_state``) restores as
+``tx.init`` and the model's init give). Each manifest records the number of
+ranks that saved it; a checkpoint whose newest step was saved by another
+number of ranks is refused (ValueError on every rank, naming both numbers)
+unless ``world_size_policy="from_rank0"``: every rank then loads rank 0's
+state (from ``rank_0/``, which every rank must reach). That is exact for what
+every rank holds alike (params, optimizer state, the state of
+GradientAllReduce, ByteGrad's and QAdam's shared parts, LocalSteps' anchor
+and outer momentum); per-rank state (error-feedback residuals, low-rank
+memories, decentralized replicas) becomes rank 0's on every rank, as in a
+live job's rebuild (:mod:`bagua_jax.live`). A transform's per-bucket state (``BaguaState.step_state``) restores as
 saved, so one saved under another ``BAGUA_BUCKET_SIZE`` loads too: the first
 ``update`` lays it out for the current buckets.
 
@@ -45,6 +53,7 @@ from bagua_core import checkpoint_files, comm as core_comm, preemption
 __all__ = ["save_checkpoint", "load_checkpoint", "PreemptionGuard"]
 
 _MANIFEST = re.compile(r"^(\d+)\.manifest\.json$")
+_WORLD_SIZE_POLICIES = ("refuse", "from_rank0")
 
 
 def save_checkpoint(directory: str, step: int, state: Any, *, keep_last: int = 3, group=None) -> None:
@@ -61,7 +70,8 @@ def save_checkpoint(directory: str, step: int, state: Any, *, keep_last: int = 3
             manager.save(int(step), args=_ocp().args.StandardSave(state), force=True)
             manager.wait_until_finished()
         entries = checkpoint_files.tree_entries(os.path.join(mine, str(int(step))))
-        body = json.dumps({"step": int(step), "rank": group.rank, "files": entries}, sort_keys=True).encode()
+        body = {"step": int(step), "rank": group.rank, "world_size": group.size, "files": entries}
+        body = json.dumps(body, sort_keys=True).encode()
         checkpoint_files.write_bytes(os.path.join(mine, f"{int(step)}.manifest.json"), body)
 
     _on_every_rank(
@@ -76,13 +86,33 @@ def save_checkpoint(directory: str, step: int, state: Any, *, keep_last: int = 3
             _remove(mine, old)
 
 
-def load_checkpoint(directory: str, target: Any, *, group=None) -> Tuple[Optional[int], Any]:
+def load_checkpoint(
+    directory: str, target: Any, *, group=None, world_size_policy: str = "refuse"
+) -> Tuple[Optional[int], Any]:
     """``(step, state)`` of the newest checkpoint every rank holds intact,
     restored into ``target``'s structure; ``(None, target)`` when there is
-    none. RuntimeError when checkpoints exist but none is intact everywhere."""
+    none. RuntimeError when checkpoints exist but none is intact everywhere.
+    ``world_size_policy``: "refuse" or "from_rank0", for a checkpoint saved by
+    another number of ranks (see the module docstring)."""
+    if world_size_policy not in _WORLD_SIZE_POLICIES:
+        raise ValueError(
+            f"bagua_jax.load_checkpoint: world_size_policy must be one of {_WORLD_SIZE_POLICIES}, "
+            f"got {world_size_policy!r}"
+        )
     group = _group(group, "load_checkpoint")
     jax.effects_barrier()
     mine = _rank_dir(directory, group)
+    saved_by = core_comm.broadcast_object(
+        _saved_world_size(_rank_dir(directory, group, rank=0)) if group.rank == 0 else None, 0, group.control_group
+    )
+    if saved_by is not None and saved_by != group.size:
+        if world_size_policy == "refuse":
+            raise ValueError(
+                f"bagua_jax.load_checkpoint: the newest checkpoint under {directory} was saved by {saved_by} ranks "
+                f"and this group has {group.size}; load it with world_size_policy='from_rank0' (every rank takes "
+                "rank 0's state) or on the number of ranks that saved it"
+            )
+        mine = _rank_dir(directory, group, rank=0)
     steps = _steps(mine) if os.path.isdir(mine) else []
     below = None  # the next candidate is older than this
     problems: List[str] = []
@@ -220,8 +250,20 @@ def _remove(mine: str, step: int) -> None:
     shutil.rmtree(os.path.join(mine, str(step)), ignore_errors=True)
 
 
-def _rank_dir(directory: str, group) -> str:
-    return os.path.join(os.path.abspath(directory), f"rank_{group.rank}")
+def _rank_dir(directory: str, group, rank: Optional[int] = None) -> str:
+    return os.path.join(os.path.abspath(directory), f"rank_{group.rank if rank is None else rank}")
+
+
+def _saved_world_size(mine: str) -> Optional[int]:
+    """The number of ranks that saved this directory's newest finished step
+    (None: none, or a manifest from before the number was recorded)."""
+    for step in _steps(mine):
+        try:
+            with open(os.path.join(mine, f"{step}.manifest.json"), "rb") as f:
+                return json.loads(f.read()).get("world_size")
+        except (OSError, ValueError):
+            continue  # a damaged manifest: the load's checks report it
+    return None
 
 
 def _manager(mine: str):

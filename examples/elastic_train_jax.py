@@ -10,9 +10,10 @@ When a worker dies, the agents restart every worker (up to
 exactly where it was: ``bagua_jax.checkpoint`` saves the parameters, the
 optax state with Bagua's transform state and the data position (through
 orbax, one directory per rank, never half written), and the data order is a
-function of the seed and the position. The JAX transform's state is per rank,
-so a checkpoint restores on the number of workers it was saved with (the torch
-example, examples/elastic_train.py, also changes the number of nodes).
+function of the seed and the position. A checkpoint saved by another number
+of workers (nodes joined or left) loads with every worker taking rank 0's
+state (``world_size_policy="from_rank0"``: exact for the params and optimizer
+state; a transform's per-rank state, e.g. error feedback, becomes rank 0's).
 ``PreemptionGuard``: a SIGTERM to any worker makes every worker save at the
 same step and stop.
 
@@ -103,7 +104,7 @@ def main() -> None:
         tx = optax.chain(bagua_jax.transform(algorithm), sgd)
     params = init_params(args.features, args.seed)
     state = {"params": params, "opt": tx.init(params), "position": np.zeros(2, np.int32)}
-    step, state = load_checkpoint(args.checkpoint_dir, state)
+    step, state = load_checkpoint(args.checkpoint_dir, state, world_size_policy="from_rank0")
     step = step or 0
     if rank == 0:
         print(f"world size {world}, starting at step {step}", flush=True)

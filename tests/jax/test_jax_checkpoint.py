@@ -10,6 +10,9 @@
 * ``keep_last`` keeps the newest steps; a rank that cannot write makes every
   rank raise OSError and keeps the earlier checkpoints;
 * a SIGTERM to one rank (PreemptionGuard): every rank saves at the same step;
+* a checkpoint saved by another number of ranks (a group one smaller, then
+  the whole world): refused unless world_size_policy="from_rank0", which
+  gives every rank rank 0's state;
 * a target of another structure: RuntimeError on every rank;
 * a process SIGKILLed while orbax writes: the next one loads the step before.
 """
@@ -35,6 +38,7 @@ CASES = [
     "keep_last_and_unwritable",
     "sigterm_saves_every_rank_at_the_same_step",
     "another_bucket_size",
+    "another_world_size",
     "target_of_another_structure",
 ]
 SHAPES = [(6, 5), (5,), (17,)]
@@ -212,6 +216,31 @@ class Worker(JaxWorker):
         assert at == 3
         self.assert_same(restored, state)
         self.assert_same(self.train(step, restored, 3, 6), from_memory)
+
+    def another_world_size(self):
+        """Saved by all ranks, loaded by all but the last (a sub-group), and
+        saved by those, loaded by all: refused by default, naming both
+        numbers; with world_size_policy="from_rank0" every rank gets rank
+        0's state. A policy of another name is a ValueError."""
+        import bagua_core
+        from bagua_core import comm
+        from bagua_jax.checkpoint import load_checkpoint, save_checkpoint
+
+        fewer = bagua_core.new_group(list(range(self.world - 1)))
+        target = {"x": self.jnp.zeros(3)}
+        mine = {"x": self.jnp.full(3, float(self.rank + 1))}  # rank 0's is all 1.0
+        shrink, grow = self.directory("shrink"), self.directory("grow")
+        save_checkpoint(shrink, 5, mine)
+        if fewer.is_member:
+            save_checkpoint(grow, 7, mine, group=fewer)
+            expect_error(ValueError, lambda: load_checkpoint(shrink, target, group=fewer), f"saved by {self.world} ")
+            at, state = load_checkpoint(shrink, target, group=fewer, world_size_policy="from_rank0")
+            assert at == 5 and np.asarray(state["x"]).tolist() == [1.0] * 3, (at, state)
+        comm.barrier()  # the smaller group's step 7 is written
+        expect_error(ValueError, lambda: load_checkpoint(grow, target), f"this group has {self.world}")
+        at, state = load_checkpoint(grow, target, world_size_policy="from_rank0")
+        assert at == 7 and np.asarray(state["x"]).tolist() == [1.0] * 3, (at, state)
+        expect_error(ValueError, lambda: load_checkpoint(grow, target, world_size_policy="rank0"), "one of")
 
     def target_of_another_structure(self):
         from bagua_jax.checkpoint import load_checkpoint, save_checkpoint
