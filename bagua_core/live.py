@@ -59,7 +59,7 @@ class Agreement:
     ``members``: replica ids in rank order; ``steps``: each one's committed
     step; ``rank`` / ``world_size``: this member's place; ``rebuild``: the
     world group must be rebuilt (then ``generation`` is the new group's);
-    ``heal``: this member is behind rank 0 (or new) and must take its state.
+    ``leader_store``: where rank 0 hosts the rebuilt group's store.
     """
 
     quorum_id: int
@@ -73,10 +73,6 @@ class Agreement:
     @property
     def world_size(self) -> int:
         return len(self.members)
-
-    @property
-    def heal(self) -> bool:
-        return self.steps[self.rank] < self.steps[0]
 
 
 class Membership:
@@ -207,9 +203,6 @@ class Membership:
             list(agreement.members),
         )
         return group
-
-    def members(self) -> List[str]:
-        return list(self.agreement.members) if self.agreement else []
 
     def close(self) -> None:
         """Stops the heartbeat (the Lighthouse then drops this replica) and

@@ -23,7 +23,7 @@ import optax
 
 import bagua_jax
 from bagua_core.algorithms import WEIGHTS
-from bagua_core.compare.problem import algorithm_of, result, worker_arguments, write_results
+from bagua_core.compare.problem import algorithm_of, result, train_each, worker_arguments
 
 
 def forward(params, x):
@@ -90,13 +90,7 @@ def main(argv=None) -> None:
     if problem.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     group = bagua_jax.init_process_group()
-    results = {}
-    for name in args.algorithm:  # one launch for all: the processes start and join once
-        if group.rank == 0:
-            print(f"compare_worker: {name}", flush=True)  # names the configuration of a failure
-        results[name] = train(name, problem, group)
-    if group.rank == 0:
-        write_results(args.out, results)
+    train_each(args, problem, group, train)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import bagua_torch
-from bagua_core.compare.problem import algorithm_of, result, worker_arguments, write_results
+from bagua_core.compare.problem import algorithm_of, result, train_each, worker_arguments
 from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 
 
@@ -73,13 +73,7 @@ def main(argv=None) -> None:
     args, problem = worker_arguments(argv)
     torch.set_num_threads(1)
     group = bagua_torch.init_process_group()
-    results = {}
-    for name in args.algorithm:  # one launch for all: the processes start and join once
-        if group.rank == 0:
-            print(f"compare_worker: {name}", flush=True)  # names the configuration of a failure
-        results[name] = train(name, problem, group)
-    if group.rank == 0:
-        write_results(args.out, results)
+    train_each(args, problem, group, train)
 
 
 if __name__ == "__main__":

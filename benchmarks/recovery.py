@@ -37,44 +37,15 @@ import tempfile
 import time
 
 import _report
+from _launch import kill_tree
+
+from bagua_core.launcher.ports import free_master_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_recovery_worker.py")
 SYSTEMS = {"bagua": {"gradient_allreduce": "GradientAllReduce", "local_steps": "LocalSteps"},
            "torchft": {"gradient_allreduce": "FT-DDP", "local_steps": "DiLoCo"}}  # fmt: skip
-
-
-def _free_port() -> int:
-    sys.path.insert(0, REPO)
-    from bagua_core.launcher.ports import free_master_ports
-
-    return free_master_ports()
-
-
-def _tree(pid: int) -> list:
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def _kill_tree(pid: int) -> None:
-    for p in _tree(pid):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _records(path: str) -> list:
@@ -88,7 +59,7 @@ def _records(path: str) -> list:
 def run_job(system, algorithm, workers, seconds, kill_every, args, extra=()):
     """One job; returns each replica's records and the kill times."""
     tmp = tempfile.mkdtemp(prefix="bagua-recovery-")
-    port = _free_port()
+    port = free_master_ports()
     lighthouse = subprocess.Popen(
         [args.lighthouse, "--min_replicas", "1", "--heartbeat_timeout_ms", str(args.heartbeat_timeout_ms),
          "--join_timeout_ms", str(args.join_timeout_ms), "--bind", f"127.0.0.1:{port}"],
@@ -102,7 +73,7 @@ def run_job(system, algorithm, workers, seconds, kill_every, args, extra=()):
         for i in range(workers):
             launcher = [sys.executable, "-m", "bagua.run"] if system == "bagua" else [args.torchrun]
             line = launcher + ["--nnodes", "1", "--nproc-per-node", "1", "--max-restarts", "100"]
-            line += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+            line += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_master_ports()}"]
             line += [WORKER, "--system", system, "--algorithm", algorithm, "--record", f"{tmp}/r{i}.jsonl"]
             line += ["--width", str(args.width), *extra]
             log = open(f"{tmp}/agent{i}.log", "w")
@@ -124,7 +95,7 @@ def run_job(system, algorithm, workers, seconds, kill_every, args, extra=()):
         return [_records(f"{tmp}/r{i}.jsonl") for i in range(workers)], kills
     finally:
         for a in agents:
-            _kill_tree(a.pid)
+            kill_tree(a.pid)
             a.wait()
         lighthouse.kill()
         lighthouse.wait()

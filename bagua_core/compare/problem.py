@@ -142,9 +142,18 @@ def result(framework: str, algorithm: str, world: int, losses, step_times) -> di
     }
 
 
-def write_results(path: str, results: dict) -> None:
-    """What rank 0 of a worker run hands back to the tool: configuration -> :func:`result`."""
+def train_each(args, problem, group, train) -> None:
+    """Trains every configuration of ``args.algorithm`` in turn in this one
+    launch (the processes start and join once), ``train(name, problem,
+    group)`` each, and on rank 0 writes what the tool reads back:
+    configuration -> :func:`result`."""
     import json
 
-    with open(path, "w") as f:
-        json.dump(results, f)
+    results = {}
+    for name in args.algorithm:
+        if group.rank == 0:
+            print(f"compare_worker: {name}", flush=True)  # names the configuration of a failure
+        results[name] = train(name, problem, group)
+    if group.rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)

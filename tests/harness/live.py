@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from _launch import kill_tree  # benchmarks/ is on the test path (pyproject)
+
 from tests.harness import mp
 from tests.harness.paths import REPO
 
@@ -78,7 +80,7 @@ def wait(procs, timeout=180) -> None:
                 assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
     finally:
         for _, proc in procs:
-            mp.kill_tree(proc.pid)  # an agent's workers too, should it have failed
+            kill_tree(proc.pid)  # an agent's workers too, should it have failed
             proc.wait()
 
 

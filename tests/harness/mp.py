@@ -134,31 +134,6 @@ def _kill_group(p: subprocess.Popen) -> None:
         pass
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL to ``pid`` and every process under it, found through /proc
-    (torch elastic starts its workers in sessions of their own, out of reach
-    of a process-group kill)."""
-    children: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    doomed, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        doomed.append(p)
-        todo += children.get(p, [])
-    for p in doomed:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 PORT_TAKEN = "Address already in use"
 
 

@@ -18,8 +18,8 @@ import sys
 import time
 
 import pytest
+from _launch import kill_tree  # benchmarks/ is on the test path (pyproject)
 
-from tests.harness import mp
 from tests.harness.paths import REPO
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.multiprocess]
@@ -96,7 +96,7 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
         second = start("b")
         _wait_for("4 ranks", joined, nodes)
         alone = new_group_ran(2, 6)
-        mp.kill_tree(second.pid)
+        kill_tree(second.pid)
         second.wait(timeout=30)
         nodes.pop()
         _wait_for("2 ranks going on", alone, nodes)
@@ -108,7 +108,7 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
     finally:
         for _, proc in nodes:
             if proc.poll() is None:
-                mp.kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 proc.wait()
 
     records = _records(record)
