@@ -105,13 +105,18 @@ def record(model, forward_loss: Callable, batch_scale: float = 1.0) -> Recording
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    owners = {n: m for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    owners, seen = {}, set()  # module name -> its own parameters; a shared one (tied weights) is its first module's
+    for n, m in model.named_modules():
+        own = [(pn, p) for pn, p in m.named_parameters(recurse=False) if id(p) not in seen]
+        if own:
+            owners[n] = own
+            seen.update(id(p) for _, p in own)
     root = type(model).__name__
     ready: List[str] = []
     handles = [
         p.register_post_accumulate_grad_hook(lambda p, n=n: ready.append(n))
-        for n, m in owners.items()
-        for p in m.parameters(recurse=False)
+        for n, own in owners.items()
+        for _, p in own
     ]
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as fwd:
@@ -131,7 +136,7 @@ def record(model, forward_loss: Callable, batch_scale: float = 1.0) -> Recording
     layers = []
     for name in dict.fromkeys(ready):  # first readiness of any of the module's parameters
         f, fb = flops(fwd, name), flops(both, name)
-        params = [f"{name}.{pn}" if name else pn for pn, _ in owners[name].named_parameters(recurse=False)]
+        params = [f"{name}.{pn}" if name else pn for pn, _ in owners[name]]
         layers.append(Layer(name, params, f * batch_scale, max(0.0, fb - f) * batch_scale))
     missing = [n for n in owners if n not in ready]
     if missing:
@@ -164,10 +169,16 @@ def optimizer_gpu_seconds(profile: dict, parameters: int, kind: str) -> float:
 
 def gpu_timed_step(optimizer, seconds: float) -> None:
     """Makes ``optimizer.step()`` wait ``seconds`` instead of updating the weights. Call it before a
-    wrapper takes the optimizer's step (Bagua keeps the step it finds and calls it)."""
+    wrapper takes the optimizer's step (Bagua keeps the step it finds and calls it). The optimizer's
+    step hooks still run around the wait (torchft's DiLoCo synchronises in one); torch keeps them in
+    private dicts, read here only."""
 
-    def step(*_args, **_kwargs):
+    def step(*args, **kwargs):
+        for hook in optimizer._optimizer_step_pre_hooks.values():
+            hook(optimizer, args, kwargs)
         _sleep_until(time.perf_counter() + seconds)
+        for hook in optimizer._optimizer_step_post_hooks.values():
+            hook(optimizer, args, kwargs)
 
     optimizer.step = step
 
