@@ -1,7 +1,8 @@
 """The seed benchmark's models and what they cost in memory: VGG16 (torchvision's) on synthetic
-ImageNet-shaped batches and BERT-large fine-tuned for question answering (transformers, built from
-its configuration: nothing is downloaded) on synthetic SQuAD-shaped batches, plus tiny stand-ins of
-the same code for smoke runs. torch and transformers are imported lazily (the ``bench``
+ImageNet-shaped batches, BERT-large fine-tuned for question answering (transformers, built from
+its configuration: nothing is downloaded) on synthetic SQuAD-shaped batches, and GPT-2 small and
+medium (transformers' GPT2LMHeadModel, 124 M and 355 M) on synthetic token batches for the slow-link
+race, plus tiny stand-ins of the same code for smoke runs. torch and transformers are imported lazily (the ``bench``
 extra installs transformers).
 
 :func:`per_rank_bytes` is the estimate a run is refused with before it starts: weights, gradients,
@@ -17,11 +18,27 @@ from typing import Callable, Optional
 GIB = 2**30
 # The weights' bytes of each model (float32), so that the driver can estimate memory without
 # building a model: torchvision's vgg16() and transformers' BertForQuestionAnswering(bert-large-uncased).
-PARAMETERS = {"vgg16": 138_357_544, "bert-large": 334_094_338, "tiny-vgg": 2_266, "tiny-bert": 37_762}
+PARAMETERS = {
+    "vgg16": 138_357_544,
+    "bert-large": 334_094_338,
+    "gpt-124m": 124_439_808,  # GPT-2 small, its output layer tied to the token embedding
+    "gpt-355m": 354_823_168,  # GPT-2 medium
+    "tiny-vgg": 2_266,
+    "tiny-bert": 37_762,
+    "tiny-gpt": 31_616,
+}
 # What a process holds besides the model: torch, the engine, transformers (a worker's RSS before its
 # first configuration, less the mapped recording: 333 MiB with VGG16, 416 MiB with BERT-large, on
 # 2026-12-06), with 200 MiB to spare.
-BASE_BYTES = {"vgg16": 0.55 * GIB, "bert-large": 0.65 * GIB, "tiny-vgg": 0.55 * GIB, "tiny-bert": 0.65 * GIB}
+BASE_BYTES = {
+    "vgg16": 0.55 * GIB,
+    "bert-large": 0.65 * GIB,
+    "gpt-124m": 0.65 * GIB,  # as BERT's (transformers)
+    "gpt-355m": 0.65 * GIB,
+    "tiny-vgg": 0.55 * GIB,
+    "tiny-bert": 0.65 * GIB,
+    "tiny-gpt": 0.65 * GIB,
+}
 SQUAD_TRAIN_SAMPLES = 88_641  # SQuAD v1.1's training set: one epoch of the seed's BERT-large figure
 
 # A configuration's memory beyond weights, gradients and the optimizer, in copies of the weights: its
@@ -45,6 +62,11 @@ STATE_COPIES = {
     "Bagua LocalSteps": 2.25,  # the anchor and the outer momentum
     "Bagua LocalSteps+8bit": 3.5,  # and the residual, compressed buffers
     "Bagua Async": 2.0,  # the averaging buckets
+    # the anchor, outer momentum, residual and one fragment's pseudo-gradient and residual in flight
+    "Bagua Streaming+fp4": 3.5,
+    "Bagua Streaming+topk2": 3.5,
+    "torchft DiLoCo": 3.0,  # its backup of the weights, the outer momentum, the pseudo-gradients
+    "torchft Streaming DiLoCo": 3.0,
     "JAX Bagua GradientAllReduce": 1.0,  # the update's output beside the donated weights
     "no communication": 0.0,
 }
@@ -56,7 +78,15 @@ STATE_COPIES = {
 # (csrc/comm/gloo/communicator.h wire_packing_window_bytes), so the scratch stops growing at 2.25 x
 # 64 MiB: before the windows, VGG16's fc6 weight (392 MiB) made GradientAllReduce's peak 925 MiB
 # above DDP's (seed_scale-2026-12-06-4h-vgg16), after them 184 MiB (seed_scale-2026-12-07-4h-vgg16-memory).
-LARGEST_TENSOR = {"vgg16": 102_760_448, "bert-large": 31_254_528, "tiny-vgg": 1_152, "tiny-bert": 16_384}
+LARGEST_TENSOR = {
+    "vgg16": 102_760_448,
+    "bert-large": 31_254_528,
+    "gpt-124m": 38_597_376,
+    "gpt-355m": 51_463_168,
+    "tiny-vgg": 1_152,
+    "tiny-bert": 16_384,
+    "tiny-gpt": 4_096,
+}
 PACKING_WINDOW_BYTES = 2 * (32 << 20)  # both lanes' windows
 PACKING_SCRATCH = ("Bagua GradientAllReduce", "Bagua GradientAllReduce hierarchical")
 
@@ -84,6 +114,7 @@ class ModelSpec:
     make_batch: Callable  # (rank, batch) -> inputs, passed to loss()
     loss: Callable  # (model, inputs) -> scalar loss
     activation_bytes: Callable  # (batch) -> bytes of a real step's activations (estimate)
+    tokens_per_sample: Optional[int] = None  # language models: a sample's tokens
 
 
 # torchvision's vgg16() ("D"): its layout, written out for where torchvision cannot be imported. PyPI's
@@ -220,8 +251,68 @@ def _bert_activations(shape: dict, seq_len: int):
     return lambda batch: 4 * batch * layers * per_layer
 
 
+GPT2_SMALL = dict(n_embd=768, n_layer=12, n_head=12)
+GPT2_MEDIUM = dict(n_embd=1024, n_layer=24, n_head=16)
+TINY_GPT = dict(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=64)
+GPT_BATCH = 64  # sequences per rank: 64 x 1024 tokens, a Streaming DiLoCo replica's share of a 256 k-token batch
+
+
+def _gpt(shape: dict):
+    def build():
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(**shape, bos_token_id=None, eos_token_id=None))  # random weights
+
+    return build
+
+
+def _token_batch(seq_len: int, vocab: int):
+    def make(rank, batch):
+        import torch
+
+        g = torch.Generator().manual_seed(1000 + rank)
+        return torch.randint(0, vocab, (batch, seq_len), generator=g)
+
+    return make
+
+
+def _lm_loss(model, ids):
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _gpt_activations(shape: dict, seq_len: int):
+    h, layers, heads, vocab = shape["n_embd"], shape["n_layer"], shape["n_head"], shape.get("vocab_size", 50257)
+    per_layer = seq_len * 16 * h + 3 * heads * seq_len * seq_len  # as BERT's, with a 4h feed-forward
+    return lambda batch: 4 * batch * (layers * per_layer + 2 * seq_len * vocab)  # and the logits, twice
+
+
+def fragments(model, count: int):
+    """``model`` cut into ``count`` consecutive groups of its leaf modules with about equal numbers
+    of parameters (torchft's DiLoCo takes its fragments as modules); a parameter shared by two
+    modules (GPT-2's tied output layer) stays in the first."""
+    import torch.nn as nn
+
+    seen, leaves = set(), []
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        if own and len(own) == len(list(module.parameters(recurse=False))):
+            leaves.append((module, sum(p.numel() for p in own)))
+            seen.update(id(p) for p in own)
+    if len(leaves) < count:
+        raise ValueError(f"the model has {len(leaves)} parameter-holding modules: fewer than {count} fragments")
+    total, groups, size = sum(n for _, n in leaves), [[]], 0
+    for i, (module, n) in enumerate(leaves):
+        short = len(leaves) - i <= count - len(groups)  # one module left per fragment still to start
+        if groups[-1] and len(groups) < count and (size >= total * len(groups) / count or short):
+            groups.append([])
+        groups[-1].append(module)
+        size += n
+    return [nn.ModuleList(g) for g in groups]
+
+
 def model_spec(name: str, seq_len: int = 384) -> ModelSpec:
-    """The model called ``name`` (a key of PARAMETERS); ``seq_len`` for the BERT ones."""
+    """The model called ``name`` (a key of PARAMETERS); ``seq_len`` for the BERT ones (384 as SQuAD's)
+    and the GPT ones (1024, GPT-2's context, when 384 is given)."""
     if name == "vgg16":
         return ModelSpec(name, 32, "images", _vgg16, _image_batch(224, 1000), _image_loss, lambda b: b * 110 * 2**20)
     if name == "tiny-vgg":
@@ -233,6 +324,15 @@ def model_spec(name: str, seq_len: int = 384) -> ModelSpec:
         return ModelSpec(
             name, batch, "sequences", _bert(shape), _squad_batch(seq, vocab), _squad_loss, _bert_activations(shape, seq)
         )
+    if name in ("gpt-124m", "gpt-355m", "tiny-gpt"):
+        shape, seq, batch = {"gpt-124m": (GPT2_SMALL, 1024, GPT_BATCH), "gpt-355m": (GPT2_MEDIUM, 1024, GPT_BATCH)}.get(
+            name, (TINY_GPT, 32, 2)
+        )
+        seq = seq if seq_len == 384 else min(seq_len, seq)
+        return ModelSpec(
+            name, batch, f"sequences of {seq} tokens", _gpt(shape), _token_batch(seq, shape.get("vocab_size", 50257)), _lm_loss,
+            _gpt_activations(shape, seq), tokens_per_sample=seq,
+        )  # fmt: skip
     raise ValueError(f"unknown model {name!r}: choose from {sorted(PARAMETERS)}")
 
 

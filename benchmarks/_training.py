@@ -35,6 +35,8 @@ BAGUA_ALGORITHMS = {
     "Bagua LowRank": "LowRankAlgorithm",
     "Bagua LocalSteps+8bit": "LocalStepsAlgorithm",
     "Bagua LocalAvg+8bit": "LocalStepsAlgorithm",
+    "Bagua Streaming+fp4": "LocalStepsAlgorithm",
+    "Bagua Streaming+topk2": "LocalStepsAlgorithm",
 }
 # Constructor arguments a configuration passes unless wrap()'s options give others. Bagua LowRank
 # starts as DDP+PowerSGD does (rank 1 from step POWERSGD_START_ITER), not at its own defaults
@@ -51,6 +53,9 @@ FIXED_OPTIONS = {
     "Bagua LocalSteps": OUTER_NESTEROV,
     "Bagua LocalSteps+8bit": {**OUTER_NESTEROV, **PSEUDO_GRADIENT_8BIT},
     "Bagua LocalAvg+8bit": {**OUTER_AVERAGE, **PSEUDO_GRADIENT_8BIT},
+    # streaming (fragments, overlap, mixing: wrap()'s options) with 4- and 2-bit pseudo-gradients
+    "Bagua Streaming+fp4": {**OUTER_NESTEROV, "compression": "fp4_e2m1", "error_feedback": True},
+    "Bagua Streaming+topk2": {**OUTER_NESTEROV, "compression": "topk_uint2", "error_feedback": True},
     "Bagua LowRank": {"rank": 1, "start_iter": POWERSGD_START_ITER},
 }
 # A low-rank algorithm's settings under the names of wrap()'s options, and the names its

@@ -1,10 +1,13 @@
 """The seed's own benchmark at the seed's scale: VGG16 (138 M parameters) and BERT-large (334 M)
 trained on emulated hosts through every Bagua algorithm and beside torch DDP, its fp16 and PowerSGD
-hooks, Horovod, and the JAX frontend, as the link between the hosts shrinks.
+hooks, Horovod, and the JAX frontend, as the link between the hosts shrinks; and the slow-link race:
+GPT-2 small and medium (124 M, 355 M) through streaming local steps with FP4 and top-k 2-bit
+pseudo-gradients beside torchft's DiLoCo and Streaming DiLoCo (benchmarks/_seed_torchft.py).
 
     sudo PYTHONPATH=$PWD .venv/bin/python benchmarks/seed_scale.py [--models vgg16,bert-large]
         [--mode device-time|real] [--profile a100] [--hosts 4] [--nproc-per-host 1|2]
         [--links 1gbit,10gbit] [--configs ...] [--steps 3] [--out-dir seed_scale_results] [--quick]
+        [--sync-interval 100 --fragments 4 --overlap-steps 5 --mixing 0.5]   (local steps, streaming)
 
 Compute modes (communication is real in both: the real engine, buckets and algorithm, over real
 sockets between network namespaces shaped with ``tc``, see benchmarks/_hosts.py):
@@ -26,7 +29,8 @@ between barriers (local steps: a whole number of outer rounds; Async: a window h
 averaging round). Reported per configuration: ms per step (mean), samples/s of all ranks, the ratio
 to DDP, bytes each host sent per step (its link's ``tx_bytes``), the CPU cost of the compression
 kernels a GPU would run (measured single-threaded on the whole gradient, times the passes the
-algorithm makes per step), the optimizer step alone, and the peak RSS of each rank while it ran.
+algorithm makes per step), the optimizer step alone, the peak RSS of each rank while it ran, and the
+compute utilisation (compute time over the step's; also against the step without communication).
 
 Configurations that would not fit this machine's memory (``--memory-gib``, default 90% of it) are
 refused before the run starts, with the estimate (benchmarks/_seed_models.py); they appear in the
@@ -75,24 +79,37 @@ CONFIGS = (
     "Bagua LocalSteps",
     "Bagua LocalSteps+8bit",
     "Bagua Async",
+    "Bagua Streaming+fp4",
+    "Bagua Streaming+topk2",
+    "torchft DiLoCo",
+    "torchft Streaming DiLoCo",
     "JAX Bagua GradientAllReduce",
     "no communication",
 )
 BASELINE = "DDP"
 MODELS = ("vgg16", "bert-large")
 QUICK_MODELS = ("tiny-vgg", "tiny-bert")
+# Local steps: the timed window holds whole rounds of --sync-interval steps, after a warm-up round.
+LOCAL_STEP_CONFIGS = (
+    "Bagua LocalSteps",
+    "Bagua LocalSteps+8bit",
+    "Bagua Streaming+fp4",
+    "Bagua Streaming+topk2",
+    "torchft DiLoCo",
+    "torchft Streaming DiLoCo",
+)
+STREAMING_CONFIGS = ("Bagua Streaming+fp4", "Bagua Streaming+topk2", "torchft Streaming DiLoCo")
 DEFAULT_LINKS = "100mbit,1gbit,10gbit,25gbit,10gbit+5ms"
 UNSHAPED = "loopback (unshaped)"
 MASTER_PORT = 29500
 COLLECTIVE_TIMEOUT_S = 900
-LOCAL_STEPS_H = 8  # LocalStepsAlgorithm's default sync_interval
 # Passes of the MinMaxUInt8 kernels over the whole gradient per step (compress + decompress each).
 CODEC_PASSES = {
     "Bagua ByteGrad": 2.0,  # the scatter-reduce's and the gather's quantisation
     "Bagua ByteGrad+EF": 2.0,
     "Bagua LowPrecisionDecentralized": 1.0,
     "Bagua QAdam": 2.0,
-    "Bagua LocalSteps+8bit": 2.0 / LOCAL_STEPS_H,
+    "Bagua LocalSteps+8bit": 2.0,  # per round: divided by --sync-interval
 }
 
 
@@ -117,6 +134,11 @@ def parse_args(argv=None):
         help="device-time: the optimizer step waits the GPU's time (default) or runs on this CPU",
     )
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--sync-interval", type=int, default=8, help="local steps: inner steps per round, H (8)")
+    p.add_argument("--fragments", type=int, default=4, help="streaming: fragments, P (4; divides H)")
+    p.add_argument("--overlap-steps", type=int, default=1, help="streaming: steps an exchange overlaps, tau (1)")
+    p.add_argument("--mixing", type=float, default=0.5, help="streaming: local share when a fragment lands, alpha")
+    p.add_argument("--topk-density", type=float, default=0.02, help="Streaming+topk2: the share of each block kept")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration (default 2)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (default 3)")
     p.add_argument("--memory-gib", type=float, help="memory all ranks may use (default: 90%% of this machine's)")
@@ -157,6 +179,14 @@ def parse_args(argv=None):
         p.error("--steps, --record-batch and --seq-len must be >= 1, --warmup and --momentum >= 0")
     if args.batch_size is not None and args.batch_size < 1:
         p.error("--batch-size must be >= 1")
+    if args.sync_interval < 1 or args.fragments < 1 or args.sync_interval % args.fragments:
+        p.error("--sync-interval and --fragments must be >= 1, and --fragments must divide --sync-interval")
+    if not 0 <= args.overlap_steps < args.sync_interval // args.fragments:
+        p.error(
+            "--overlap-steps must be in [0, --sync-interval / --fragments): an exchange lands before the next starts"
+        )
+    if not 0 <= args.mixing <= 1 or not 0 < args.topk_density <= 1:
+        p.error("--mixing must be in [0, 1] and --topk-density in (0, 1]")
     if args.memory_gib is None:
         args.memory_gib = 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / _seed_models.GIB
     return args
@@ -314,8 +344,14 @@ def work(argv) -> int:
     rank, world, say = _training.start_worker(COLLECTIVE_TIMEOUT_S)
     refused = refusals(args)
     runs = []
-    for model in args.models:
-        runs.append(run_model(args, model, refused, rank, world, say))
+    try:
+        for model in args.models:
+            runs.append(run_model(args, model, refused, rank, world, say))
+    finally:
+        if any(c.startswith("torchft") for c in args.configs):
+            import _seed_torchft
+
+            _seed_torchft.stop()
     return _training.finish(rank, args.result, runs)
 
 
@@ -381,9 +417,16 @@ class Step:
 
             self.opt, self.close = _seed_horovod.wrap(config, net, self.opt, self.opt_gpu_seconds)
             self.net = net
+        elif config.startswith("torchft"):
+            import _seed_torchft
+
+            self.close = _seed_torchft.wrap(
+                config, net, model, self.opt, args.sync_interval, args.fragments, args.overlap_steps, args.mixing,
+                COLLECTIVE_TIMEOUT_S,
+            )  # fmt: skip
+            self.net = net
         else:
-            options = {"gradient_as_bucket_view": True} if config.startswith("DDP") else None
-            self.net, self.close = _training.wrap(config, net, self.opt, options)
+            self.net, self.close = _training.wrap(config, net, self.opt, _options(config, args))
         self.name = config
         self.compute_seconds = getattr(net, "compute_seconds", None)
 
@@ -393,6 +436,21 @@ class Step:
             loss.backward()
             self.opt.step()
             self.net.zero_grad(set_to_none=False)  # gradients stay (bucket views): no page faults per step
+
+
+def _options(config, args):
+    """wrap()'s options of a configuration: DDP's buckets as the gradients' storage, local steps' H and
+    the streaming settings."""
+    if config.startswith("DDP"):
+        return {"gradient_as_bucket_view": True}
+    if config not in LOCAL_STEP_CONFIGS:
+        return None
+    options = {"sync_interval": args.sync_interval}
+    if config in STREAMING_CONFIGS:
+        options.update(num_fragments=args.fragments, overlap_steps=args.overlap_steps, mixing=args.mixing)
+    if config == "Bagua Streaming+topk2":
+        options["topk_density"] = args.topk_density
+    return options
 
 
 def _LossNet(model, spec, inputs):
@@ -451,6 +509,10 @@ def _record(args, spec, rank):
         offset += n
     _release_memory()
     return rec, _replay.timeline(rec, _load_profile(args))
+
+
+def _codec_passes(args, config):
+    return CODEC_PASSES[config] / (args.sync_interval if config in LOCAL_STEP_CONFIGS else 1)
 
 
 def _codec_ms(grads_numel):
@@ -523,7 +585,7 @@ def run_model(args, model, refused, rank, world, say):
         r.update(
             optimizer_ms=r.pop("optimizer_gpu_ms") or opt_ms,
             optimizer_cpu_ms=opt_ms,
-            compression_cpu_ms=CODEC_PASSES[config] * codec_ms if config in CODEC_PASSES else None,
+            compression_cpu_ms=_codec_passes(args, config) * codec_ms if config in CODEC_PASSES else None,
             estimate_mib=_seed_models.per_rank_bytes(
                 model, config, args.mode, batch, args.record_batch, args.momentum, args.seq_len, args.optimizer_on
             )
@@ -535,10 +597,7 @@ def run_model(args, model, refused, rank, world, say):
         results[config] = r
         bar.update(config, r["ms_per_step"])
     bar.close()
-    base = results.get(BASELINE, {}).get("ms_per_step")
-    for r in results.values():
-        if "ms_per_step" in r and base:
-            r["ratio_to_ddp"] = base / r["ms_per_step"]
+    add_ratios(results)
     return {
         "model": model,
         "link": args.link,
@@ -559,6 +618,26 @@ def run_model(args, model, refused, rank, world, say):
         "codec_ms": codec_ms,
         "results": results,
     }
+
+
+def add_ratios(results):
+    """Each measured configuration's ratios: to DDP's step time and bytes, and its compute
+    utilisation (as INTELLECT-1 reports it: compute time over wall time), with the compute either the
+    replayed GPU time or the step of the same processes without communication ("no communication":
+    it also holds this machine's own work per step, such as adding the replayed gradients)."""
+    base = results.get(BASELINE, {}).get("ms_per_step")
+    base_sent = results.get(BASELINE, {}).get("wire_bytes_per_step")
+    alone = results.get("no communication", {}).get("ms_per_step")
+    for r in results.values():
+        if "ms_per_step" not in r:
+            continue
+        if base:
+            r["ratio_to_ddp"] = base / r["ms_per_step"]
+        r["utilization"] = min(1.0, (r["compute_ms"] + r["optimizer_ms"]) / r["ms_per_step"])
+        if alone:
+            r["utilization_vs_no_communication"] = min(1.0, alone / r["ms_per_step"])
+        if base_sent and r.get("wire_bytes_per_step"):
+            r["fewer_bytes_than_ddp"] = base_sent / r["wire_bytes_per_step"]
 
 
 def run_config(args, config, spec, replay, rank, tx_path, hosts):
@@ -590,11 +669,13 @@ def run_config(args, config, spec, replay, rank, tx_path, hosts):
         if config == "Bagua Async":
             step.net.bagua_ddp.impl.abort()  # its loop runs in the timed window only
         warmup = max(args.warmup, 1)
+        if config in LOCAL_STEP_CONFIGS:  # a whole round: every fragment's first exchange is behind
+            warmup = args.sync_interval * -(-warmup // args.sync_interval)
         step.steps(warmup)
         _reset_peak_rss()
         steps = args.steps
-        if config.startswith("Bagua LocalSteps"):
-            steps = LOCAL_STEPS_H * -(-steps // LOCAL_STEPS_H)  # whole rounds: each holds one synchronisation
+        if config in LOCAL_STEP_CONFIGS:  # whole rounds: each fragment synchronises once in each
+            steps = args.sync_interval * -(-steps // args.sync_interval)
         dist.barrier()
         tx0 = _rank_link_bytes(tx_path)
         if config == "Bagua Async":
@@ -674,7 +755,7 @@ def format_tables(doc):
             f"{first['hosts']} hosts x {first['nproc_per_host']}",
             "",
             "| configuration | "
-            + " | ".join(f"{link}: {first['unit']}/s, x DDP, MiB sent/step" for link in links)
+            + " | ".join(f"{link}: {first['unit']}/s, x DDP, MiB sent/step, utilisation" for link in links)
             + " |",
             "|---|" + "---:|" * len(links),
         ]
@@ -688,7 +769,13 @@ def format_tables(doc):
                 sent = r.get("wire_bytes_per_step")
                 cells.append(
                     f"{r['samples_per_s']:.1f}, {r.get('ratio_to_ddp', float('nan')):.2f}x, "
-                    + ("-" if sent is None else f"{sent / 2**20:.0f}")
+                    + ("-" if sent is None else f"{sent / 2**20:.3g}")
+                    + (f", {100 * r['utilization']:.0f}%" if "utilization" in r else "")
+                    + (
+                        f" ({100 * r['utilization_vs_no_communication']:.0f}%)"
+                        if "utilization_vs_no_communication" in r
+                        else ""
+                    )
                 )
             rows.append(f"| {config} | " + " | ".join(cells) + " |")
         rows += [
@@ -697,7 +784,8 @@ def format_tables(doc):
             + (" replayed" if first["replayed_compute_ms"] else " on this CPU")
             + f"; optimizer step on this CPU "
             f"{first['optimizer_ms']:.0f} ms; MinMaxUInt8 compress+decompress of the whole gradient on this CPU "
-            f"{first['codec_ms']:.0f} ms)",
+            f"{first['codec_ms']:.0f} ms; utilisation: the compute's share of the step, in brackets the "
+            "share of the step without communication)",
             "",
         ]
     rows.append(

@@ -123,6 +123,50 @@ def test_gpu_timed_step_waits_and_leaves_the_weights():
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
+def test_gpu_timed_step_still_runs_the_optimizers_step_hooks():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, a, k: calls.append("post"))  # torchft's DiLoCo syncs in one
+    _replay.gpu_timed_step(opt, 0.01)
+    opt.step()
+    assert calls == ["pre", "post"]
+
+
+def test_record_gives_a_tied_weight_to_its_first_module_once():
+    spec = _seed_models.model_spec("tiny-gpt")
+    torch.manual_seed(0)
+    model = spec.build()
+    model.eval()  # no dropout: the reference below sees the same step
+    ids = spec.make_batch(0, 2)
+    rec = _replay.record(model, lambda m: spec.loss(m, ids))
+    names = [n for layer in rec.layers for n in layer.params]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())  # each once, lm_head's is wte's
+    assert "transformer.wte.weight" in names and "lm_head.weight" not in names
+    reference = spec.build()
+    reference.load_state_dict(model.state_dict())
+    reference.eval()
+    spec.loss(reference, ids).backward()
+    assert torch.equal(rec.grads["transformer.wte.weight"], reference.transformer.wte.weight.grad)  # both uses
+
+
+def test_fragments_cut_the_model_in_equal_shares_of_its_parameters():
+    spec = _seed_models.model_spec("tiny-gpt")
+    model = spec.build()
+    total = _seed_models.PARAMETERS["tiny-gpt"]
+    for count in (1, 2, 4):
+        parts = _seed_models.fragments(model, count)
+        ids = [id(p) for part in parts for p in part.parameters()]
+        assert len(parts) == count and len(ids) == len(set(ids)) and len(ids) == len(list(model.parameters()))
+        assert max(sum(p.numel() for p in part.parameters()) for part in parts) <= total / count + 4096  # +wte
+    with pytest.raises(ValueError, match="fewer than 1000 fragments"):
+        _seed_models.fragments(model, 1000)
+    with torch.device("meta"):
+        gpt = _seed_models.model_spec("gpt-124m").build()
+    assert sum(p.numel() for p in gpt.parameters()) == _seed_models.PARAMETERS["gpt-124m"]
+
+
 def test_profiles_load_and_bad_ones_are_refused(tmp_path):
     assert {"a100", "h100", "v100"} <= set(_replay.profile_names())
     for name in _replay.profile_names():
@@ -200,8 +244,10 @@ def test_quick_run_unshaped_runs_every_configuration_and_writes_its_outputs(tmp_
                 continue
             assert r["ms_per_step"] > 0 and r["samples_per_s"] > 0 and r["peak_rss_mib"] > 100, (config, r)
             assert r["estimate_mib"] > 0 and r["optimizer_ms"] > 0 and r["wire_bytes_per_step"] is None
+            assert 0 <= r["utilization"] <= 1, (config, r)
         assert run["results"]["DDP"]["ratio_to_ddp"] == 1.0
-        assert run["results"]["Bagua LocalSteps"]["timed_steps"] % 8 == 0  # whole outer rounds
+        for config in ("Bagua LocalSteps", "Bagua Streaming+fp4", "torchft DiLoCo", "torchft Streaming DiLoCo"):
+            assert run["results"][config]["timed_steps"] % 8 == 0, config  # whole outer rounds
         assert run["results"]["Bagua ByteGrad"]["compression_cpu_ms"] > 0
     assert doc["runs"][0]["results"]["JAX Bagua GradientAllReduce"]["ms_per_step"] > 0  # the Flax VGG's stand-in
     assert "Flax VGG16 only" in doc["runs"][1]["results"]["JAX Bagua GradientAllReduce"]["refused"]
@@ -221,6 +267,9 @@ def test_bad_input_gets_a_clear_message(tmp_path):
         (("--profile", "tpu"), "unknown GPU profile 'tpu'"),
         (("--links", "3 parsecs"), "expected a number followed by kbit, mbit or gbit"),
         (("--hosts", "1"), "--hosts: 2 to 8"),
+        (("--sync-interval", "10", "--fragments", "4"), "--fragments must divide --sync-interval"),
+        (("--sync-interval", "8", "--fragments", "4", "--overlap-steps", "2"), "--overlap-steps must be in [0, "),
+        (("--mixing", "1.5"), "--mixing must be in [0, 1]"),
     ]
     bad = tmp_path / "profile.json"
     bad.write_text("{not json")
