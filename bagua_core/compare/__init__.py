@@ -8,7 +8,9 @@ frontend and with the JAX frontend, side by side.
 :data:`bagua_core.compare.problem.VARIANTS` (``bytegrad_error_feedback``:
 ByteGrad with ``error_feedback=True``; ``local_steps_compressed``,
 ``local_steps_fp4`` and ``local_steps_topk``: LocalSteps with error feedback
-and ``compression="minmax_uint8"``, ``"fp4_e2m1"`` and ``"topk_uint2"``). It
+and ``compression="minmax_uint8"``, ``"fp4_e2m1"`` and ``"topk_uint2"``;
+``local_steps_streaming``: FP4 in 4 fragments whose exchanges overlap one
+step, ``mixing=0.5``). It
 launches ``--nproc`` processes (``bagua-run``) running
 ``bagua_torch.compare_worker``, then as many running
 ``bagua_jax.compare_worker``; each trains every algorithm in turn, from a

@@ -24,6 +24,11 @@ VARIANTS = {
     "local_steps_compressed": ("local_steps", {"compression": "minmax_uint8", "error_feedback": True}),
     "local_steps_fp4": ("local_steps", {"compression": "fp4_e2m1", "error_feedback": True}),
     "local_steps_topk": ("local_steps", {"compression": "topk_uint2", "error_feedback": True}),
+    # streaming: 4 fragments at staggered steps, each exchange landing a step later, mixed half and half
+    "local_steps_streaming": (
+        "local_steps",
+        {"num_fragments": 4, "overlap_steps": 1, "mixing": 0.5, "compression": "fp4_e2m1", "error_feedback": True},
+    ),
 }
 
 

@@ -81,6 +81,7 @@ def test_every_algorithm_agrees_across_frameworks(compared):
     _, results, stdout = compared
     assert sorted(results) == sorted(configurations()) and set(names()) < set(results)
     assert {"bytegrad_error_feedback", "local_steps_compressed", "local_steps_fp4", "local_steps_topk"} <= set(results)
+    assert "local_steps_streaming" in results
     for name, r in results.items():
         check_run(name, r, "float32")
         # QAdam, float32: each framework's own float32 matmuls give gradients a few ulps
