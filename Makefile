@@ -80,8 +80,8 @@ $(DEPS): pyproject.toml | system
 	$(PIP) install -q "jax>=0.6" "optax>=0.2" "flax>=0.10" "matplotlib>=3.7" "pytest>=7" "pytest-timeout>=2"
 	$(PIP) install -q "lmdb>=1.4" "redis>=5" "optuna>=3.4"
 	$(PIP) install -q "lightning>=2.1,<3" "$(TORCH)"  # torch named too: pip must keep the pinned one
-	$(PIP) install -q "transformers>=4.40" "tqdm>=4.60" "$(TORCH)"  # the bench extra (seed_scale's BERT-large)
-	$(PIP) install -q "torchft==0.2.0" "$(TORCH)"  # the ft extra: the Lighthouse of per-step fault tolerance
+	$(PIP) install -q "transformers>=4.40" "tqdm>=4.60" "$(TORCH)"  # the bench extra (seed_scale's models)
+	$(PIP) install -q "torchft==0.2.0" "$(TORCH)"  # the ft extra (live jobs' Lighthouse), bench's torchft peers
 	touch $@
 
 # lint checks and changes nothing; format rewrites the tree so that lint passes.

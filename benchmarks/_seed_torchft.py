@@ -78,9 +78,9 @@ def stop() -> None:
     _started.pop("address", None)
 
 
-def wrap(config, net, model, inner, sync_every, fragments, delay, alpha, timeout_s):
-    """Enters torchft's DiLoCo around ``inner`` (its step hooks run the outer exchanges) for ``net``,
-    whose parameters are ``model``'s. ``config``: "torchft DiLoCo" (one fragment, blocking) or
+def wrap(config, model, inner, sync_every, fragments, delay, alpha, timeout_s):
+    """Enters torchft's DiLoCo around ``inner`` (its step hooks run the outer exchanges) for the
+    parameters of ``model``. ``config``: "torchft DiLoCo" (one fragment, blocking) or
     "torchft Streaming DiLoCo" (``fragments``, ``delay`` steps of overlap, mixing ``alpha``).
     Returns close()."""
     import _seed_models

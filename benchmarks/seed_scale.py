@@ -226,16 +226,22 @@ def refusals(args):
                 why = "the JAX configuration trains the Flax VGG16 only"
             elif config.startswith("Horovod") and _horovod_missing():
                 why = _horovod_missing()
+            elif config.startswith("torchft") and _missing("torchft"):
+                why = "torchft is not installed (the bench extra: pip install -e '.[bench]')"
 
             if why:
                 out[(model, config)] = why
     return out
 
 
-def _horovod_missing():
+def _missing(module):
     import importlib.util
 
-    if importlib.util.find_spec("horovod") is None:
+    return importlib.util.find_spec(module) is None
+
+
+def _horovod_missing():
+    if _missing("horovod"):
         return "horovod is not installed (make bench-seed builds it; docs/benchmarks-seed.md says what happened)"
     return None
 
@@ -421,7 +427,7 @@ class Step:
             import _seed_torchft
 
             self.close = _seed_torchft.wrap(
-                config, net, model, self.opt, args.sync_interval, args.fragments, args.overlap_steps, args.mixing,
+                config, model, self.opt, args.sync_interval, args.fragments, args.overlap_steps, args.mixing,
                 COLLECTIVE_TIMEOUT_S,
             )  # fmt: skip
             self.net = net
