@@ -114,7 +114,6 @@ class ModelSpec:
     make_batch: Callable  # (rank, batch) -> inputs, passed to loss()
     loss: Callable  # (model, inputs) -> scalar loss
     activation_bytes: Callable  # (batch) -> bytes of a real step's activations (estimate)
-    tokens_per_sample: Optional[int] = None  # language models: a sample's tokens
 
 
 # torchvision's vgg16() ("D"): its layout, written out for where torchvision cannot be imported. PyPI's
@@ -331,7 +330,7 @@ def model_spec(name: str, seq_len: int = 384) -> ModelSpec:
         seq = seq if seq_len == 384 else min(seq_len, seq)
         return ModelSpec(
             name, batch, f"sequences of {seq} tokens", _gpt(shape), _token_batch(seq, shape.get("vocab_size", 50257)), _lm_loss,
-            _gpt_activations(shape, seq), tokens_per_sample=seq,
+            _gpt_activations(shape, seq),
         )  # fmt: skip
     raise ValueError(f"unknown model {name!r}: choose from {sorted(PARAMETERS)}")
 

@@ -23,12 +23,6 @@ from datetime import timedelta
 _started = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     import ctypes
     import signal
@@ -44,7 +38,9 @@ def _lighthouse(world: int) -> str:
         return _started["address"]
     box = [None]
     if dist.get_rank() == 0:
-        port = _free_port()
+        from bagua_core.launcher.ports import free_master_ports
+
+        port = free_master_ports()
         binary = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
         proc = subprocess.Popen(
             [binary, "--min_replicas", str(world), "--join_timeout_ms", "60000", "--bind", f"[::]:{port}"],

@@ -25,7 +25,7 @@ sockets between network namespaces shaped with ``tc``, see benchmarks/_hosts.py)
 Each host is a namespace with ``--nproc-per-host`` processes (2: "GPUs" of one node joined by
 loopback, for the hierarchical algorithm); every configuration runs in the same processes, one after
 the other, from the same initial weights: ``--warmup`` untimed steps, then ``--steps`` timed steps
-between barriers (local steps: a whole number of outer rounds; Async: a window holding at least one
+between barriers (local steps: a whole number of outer rounds, after a whole warm-up round; Async: a window holding at least one
 averaging round). Reported per configuration: ms per step (mean), samples/s of all ranks, the ratio
 to DDP, bytes each host sent per step (its link's ``tx_bytes``), the CPU cost of the compression
 kernels a GPU would run (measured single-threaded on the whole gradient, times the passes the
