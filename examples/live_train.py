@@ -34,7 +34,7 @@ import time
 import torch
 
 import bagua_torch
-from bagua_torch.algorithms import Algorithm
+from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 from bagua_torch.live import LiveTraining
 
 
@@ -57,7 +57,10 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--algorithm", default="gradient_allreduce", help="a Bagua algorithm name")
-    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: with momentum 0.9")
+    parser.add_argument(
+        "--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: with momentum 0.9 (qadam: QAdam's own)"
+    )
+    parser.add_argument("--warmup-steps", type=int, default=20, help="QAdam's uncompressed warm-up")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds of pretend compute per step")
     parser.add_argument("--record", default=None)
     parser.add_argument("--kill-at-step", type=int, default=None)
@@ -65,11 +68,16 @@ def main() -> None:
 
     x, y = regression(args.steps, args.global_batch, args.features)
     model = model_for(args.features)
-    if args.optimizer == "adam":  # DiLoCo's recipe for local steps: Adam inside, Nesterov outside
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.algorithm == "qadam":  # its optimizer and its algorithm go together
+        optimizer = QAdamOptimizer(model.parameters(), lr=args.lr, warmup_steps=args.warmup_steps)
+        algorithm = QAdamAlgorithm(optimizer)
     else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    live = LiveTraining(model, [optimizer], Algorithm.init(args.algorithm))
+        if args.optimizer == "adam":  # DiLoCo's recipe for local steps: Adam inside, Nesterov outside
+            optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        algorithm = Algorithm.init(args.algorithm)
+    live = LiveTraining(model, [optimizer], algorithm)
     first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     started = time.time()
     average_at_end = None  # replicas that differ between exchanges end on their average: one step more

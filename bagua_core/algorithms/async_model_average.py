@@ -38,6 +38,11 @@ class AsyncModelAverage:
     warmup_steps: int = 0
 
     name = "async"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. The background averaging stops with the old group; rank 0's weights become every member's and the "
+        "averaging starts again on the new group."
+    )
 
     def __post_init__(self):
         check_choice("AsyncModelAverage", "peer_selection_mode", self.peer_selection_mode, ASYNC_PEER_SELECTION_MODES)

@@ -34,6 +34,11 @@ class ByteGrad:
     error_feedback: bool = False
 
     name = "bytegrad"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. The model and optimizer state are common; with `error_feedback`, rank 0's residual becomes every "
+        "member's (a one-off repeat of one step's compression error)."
+    )
 
     def __post_init__(self):
         check_bool("ByteGrad", "hierarchical", self.hierarchical)

@@ -32,6 +32,11 @@ class Decentralized:
     communication_interval: int = 1
 
     name = "decentralized"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. Rank 0's weights become every member's, so the replicas start equal again; the peers follow the "
+        "carried step on the new ring."
+    )
 
     def __post_init__(self):
         check_bool("Decentralized", "hierarchical", self.hierarchical)

@@ -23,6 +23,11 @@ class GradientAllReduce:
     average: bool = True
 
     name = "gradient_allreduce"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. Nothing of its own: each step averages the gradients of the members present; the model and "
+        "optimizer state every member takes from rank 0 are the ones all held."
+    )
 
     def __post_init__(self):
         check_bool("GradientAllReduce", "hierarchical", self.hierarchical)

@@ -35,6 +35,8 @@ class HalfGrad:
     wire: str = "float16"
 
     name = "halfgrad"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = "Live. No state of its own; the model and optimizer state are common."
 
     def __post_init__(self):
         check_bool("HalfGrad", "hierarchical", self.hierarchical)

@@ -108,6 +108,12 @@ class LocalSteps:
     mixing: float = 0.0
 
     name = "local_steps"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. Rank 0's weights, anchor, outer momentum and error-feedback residual become every member's: its "
+        "inner steps since the last exchange are everyone's; streaming exchanges in flight are dropped, as on a "
+        "checkpoint."
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "sync_interval", check_int("LocalSteps", "sync_interval", self.sync_interval, 1))

@@ -27,6 +27,11 @@ class LowPrecisionDecentralized:
     communication_interval: int = 1
 
     name = "low_precision_decentralized"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. Rank 0's weights and its copies of its neighbours' weights become every member's, so the replicas "
+        "start equal again."
+    )
 
     def __post_init__(self):
         check_bool("LowPrecisionDecentralized", "hierarchical", self.hierarchical)

@@ -72,6 +72,10 @@ class LowRank:
     seed: int = 0
 
     name = "low_rank"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. The model and optimizer state are common; rank 0's `Q` and error-feedback memory become every member's."
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "rank", check_int("LowRank", "rank", self.rank, 1))

@@ -35,6 +35,11 @@ class QAdam:
     beta1: float = 0.9
 
     name = "qadam"
+    # what a live job's members take on a membership change (docs/fault-tolerance.md's table)
+    on_membership_change = (
+        "Live. The momentum and variance are the optimizer's state, common to all, and its step count (warm-up or "
+        "compressed) travels with it."
+    )
 
     def __post_init__(self):
         check_bool("QAdam", "hierarchical", self.hierarchical)

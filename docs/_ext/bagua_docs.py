@@ -11,7 +11,8 @@ At build time (``builder-inited``) this extension
   figures, notes, commands) and from the benchmark scripts' docstrings, and
   the time-to-accuracy summary on it;
 * writes ``_generated/algorithms_table.md`` from the registered algorithms'
-  plans, and ``_generated/trace_autotune_figures.md``: a stored trace drawn
+  plans, ``_generated/membership_table.md`` from their policies on a live
+  membership change, and ``_generated/trace_autotune_figures.md``: a stored trace drawn
   as a timeline (``trace_figure.py``) and the plot of a stored autotune log;
 * fails the build when the README's copies of that table and summary (between
   the ``algorithms`` and ``tta-summary`` markers) differ from them:
@@ -143,6 +144,21 @@ def algorithms_table() -> str:
         else:
             chain, travels = "after the optimizer (`params` passed)", plan.communicates
         rows.append(f"| `{name}` | {cls} | {travels} | {PHASES[plan.phase]} | {chain} |")
+    return "\n".join(rows) + "\n"
+
+
+def membership_table() -> str:
+    """What each algorithm's members take on a live membership change, from
+    each registered description's ``on_membership_change`` (fails the build
+    where one has none)."""
+    import bagua_core.algorithms as algorithms
+
+    rows = ["| algorithm | on a membership change |", "|---|---|"]
+    for name in algorithms.names():
+        text = getattr(algorithms.description_type(name), "on_membership_change", None)
+        if not text:
+            raise DocsError(f"algorithm {name!r} says nothing of a membership change (on_membership_change)")
+        rows.append(f"| `{name}` | {text} |")
     return "\n".join(rows) + "\n"
 
 
@@ -423,6 +439,7 @@ def generate(app) -> None:
         _write(os.path.join(DOCS, "api", f"{package}.rst"), api_page(package))
     _write(os.path.join(DOCS, "_generated", "benchmarks.md"), benchmarks_page())
     _write(os.path.join(DOCS, "_generated", "algorithms_table.md"), algorithms_table())
+    _write(os.path.join(DOCS, "_generated", "membership_table.md"), membership_table())
     _write(os.path.join(DOCS, "_generated", "trace_autotune_figures.md"), trace_autotune_figures())
 
 
