@@ -23,7 +23,7 @@ The data is synthetic (a fixed random regression), so the script runs
 anywhere. ``--record DIR`` writes, per worker, the sample indices of each
 step (to count that every sample of an epoch is trained on once);
 ``--kill-rank-at-step R:S`` makes rank R SIGKILL itself before step S of
-the job's first worker group.
+the job's first worker group; ``--out FILE`` saves the final state dict.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 
 import bagua_torch
 from bagua_core import comm
+from bagua_torch.algorithms import Algorithm, QAdamAlgorithm, QAdamOptimizer
 from bagua_torch.checkpoint import PreemptionGuard, load_checkpoint, save_checkpoint
 from bagua_torch.contrib import ResumableDistributedSampler
 
@@ -58,12 +59,14 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--algorithm", default="gradient_allreduce", help="a Bagua algorithm name")
+    parser.add_argument("--error-feedback", action="store_true", help="the algorithm's error feedback (ByteGrad)")
     parser.add_argument("--checkpoint-dir", default="./elastic-ckpt", help="a directory every node can reach")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", default="", metavar="DIR", help="write each step's sample indices there")
     parser.add_argument("--kill-rank-at-step", default="", metavar="R:S", help="rank R SIGKILLs itself at step S")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds after each step (to watch a node join)")
+    parser.add_argument("--out", default="", help="rank 0 saves the final model state dict (torch.save) there")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -75,8 +78,13 @@ def main() -> None:
     dataset = synthetic_regression(args.train_size, args.features, args.seed)
     sampler = ResumableDistributedSampler(dataset, shuffle=True, seed=args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(args.features, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    algorithm = bagua_torch.algorithms.Algorithm.init(args.algorithm)
+    if args.algorithm == "qadam":  # its optimizer and its algorithm go together
+        optimizer = QAdamOptimizer(model.parameters(), lr=args.lr, warmup_steps=args.checkpoint_every)
+        algorithm = QAdamAlgorithm(optimizer)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        extra = {"error_feedback": True} if args.error_feedback else {}
+        algorithm = Algorithm.init(args.algorithm, **extra)
     model = model.with_bagua([optimizer], algorithm)
     step = load_checkpoint(args.checkpoint_dir, model, optimizer, sampler=sampler)
     if rank == 0:
@@ -115,6 +123,8 @@ def main() -> None:
                 if rank == 0 and step % args.checkpoint_every == 0:
                     print(f"step {step} world size {world} loss {loss.item():.4f}", flush=True)
                 if stop or step == args.steps:
+                    if args.out and rank == 0 and step == args.steps:
+                        torch.save(model.state_dict(), args.out)  # with the algorithm's state
                     return
             sampler.set_epoch(sampler.epoch + 1)
 

@@ -6,7 +6,9 @@ again and the job goes on with both. Counted from what each worker
 recorded: in the steps the finished job is made of (each step as the last
 worker group that ran it ran it), every sample of every epoch is trained on
 exactly once, across the changes from 4 to 2 ranks and back. A worker's
-SIGKILL restarting the group is in tests/compat/test_bagua_compat_launch.py."""
+SIGKILL restarting the group ends bitwise as a run resumed from the same
+checkpoint (GradientAllReduce, ByteGrad with error feedback, QAdam, local
+steps)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import sys
 import time
 
 import pytest
+import torch
 from _launch import kill_tree  # benchmarks/ is on the test path (pyproject)
 
 from tests.harness.paths import REPO
@@ -139,3 +142,51 @@ def test_a_node_lost_and_back_trains_every_sample_once(tmp_path):
 def _group_start(records, group):
     """When a worker group began: the time of its first recorded step."""
     return min(r["time"] for r in records if r["group"] == group)
+
+
+def _launch(tmp_path, name, world, *flags, launcher=()):
+    """examples/elastic_train.py on ``world`` workers of one agent; rank 0's final state dict, or None."""
+    from bagua_core.launcher.ports import free_master_ports
+
+    out = tmp_path / f"{name}.pt"
+    line = [sys.executable, "-m", "bagua.run", "--nproc-per-node", world, "--master-port", free_master_ports()]
+    line += [*launcher, EXAMPLE, "--train-size", 72, "--batch-size", 4, "--checkpoint-every", 5, *flags]
+    got = subprocess.run(
+        [str(a) for a in [*line, "--out", out]], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=200
+    )  # fmt: skip
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    return got.stdout, (torch.load(out) if out.exists() else None)
+
+
+@pytest.mark.parametrize(
+    "algorithm, world, reference",
+    [
+        (["--algorithm", "gradient_allreduce"], 2, "unbroken"),
+        (["--algorithm", "qadam", "--lr", 0.005], 2, "unbroken"),  # compressed from step 5, before the kill
+        (["--algorithm", "local_steps"], 3, "resumed"),
+        (["--algorithm", "bytegrad", "--error-feedback"], 3, "resumed"),
+    ],
+    ids=["gradient_allreduce", "qadam", "local_steps", "bytegrad_ef"],
+)
+def test_a_killed_worker_restarts_the_group_and_it_ends_bitwise_as_without(tmp_path, algorithm, world, reference):
+    """--max-restarts 1: rank 1 SIGKILLs itself before step 13; every worker
+    restarts from the checkpoint of step 10, and rank 0's final state dict
+    (weights, algorithm state) is bitwise that of the same job run without
+    the kill. A checkpoint holds rank 0's optimizer and algorithm state (the
+    package doc of bagua_torch.checkpoint), so where that state is per rank
+    (ByteGrad's error-feedback residual; local steps' inner optimizers, whose
+    momentum differs per rank even at a synchronisation) the reference is the
+    job stopped at step 10 and resumed from its checkpoint."""
+    if reference == "unbroken":
+        _, expected = _launch(
+            tmp_path, "unbroken", world, "--steps", 24, *algorithm, "--checkpoint-dir", tmp_path / "u"
+        )
+    else:
+        _launch(tmp_path, "first ten", world, "--steps", 10, *algorithm, "--checkpoint-dir", tmp_path / "r")
+        _, expected = _launch(tmp_path, "resumed", world, "--steps", 24, *algorithm, "--checkpoint-dir", tmp_path / "r")
+    flags = ["--steps", 24, *algorithm, "--checkpoint-dir", tmp_path / "killed", "--kill-rank-at-step", "1:13"]
+    out, killed = _launch(tmp_path, "killed", world, *flags, launcher=["--max-restarts", 1])
+    assert "starting at step 10" in out, out[-3000:]
+    assert sorted(killed) == sorted(expected)
+    for key in expected:
+        assert torch.equal(killed[key], expected[key]), key
