@@ -11,6 +11,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.bagua-built
 GLOO   := /usr/share/cmake/Gloo/GlooConfig.cmake
+# ccache (installed by make system as root; optional) makes a fresh clone's build of csrc/ a cache hit
+CCACHE := $(shell command -v ccache 2>/dev/null)
 # torch is pinned exactly: a range lets pip pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 NPROC  ?= 2
@@ -67,7 +69,8 @@ build: $(BUILT)
 
 $(BUILT): $(DEPS) pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 	rm -f bagua_core/_C*.so
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(if $(CCACHE),CCACHE_BASEDIR=$(CURDIR) CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache) \
+	  $(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
 deps: $(DEPS)
@@ -114,6 +117,10 @@ system:
 	  else \
 	    echo "Gloo is missing. Run:  sudo apt-get update && sudo apt-get install -y libgloo-dev"; exit 1; \
 	  fi; \
+	fi
+	@if ! command -v ccache >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing ccache (rebuilds of csrc/, and tests/gpu/run.sh --dry-run's, hit its cache)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache; \
 	fi
 	@if ! command -v redis-server >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
