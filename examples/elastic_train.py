@@ -11,9 +11,9 @@ the nodes still there; a node that starts the same line later joins at the
 next restart. What makes that exact:
 
 * ``bagua_torch.checkpoint``: written so that a kill never leaves half a
-  checkpoint in use; the model, optimizer, random states and the sampler's
-  place go in (GradientAllReduce, the default, keeps no state of its own;
-  an algorithm that does is saved with ``model.bagua_ddp.state_dict()``).
+  checkpoint in use; the model, optimizer, the algorithm's state, random
+  states and the sampler's place go in (each rank's own where they differ
+  per rank, e.g. ByteGrad's error-feedback residual).
 * ``ResumableDistributedSampler``: restored on another number of ranks, the
   epoch goes on with exactly the samples not reached yet.
 * ``PreemptionGuard``: a SIGTERM to any worker (a preemption notice) makes

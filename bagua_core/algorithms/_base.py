@@ -45,6 +45,13 @@ class Plan:
     counts_steps: bool = False
     optimizer_state: Optional[str] = None
 
+    @property
+    def state_per_rank(self) -> bool:
+        """The ranks' state differs between exchanges: weights averaged only
+        now and then (with the optimizer state that moved them) or an
+        error-feedback residual. A torch checkpoint then keeps every rank's."""
+        return self.communicates == WEIGHTS or self.params.get("error_feedback") is True
+
     def params_text(self) -> str:
         """The parameters as the engine's ``key=value;...`` form."""
 

@@ -5,12 +5,18 @@ and :class:`PreemptionGuard`.
 Layout under ``checkpoints_path``: ``latest_checkpointed_iteration.txt`` (the
 last complete iteration) and, in ``iter_{iteration:07d}/``,
 ``mp_rank_00_model_states.pt`` (rank 0: ``{"iteration", "model",
-"optimizer", "lr_scheduler", "bagua_version"}``; a wrapped model's state
-dict carries the algorithm's state, see
-:class:`bagua_torch.DistributedDataParallel`), ``rng_rank_{r}.pt`` (each
-rank's torch, CUDA, Python and numpy random states) and
-``manifest_rank_{r}.json`` (each file rank r wrote, with its size and
-CRC-32). Every rank calls both functions.
+"optimizer", "algorithm", "lr_scheduler", "bagua_version"}``; "algorithm"
+is ``model.bagua_ddp.state_dict()`` of a model wrapped by ``with_bagua``, while
+a :class:`bagua_torch.DistributedDataParallel`'s own state dict carries it),
+``rng_rank_{r}.pt`` (each
+rank's torch, CUDA, Python and numpy random states),
+``rank_{r}_states.pt`` (ranks r >= 1, where the wrapped model's algorithm
+keeps state that differs per rank, :attr:`bagua_core.algorithms.Plan.state_per_rank`:
+``{"model", "optimizer", "algorithm"}`` of that rank, so that error-feedback residuals,
+local optimizers and decentralized replicas resume exactly; loaded by as many
+ranks as saved it, while another number of ranks takes rank 0's everywhere,
+with a warning) and ``manifest_rank_{r}.json`` (each file rank r wrote, with
+its size and CRC-32). Every rank calls both functions.
 
 A model holding :class:`bagua_torch.moe.MoE` layers is saved in Bagua 0.9's
 expert-parallel layout: ``expert_{g}_mp_rank_00_model_states.pt`` holds

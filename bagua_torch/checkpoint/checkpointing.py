@@ -93,11 +93,16 @@ def save_checkpoint(
             optimizer_state = None
         path = files.rng_file(checkpoints_path, iteration, rank)
         entries[os.path.basename(path)] = files.save(_rng_state(), path)
+        if rank != 0 and not layers and _state_per_rank(model):
+            path = files.rank_states_file(checkpoints_path, iteration, rank)
+            own = {"model": model_state, "optimizer": optimizer_state, "algorithm": _algorithm_state(model)}
+            entries[os.path.basename(path)] = files.save(own, path)
         if rank == 0:
             state = {
                 "iteration": iteration,
                 "model": model_state,
                 "optimizer": optimizer_state,
+                "algorithm": _algorithm_state(model),
                 "lr_scheduler": None if lr_scheduler is None else lr_scheduler.state_dict(),
                 "sampler": None if sampler is None else sampler.state_dict(),
                 "bagua_version": bagua_core.__version__,
@@ -117,6 +122,29 @@ def save_checkpoint(
         if keep_last is not None:
             files.prune(checkpoints_path, keep_last, iteration)
     _barrier()
+
+
+def _wrapped(model):
+    """The model's BaguaDistributedDataParallel: ``model.bagua_ddp`` of
+    ``with_bagua``, or the inner one of a
+    :class:`bagua_torch.DistributedDataParallel`; None for a plain model."""
+    from bagua_torch.data_parallel import DistributedDataParallel
+
+    return model.inner if isinstance(model, DistributedDataParallel) else model.__dict__.get("bagua_ddp")
+
+
+def _algorithm_state(model):
+    """The algorithm's state where the model's own state dict lacks it
+    (``with_bagua``; a DistributedDataParallel's carries it as ``bagua.*``)."""
+    ddp = model.__dict__.get("bagua_ddp")
+    return None if ddp is None else ddp.state_dict()
+
+
+def _state_per_rank(model) -> bool:
+    """The wrapped model's algorithm keeps state that differs per rank
+    (:attr:`bagua_core.algorithms.Plan.state_per_rank`)."""
+    ddp = _wrapped(model)
+    return ddp is not None and ddp.impl.description.plan().state_per_rank
 
 
 def _needed(checkpoints_path: str, iteration: int, model, optimizer, rank: int, world: int) -> List[str]:
@@ -190,6 +218,10 @@ def load_checkpoint(
             and os.path.basename(files.rng_file(checkpoints_path, iteration, rank)) in manifest
         ):
             needed.append(files.rng_file(checkpoints_path, iteration, rank))
+        saved_world = files.saved_world(files.iteration_dir(checkpoints_path, iteration))
+        own = files.rank_states_file(checkpoints_path, iteration, rank)
+        if manifest is not None and os.path.basename(own) in manifest and saved_world == world:
+            needed.append(own)  # this rank's own state (an algorithm with per-rank state saved it)
         data, problems = _read(needed, manifest)
         failed = _failed_ranks(bool(problems))
         if not failed:
@@ -216,12 +248,35 @@ def load_checkpoint(
         return torch.load(io.BytesIO(data[path]), map_location="cpu", weights_only=False)
 
     state = read(files.checkpoint_file(checkpoints_path, iteration))
+    own = files.rank_states_file(checkpoints_path, iteration, rank)
+    if own in data:  # this rank's own weights, optimizer and algorithm state
+        state.update(read(own))
+    elif rank == 0 and saved_world != world and os.path.exists(files.rank_states_file(checkpoints_path, iteration, 1)):
+        warnings.warn(
+            f"checkpoint {files.iteration_dir(checkpoints_path, iteration)} holds the per-rank state of "
+            f"{saved_world} ranks and this job has {world}: "
+            "every rank takes rank 0's (its weights, optimizer and algorithm state, e.g. error-feedback residuals)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     layers = moe.moe_layers(model)
     if layers:
         state["model"].update(moe.load_experts(checkpoints_path, iteration, layers, rank, read))
         if optimizer is not None:
             state["optimizer"] = read(files.optimizer_file(checkpoints_path, iteration, rank))["optimizer"]
     model.load_state_dict(state["model"], strict=strict)
+    ddp = model.__dict__.get("bagua_ddp")
+    if state.get("algorithm") is not None and ddp is not None:
+        if state["algorithm"]["algorithm"] == ddp.algorithm.name:
+            ddp.load_state_dict(state["algorithm"])
+        elif rank == 0:  # resuming with another algorithm is allowed: the model and optimizer carry over
+            warnings.warn(
+                f"checkpoint {files.iteration_dir(checkpoints_path, iteration)} holds the state of algorithm "
+                f"{state['algorithm']['algorithm']!r}; this model trains with {ddp.algorithm.name!r}, "
+                "whose state starts afresh",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     if optimizer is not None and state.get("optimizer") is not None:
         optimizer.load_state_dict(state["optimizer"])
     if lr_scheduler is not None and state.get("lr_scheduler") is not None:

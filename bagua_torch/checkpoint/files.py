@@ -41,6 +41,15 @@ def optimizer_file(checkpoints_path: str, iteration: int, rank: int) -> str:
     return os.path.join(iteration_dir(checkpoints_path, iteration), f"expp_rank_{rank}_mp_rank_00_optim_states.pt")
 
 
+def rank_states_file(checkpoints_path: str, iteration: int, rank: int) -> str:
+    return os.path.join(iteration_dir(checkpoints_path, iteration), f"rank_{rank}_states.pt")
+
+
+def saved_world(directory: str) -> int:
+    """How many ranks wrote the iteration: one manifest each."""
+    return len(glob.glob(os.path.join(directory, "manifest_rank_*.json")))
+
+
 def rng_file(checkpoints_path: str, iteration: int, rank: int) -> str:
     return os.path.join(iteration_dir(checkpoints_path, iteration), f"rng_rank_{rank}.pt")
 

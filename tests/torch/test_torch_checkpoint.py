@@ -185,6 +185,21 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
     assert torch.equal(_flat(fresh), _flat(_model(3)))
 
 
+def test_per_rank_state_saved_by_more_ranks_loads_as_rank_0s_with_a_warning(tmp_path):
+    import json
+
+    weights = _saved(tmp_path, iterations=(3,))
+    directory = tmp_path / "iter_0000003"
+    torch.save(
+        {"model": {k: torch.zeros_like(v) for k, v in _model(9).state_dict().items()}}, directory / "rank_1_states.pt"
+    )
+    (directory / "manifest_rank_1.json").write_text(json.dumps({"rank": 1, "files": {}}))  # as if 2 ranks wrote it
+    fresh = _model(0)
+    with pytest.warns(RuntimeWarning, match="per-rank state of 2 ranks and this job has 1: every rank takes rank 0's"):
+        assert load_checkpoint(str(tmp_path), fresh) == 3
+    assert torch.equal(_flat(fresh), weights[3])
+
+
 def test_preemption_guard_alone():
     import signal
 
@@ -199,7 +214,12 @@ def test_preemption_guard_alone():
 
 # ---------------------------------------------------------------- several ranks
 
-CASES = ["damaged_for_one_rank_falls_back_everywhere", "a_rank_that_cannot_write", "sigterm_to_one_rank"]
+CASES = [
+    "damaged_for_one_rank_falls_back_everywhere",
+    "a_rank_that_cannot_write",
+    "sigterm_to_one_rank",
+    "per_rank_state_resumes_as_each_rank_saved_it",
+]
 
 
 class Worker(TorchWorker):
@@ -207,10 +227,10 @@ class Worker(TorchWorker):
         super().__init__()
         self.path = self.shared_tmpdir()
 
-    def wrapped(self, seed):
+    def wrapped(self, seed, algorithm=None):
         m = _model(seed)
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        return m.with_bagua([opt], self.bt.algorithms.GradientAllReduceAlgorithm()), opt
+        return m.with_bagua([opt], algorithm or self.bt.algorithms.GradientAllReduceAlgorithm()), opt
 
     def train(self, m, opt, steps, start=0):
         for step in range(start, start + steps):
@@ -292,6 +312,33 @@ class Worker(TorchWorker):
         fresh, fresh_opt = self.wrapped(0)
         assert load_checkpoint(path, fresh, fresh_opt) == 7
         assert torch.equal(_flat(fresh), _flat(m))
+        for x in (m, fresh):
+            x.bagua_ddp.close()
+
+    def per_rank_state_resumes_as_each_rank_saved_it(self):
+        """ByteGrad's error-feedback residual differs per rank: every rank
+        writes its own and takes it back, with its optimizer state."""
+        path = os.path.join(self.path, "per_rank")
+
+        def bytegrad():
+            return self.bt.algorithms.ByteGradAlgorithm(error_feedback=True)
+
+        m, opt = self.wrapped(4, bytegrad())
+        self.train(m, opt, 3)
+        save_checkpoint(3, path, m, opt)
+        saved = m.bagua_ddp.state_dict()["state"]
+        residual = saved["step_state"][0]
+        everyone = self.bt.allgather(residual.reshape(1, -1).clone())
+        assert not torch.equal(everyone[0], everyone[-1])  # the residuals differ per rank
+        own = os.path.join(path, "iter_0000003", f"rank_{self.rank}_states.pt")
+        assert os.path.exists(own) == (self.rank != 0)
+        fresh, fresh_opt = self.wrapped(0, bytegrad())
+        assert load_checkpoint(path, fresh, fresh_opt) == 3
+        loaded = fresh.bagua_ddp.state_dict()["state"]
+        assert len(loaded["step_state"]) == len(saved["step_state"])
+        for a, b in zip(loaded["step_state"], saved["step_state"]):
+            assert torch.equal(a, b)
+        assert str(fresh_opt.state_dict()["state"]) == str(opt.state_dict()["state"])  # this rank's momentum
         for x in (m, fresh):
             x.bagua_ddp.close()
 
