@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.harness import mp
-from tests.harness.worker import threads, wait_for_threads
+from tests.harness.worker import resources, threads, wait_for_threads
 
 KILL_TIMEOUT_S = 8  # BAGUA_TIMEOUT of the kill sessions
 
@@ -198,26 +198,6 @@ def case_no_threads_left():
     bc.get_default_group().intra_node_group()
     bc.destroy_process_group()
     assert threads() == BASELINE_THREADS, f"{threads()} threads after destroy, {BASELINE_THREADS} before init"
-
-
-def resources() -> dict:
-    """What a group holds while it lives: threads, descriptors (sockets among
-    them) and mapped shared-memory segments of this process."""
-    fds = [os.path.join("/proc/self/fd", f) for f in os.listdir("/proc/self/fd")]
-    links = []
-    for fd in fds:
-        try:
-            links.append(os.readlink(fd))
-        except OSError:  # the listing's own descriptor, closed by now
-            pass
-    with open("/proc/self/maps") as f:
-        segments = {line.split()[-1] for line in f if "/dev/shm/bagua-" in line}
-    return {
-        "threads": threads(),
-        "fds": len(links),
-        "sockets": sum(link.startswith("socket:") for link in links),
-        "shm segments": len(segments),
-    }
 
 
 def regroup() -> None:

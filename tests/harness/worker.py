@@ -115,6 +115,26 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def resources() -> dict:
+    """What a group holds while it lives: threads, descriptors (sockets among
+    them) and mapped shared-memory segments of this process."""
+    fds = [os.path.join("/proc/self/fd", f) for f in os.listdir("/proc/self/fd")]
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(fd))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    with open("/proc/self/maps") as f:
+        segments = {line.split()[-1] for line in f if "/dev/shm/bagua-" in line}
+    return {
+        "threads": threads(),
+        "fds": len(links),
+        "sockets": sum(link.startswith("socket:") for link in links),
+        "shm segments": len(segments),
+    }
+
+
 def wait_for_threads(expected: int, timeout_s: float = 3.0) -> None:
     """Asserts the thread count falls back to ``expected`` (a thread ends a moment after it is joined)."""
     deadline = time.monotonic() + timeout_s
