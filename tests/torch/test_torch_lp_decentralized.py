@@ -6,7 +6,8 @@ compressor) and torch.distributed all_gather (tests/harness/reference/compressed
   ranks as 2 nodes; the replicas are exact: my W equals my left neighbour's R
   and my right neighbour's L, bitwise;
 * the replicas survive bagua_ddp.state_dict() / load_state_dict(): a resumed
-  run continues bitwise as the original;
+  run continues bitwise as the original; under another bucket size they move
+  to their new place;
 * bad input raises at wrap time; the loss goes down.
 
 One multi-process session per configuration runs every case (this file is also
@@ -16,6 +17,7 @@ the worker script); pytest reports each case on its own.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 from tests.harness.mp import Session, session_tests
@@ -34,6 +36,7 @@ def case_names(session: str):
         "wide_bucket_equals_reference_bitwise",
         "wide_bucket_replicas_track_neighbours",
         "state_dict_resumes_bitwise",
+        "state_moves_to_another_bucket_size",
         "bad_input_refused",
         "loss_goes_down",
     ]
@@ -201,6 +204,50 @@ class Worker(TorchWorker):
         bad = copy.deepcopy(saved[2])
         bad["state"]["step_state"] = [bad["state"]["step_state"][0][:2]]
         self.expect_error(ValueError, lambda: model2.bagua_ddp.load_state_dict(bad), "step_state")
+        model2.bagua_ddp.close()
+
+    def state_moves_to_another_bucket_size(self):
+        """Saved under 64-byte buckets, loaded into a model wrapped with one
+        bucket: the replicas move to their new place (the moves themselves:
+        tests/core/test_state_relayout.py), so my W, L and R hold what they
+        held, my W is still my left neighbour's R and my right neighbour's L,
+        and training goes on."""
+        import copy
+
+        torch = self.torch
+
+        def wrapped(bucket_bytes):
+            os.environ["BAGUA_BUCKET_SIZE"] = str(bucket_bytes)
+            try:
+                model = self.model(9)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                model.with_bagua([opt], self.algo(hierarchical=False))
+            finally:
+                os.environ.pop("BAGUA_BUCKET_SIZE")
+            return model, opt
+
+        model, opt = wrapped(64)
+        for step in range(5):
+            self.train_step(model, opt, step)
+        saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(model.bagua_ddp.state_dict()))
+        model.bagua_ddp.close()
+        old = saved[1]["state"]["step_state"]
+
+        model2, opt2 = wrapped(1 << 20)
+        assert len(model2.bagua_buckets) == 1 < len(old)
+        model2.load_state_dict(saved[0])
+        model2.bagua_ddp.load_state_dict(saved[1])
+        W, L, R = model2.bagua_ddp.state_dict()["state"]["step_state"][0]
+        for row, moved in enumerate((W, L, R)):  # the same numbers (padding adds zeros)
+            held = torch.cat([b[row] for b in old])
+            assert torch.equal(torch.sort(moved[moved != 0]).values, torch.sort(held[held != 0]).values), row
+        assert not torch.equal(W, L) and W.abs().sum() > 0
+        every = self.gathered(torch.stack([W, L, R]))
+        n = self.world
+        assert torch.equal(every[(self.rank - 1) % n][2], W), "left neighbour's R differs from my W"
+        assert torch.equal(every[(self.rank + 1) % n][1], W), "right neighbour's L differs from my W"
+        for step in range(5, 10):
+            assert math.isfinite(self.train_step(model2, opt2, step))
         model2.bagua_ddp.close()
 
     def bad_input_refused(self):
