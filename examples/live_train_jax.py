@@ -8,8 +8,10 @@ once, then each replica under its own agent:
     bagua-run --nproc-per-node 1 --max-restarts 3 examples/live_train_jax.py  # once per replica
 
 As in examples/live_train.py (torch): each step's global batch is fixed and
-split evenly among the members present, so with GradientAllReduce the job
-follows full-batch gradient descent whoever is present. ``--record FILE``
+split evenly among the members present, so with GradientAllReduce (the
+default ``--algorithm``) the job follows full-batch gradient descent whoever
+is present; with an algorithm whose replicas differ between exchanges (local
+steps, decentralized) the job ends on the average of the members' params. ``--record FILE``
 writes what this replica saw; ``--kill-at-step S`` makes the replica SIGKILL
 itself inside step S (first start only).
 """
@@ -31,6 +33,7 @@ import numpy as np
 import optax
 
 import bagua_jax
+from bagua_core.algorithms import WEIGHTS
 from bagua_jax.live import LiveTraining
 
 
@@ -60,6 +63,9 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=12, help="divisible by every number of members")
     parser.add_argument("--features", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--algorithm", default="gradient_allreduce", help="a Bagua algorithm name")
+    parser.add_argument("--error-feedback", action="store_true", help="the algorithm's error feedback (ByteGrad)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: with momentum 0.9")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds of pretend compute per step")
     parser.add_argument("--record", default=None)
     parser.add_argument("--kill-at-step", type=int, default=None)
@@ -67,8 +73,18 @@ def main() -> None:
     jax.config.update("jax_enable_x64", True)  # float64: the test compares with full-batch training to 1e-9
     x, y = regression(args.steps, args.global_batch, args.features)
 
+    extra = {"error_feedback": True} if args.error_feedback else {}
+    algorithm = bagua_jax.algorithms.Algorithm.init(args.algorithm, **extra)
+    communicates_weights = algorithm.to_core().plan().communicates == WEIGHTS
+    if args.optimizer == "adam":  # DiLoCo's recipe for local steps: Adam inside, Nesterov outside
+        inner = optax.adam(args.lr)
+    else:
+        inner = optax.sgd(args.lr, momentum=0.9)
+
     def build():  # on every rebuilt group: a transform bound to it, and the step using it
-        tx = optax.chain(bagua_jax.transform("gradient_allreduce"), optax.sgd(args.lr, momentum=0.9))
+        bagua = bagua_jax.transform(algorithm)
+        # gradients are averaged before the optimizer, weights after it
+        tx = optax.chain(inner, bagua) if communicates_weights else optax.chain(bagua, inner)
 
         @jax.jit
         def train_step(state, x, y):
@@ -83,8 +99,14 @@ def main() -> None:
     live = LiveTraining(build, init=lambda tx: (params, tx.init(params)))
     first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     started = time.time()
-    while live.step < args.steps:
+    # replicas that differ between exchanges end on their average: one step more
+    while live.step < args.steps + communicates_weights:
         with live.attempt():
+            if live.step == args.steps:
+                params, opt = live.state
+                average = {k: bagua_jax.allreduce(v, op=bagua_jax.ReduceOp.AVG) for k, v in params.items()}
+                live.state = (average, opt)
+                continue
             share = args.global_batch // live.world_size
             rows = slice(live.rank * share, (live.rank + 1) * share)
             if first_start and live.step == args.kill_at_step:
@@ -92,10 +114,12 @@ def main() -> None:
             live.state = live.step_fn(live.state, x[live.step, rows], y[live.step, rows])
             time.sleep(args.pause)
     weights = [np.asarray(live.state[0][k]).ravel().tolist() for k in sorted(live.state[0])]
+    loss = float(loss_fn(live.state[0], x.reshape(-1, args.features), y.reshape(-1, 1)))
     if args.record:
         with open(args.record, "a") as f:
             record = {"pid": os.getpid(), "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
             record.update(changes=live.changes, failures=live.failures, weights=weights, final_world=live.world_size)
+            record.update(loss=loss)
             record.update(seconds=time.time() - started, torch_imported="torch" in sys.modules)
             f.write(json.dumps(record) + "\n")
     live.close()
