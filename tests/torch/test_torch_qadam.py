@@ -46,6 +46,13 @@ class Worker(TorchWorker):
         model.zero_grad()
         self.torch.nn.functional.cross_entropy(model(x), y).backward()
 
+    def run(self, model, opt, steps):
+        """Trains ``steps``; returns the flat weights."""
+        for step in steps:
+            self.grads_of(model, step)
+            opt.step()
+        return self.flat(model)
+
     def qadam(self, params, **kw):
         args = dict(lr=LR, warmup_steps=WARMUP, betas=(B1, B2), eps=EPS, weight_decay=WD)
         args.update(kw)
@@ -136,22 +143,16 @@ class Worker(TorchWorker):
 
         torch = self.torch
 
-        def run(model, opt, steps):
-            for step in steps:
-                self.grads_of(model, step)
-                opt.step()
-            return self.flat(model)
-
         model = self.model(9)
         opt = self.qadam(model.parameters())
         model.with_bagua([opt], self.A.QAdamAlgorithm(opt, hierarchical=False))
-        run(model, opt, range(6))  # past the switch
+        self.run(model, opt, range(6))  # past the switch
         saved = (
             copy.deepcopy(model.state_dict()),
             copy.deepcopy(opt.state_dict()),
             copy.deepcopy(model.bagua_ddp.state_dict()),
         )
-        expected = run(model, opt, range(6, 10))
+        expected = self.run(model, opt, range(6, 10))
         model.bagua_ddp.close()
 
         model2 = self.model(9)
@@ -160,7 +161,7 @@ class Worker(TorchWorker):
         model2.load_state_dict(saved[0])
         opt2.load_state_dict(saved[1])
         model2.bagua_ddp.load_state_dict(saved[2])
-        got = run(model2, opt2, range(6, 10))
+        got = self.run(model2, opt2, range(6, 10))
         assert torch.equal(got, expected), f"max abs difference {(got - expected).abs().max().item():.3g}"
         model2.bagua_ddp.close()
 
@@ -176,12 +177,6 @@ class Worker(TorchWorker):
 
         torch = self.torch
 
-        def run(model, opt, steps):
-            for step in steps:
-                self.grads_of(model, step)
-                opt.step()
-            return self.flat(model)
-
         def wrapped(bucket_bytes):
             os.environ["BAGUA_BUCKET_SIZE"] = str(bucket_bytes)
             try:
@@ -193,14 +188,14 @@ class Worker(TorchWorker):
             return model, opt
 
         model, opt = wrapped(64)
-        run(model, opt, range(6))  # past the switch
+        self.run(model, opt, range(6))  # past the switch
         saved = (
             copy.deepcopy(model.state_dict()),
             copy.deepcopy(opt.state_dict()),
             copy.deepcopy(model.bagua_ddp.state_dict()),
         )
         momentum = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
-        expected = run(model, opt, range(6, 10))
+        expected = self.run(model, opt, range(6, 10))
         model.bagua_ddp.close()
 
         def resumed(keep_momentum):
@@ -216,7 +211,7 @@ class Worker(TorchWorker):
             else:
                 for m in moved:
                     m.zero_()
-            got = run(model2, opt2, range(6, 10))
+            got = self.run(model2, opt2, range(6, 10))
             self.same_everywhere(got)
             model2.bagua_ddp.close()
             return (got - expected).abs().max().item()
